@@ -1,0 +1,176 @@
+// Package testenv holds what sandwake's tests share: a Docker connection that
+// fails (not skips) under SANDWAKE_REQUIRE_DOCKER=1, the testapp image built
+// and imported once per test binary, unique ids, polling, and cleanup of
+// everything a test run made on the engine.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+)
+
+// LabelRun marks every container, volume and image a test binary creates,
+// with the run's id as value, so that cleanup removes exactly those.
+const LabelRun = "sandwake.test-run"
+
+var runID = randomHex(6)
+
+// RunID identifies this test binary's run.
+func RunID() string { return runID }
+
+// Labels are the labels to put on everything the run creates.
+func Labels() map[string]string { return map[string]string{LabelRun: runID} }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// UniqueID returns a sandbox id unique to this run: prefix, the run id and a
+// random suffix, all lowercase alphanumerics.
+func UniqueID(prefix string) string { return prefix + runID + randomHex(3) }
+
+// RequireDocker reports whether a missing engine fails tests.
+func RequireDocker() bool { return os.Getenv("SANDWAKE_REQUIRE_DOCKER") == "1" }
+
+var (
+	dockerOnce sync.Once
+	dockerCli  *client.Client
+	dockerErr  error
+)
+
+// Docker returns a client to the engine, or fails the test under
+// SANDWAKE_REQUIRE_DOCKER=1 and skips it otherwise.
+func Docker(t testing.TB) *client.Client {
+	t.Helper()
+	dockerOnce.Do(func() {
+		dockerCli, dockerErr = client.New(client.FromEnv)
+		if dockerErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, dockerErr = dockerCli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	})
+	if dockerErr != nil {
+		if RequireDocker() {
+			t.Fatalf("docker engine required (SANDWAKE_REQUIRE_DOCKER=1) but not usable: %v", dockerErr)
+		}
+		t.Skipf("docker engine not usable (set SANDWAKE_REQUIRE_DOCKER=1 to fail instead): %v", dockerErr)
+	}
+	return dockerCli
+}
+
+var (
+	imageOnce sync.Once
+	imageRef  string
+	imageErr  error
+)
+
+// TestAppImage returns the reference of the testapp image, building and
+// importing it on first use. It is removed by Main when the binary ends.
+func TestAppImage(t testing.TB) string {
+	t.Helper()
+	cli := Docker(t)
+	imageOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		dir, err := os.MkdirTemp("", "sandwake-testapp-")
+		if err != nil {
+			imageErr = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		bin, err := BuildTestApp(ctx, dir)
+		if err != nil {
+			imageErr = err
+			return
+		}
+		ref := "sandwake-testapp:" + runID
+		if imageErr = ImportImage(ctx, cli, bin, ref, Labels()); imageErr == nil {
+			imageRef = ref
+		}
+	})
+	if imageErr != nil {
+		t.Fatalf("testapp image: %v", imageErr)
+	}
+	return imageRef
+}
+
+// Main runs the tests of a package and then removes every container, volume
+// and image this run labelled, whatever the outcome. Use it as TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if dockerCli != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		if err := Cleanup(ctx, dockerCli); err != nil {
+			fmt.Fprintln(os.Stderr, "testenv cleanup:", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+		cancel()
+	}
+	os.Exit(code)
+}
+
+// Cleanup removes this run's containers, volumes and image from the engine.
+func Cleanup(ctx context.Context, cli *client.Client) error {
+	f := client.Filters{}.Add("label", LabelRun+"="+runID)
+	var errs []string
+	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		return err
+	}
+	for _, c := range cs.Items {
+		if _, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true}); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	vs, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err != nil {
+		return err
+	}
+	for _, v := range vs.Items {
+		if _, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if imageRef != "" {
+		if _, err := cli.ImageRemove(ctx, imageRef, client.ImageRemoveOptions{Force: true, PruneChildren: true}); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// Eventually polls cond every 20 ms until it returns true or timeout passes,
+// then fails the test with cond's last description. It replaces sleeps: tests
+// wait for a condition, never for a duration.
+func Eventually(t testing.TB, timeout time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, what := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

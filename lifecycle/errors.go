@@ -1,0 +1,37 @@
+package lifecycle
+
+import (
+	"errors"
+
+	"github.com/sandwake/sandwake/store"
+)
+
+// Errors of the lifecycle package. Errors returned by the Manager wrap one of
+// these (test with errors.Is); the HTTP layer maps them to statuses in one
+// place.
+var (
+	// ErrNotFound: no sandbox with that id.
+	ErrNotFound = store.ErrNotFound
+	// ErrExists: a sandbox with that id already exists.
+	ErrExists = store.ErrExists
+	// ErrConflict: the operation is not allowed in the sandbox's current
+	// state (for example pausing a stopped sandbox, waking one being created).
+	ErrConflict = store.ErrStateConflict
+	// ErrInvalid: the request is malformed (bad id, spec or duration).
+	ErrInvalid = errors.New("invalid request")
+	// ErrCapacity: admission refused: the host is at max_resident and nothing
+	// can be evicted.
+	ErrCapacity = errors.New("no capacity")
+	// ErrUnavailable: the container engine could not be reached or failed
+	// transiently (daemon down, timeout, 5xx). The record is left unchanged;
+	// retrying later may succeed.
+	ErrUnavailable = errors.New("container engine unavailable")
+	// ErrContainerNotFound: the engine has no container for the sandbox.
+	ErrContainerNotFound = errors.New("container not found")
+	// ErrImageNotFound: the image is not on the engine and could not be pulled.
+	ErrImageNotFound = errors.New("image not available")
+	// ErrNotReady: the sandbox's port did not become ready within wake_timeout.
+	ErrNotReady = errors.New("not ready")
+	// ErrClosed: the manager has been closed.
+	ErrClosed = errors.New("manager closed")
+)

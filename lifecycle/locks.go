@@ -1,0 +1,41 @@
+package lifecycle
+
+import "sync"
+
+// idLocks serialises operations per sandbox id: a wake, a pause by the reaper
+// and an API stop of the same sandbox never interleave, while different
+// sandboxes proceed in parallel. Entries are dropped when unused.
+type idLocks struct {
+	mu    sync.Mutex
+	locks map[string]*idLock
+}
+
+type idLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// lock locks id and returns the function that unlocks it.
+func (l *idLocks) lock(id string) (unlock func()) {
+	l.mu.Lock()
+	if l.locks == nil {
+		l.locks = make(map[string]*idLock)
+	}
+	e := l.locks[id]
+	if e == nil {
+		e = &idLock{}
+		l.locks[id] = e
+	}
+	e.refs++
+	l.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		l.mu.Lock()
+		e.refs--
+		if e.refs == 0 {
+			delete(l.locks, id)
+		}
+		l.mu.Unlock()
+	}
+}

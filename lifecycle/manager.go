@@ -1,0 +1,465 @@
+// Package lifecycle is sandwake's engine: the sandbox state machine, waking,
+// admission and (later) the background loops. It owns no container engine of
+// its own (see Runtime) and imports nothing of Caddy.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/sandwake/sandwake/store"
+)
+
+// Config holds the Manager's settings. Zero values take the defaults.
+type Config struct {
+	// WakeTimeout bounds one wake (start + readiness). Default: 60s.
+	WakeTimeout time.Duration
+	// MaxResident caps running + paused sandboxes; 0 means no cap.
+	MaxResident int
+	// KeepaliveMax caps one keepalive. Default: 24h.
+	KeepaliveMax time.Duration
+	// Now is the clock. Default: time.Now.
+	Now func() time.Time
+	// Logger receives transition logs. Default: none.
+	Logger *zap.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.WakeTimeout <= 0 {
+		c.WakeTimeout = 60 * time.Second
+	}
+	if c.KeepaliveMax <= 0 {
+		c.KeepaliveMax = 24 * time.Hour
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+}
+
+// Manager creates, wakes, pauses, stops and removes sandboxes, keeping the
+// store and the container engine in step. All methods are safe for
+// concurrent use; operations on one sandbox are serialised.
+type Manager struct {
+	store   *store.Store
+	runtime Runtime
+	cfg     Config
+	log     *zap.Logger
+
+	locks idLocks
+	wakes singleflight.Group
+	bus   bus
+
+	// ctx is the parent of every wake and create: it outlives the requests
+	// that trigger them and ends only at Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	states   map[string]State // every sandbox's current state, mirrored from the store
+	resident int              // running + paused, from states
+	reserved int              // admissions granted to wakes and creates in flight
+	waking   map[string]time.Time
+
+	onWake func(WakeResult)
+}
+
+// NewManager returns a Manager over an open store and a runtime. It reads
+// every record once to know the resident count.
+func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
+	cfg.setDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		store:   st,
+		runtime: rt,
+		cfg:     cfg,
+		log:     cfg.Logger,
+		ctx:     ctx,
+		cancel:  cancel,
+		states:  make(map[string]State),
+	}
+	recs, err := st.List(nil)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("loading sandboxes: %w", err)
+	}
+	for i := range recs {
+		m.setState(recs[i].ID, recs[i].State)
+	}
+	st.OnCommit(m.bus.publish)
+	return m, nil
+}
+
+// Close cancels wakes and creates in flight, waits for them and ends every
+// subscription. It does not close the store or the runtime.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	m.bus.closeAll()
+	return nil
+}
+
+// track registers a goroutine doing work for the manager, so Close waits for
+// it; it fails once the manager is closed.
+func (m *Manager) track() (done func(), err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	m.wg.Add(1)
+	return m.wg.Done, nil
+}
+
+// Store returns the store the manager writes to.
+func (m *Manager) Store() *store.Store { return m.store }
+
+// Runtime returns the container engine the manager drives.
+func (m *Manager) Runtime() Runtime { return m.runtime }
+
+// Now returns the manager's clock reading.
+func (m *Manager) Now() time.Time { return m.cfg.Now() }
+
+// Subscribe returns a subscription to every event committed from now on.
+func (m *Manager) Subscribe() *Subscription { return m.bus.subscribe() }
+
+// setState mirrors a sandbox's state (to == "" when it is gone) and keeps the
+// resident count. Callers hold no lock.
+func (m *Manager) setState(id string, to State) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if from, ok := m.states[id]; ok && Resident(from) {
+		m.resident--
+	}
+	if to == "" {
+		delete(m.states, id)
+		return
+	}
+	m.states[id] = to
+	if Resident(to) {
+		m.resident++
+	}
+}
+
+// Resident returns how many sandboxes hold memory (running + paused) and how
+// many admissions are reserved by wakes in flight.
+func (m *Manager) Resident() (resident, reserved int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.resident, m.reserved
+}
+
+// admit reserves room for one more resident sandbox, or fails with
+// ErrCapacity. The returned function releases the reservation; call it once
+// the sandbox is resident (or failed).
+func (m *Manager) admit(id string) (release func(), err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if max := m.cfg.MaxResident; max > 0 && m.resident+m.reserved >= max {
+		return nil, fmt.Errorf("waking sandbox %s: %w: %d of %d resident (%d waking)", id, ErrCapacity, m.resident, max, m.reserved)
+	}
+	m.reserved++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			m.reserved--
+			m.mu.Unlock()
+		})
+	}, nil
+}
+
+// transition moves id to state to through the store (compare-and-set against
+// the transition table), mirrors the new state and logs it.
+func (m *Manager) transition(id string, to State, reason string, mutate func(*Record) error) (Record, error) {
+	var since time.Time
+	rec, ev, err := m.store.Transition(id, AllowedFrom(to), to, reason, func(r *Record) error {
+		since = r.StateSince
+		if mutate != nil {
+			return mutate(r)
+		}
+		return nil
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	m.setState(id, to)
+	m.log.Info("sandbox transition",
+		zap.String("id", id), zap.String("from", string(ev.From)), zap.String("to", string(to)),
+		zap.String("reason", reason), zap.Duration("after", ev.At.Sub(since)))
+	return rec, nil
+}
+
+// Get returns the record of sandbox id.
+func (m *Manager) Get(id string) (Record, error) { return m.store.Get(id) }
+
+// List returns the sandboxes in state (all when state is "").
+func (m *Manager) List(state State) ([]Record, error) {
+	if state != "" && !ValidState(state) {
+		return nil, invalid("state %q is not one of %v", state, States)
+	}
+	return m.store.List(func(r *Record) bool { return state == "" || r.State == state })
+}
+
+// History returns the events of sandbox id, oldest first.
+func (m *Manager) History(id string) ([]Event, error) { return m.store.History(id) }
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	// ID is the sandbox id; empty means a new lowercase ULID. Upper case is
+	// folded to lower case.
+	ID   string
+	Spec Spec
+}
+
+// Create validates req, stores the sandbox as creating, creates and starts its
+// container and waits for readiness. It returns the running record, or an
+// error with the record left in error (the record is kept so the failure can
+// be read and the sandbox retried with Wake). The work runs on the manager's
+// context bounded by WakeTimeout: a caller that gives up does not leave a
+// half-made sandbox.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error) {
+	done, err := m.track()
+	if err != nil {
+		return Record{}, err
+	}
+	defer done()
+	id := strings.ToLower(req.ID)
+	if id == "" {
+		id = NewID(m.cfg.Now())
+	}
+	if !ValidID(id) {
+		return Record{}, invalid("id %q must be 1-%d characters of [0-9a-z]", req.ID, MaxIDLen)
+	}
+	spec := req.Spec
+	if err := NormalizeSpec(&spec); err != nil {
+		return Record{}, err
+	}
+	release, err := m.admit(id)
+	if err != nil {
+		return Record{}, err
+	}
+	defer release()
+
+	unlock := m.locks.lock(id)
+	defer unlock()
+	now := m.cfg.Now().UTC()
+	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now}
+	if spec.MaxLifetime != nil && *spec.MaxLifetime > 0 {
+		rec.ExpiresAt = now.Add(*spec.MaxLifetime)
+	}
+	if _, _, err := m.store.Create(rec, "create"); err != nil {
+		return Record{}, err
+	}
+	m.setState(id, Creating)
+
+	wctx, cancel := context.WithTimeout(m.ctx, m.cfg.WakeTimeout)
+	defer cancel()
+	c, err := m.runtime.Create(wctx, id, spec)
+	if err == nil {
+		c, err = m.runtime.Start(wctx, id)
+	}
+	if err == nil {
+		err = m.waitReady(wctx, id, &spec, c.Upstreams)
+	}
+	if err != nil {
+		m.fail(id, err)
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	return m.transition(id, Running, "create", func(r *Record) error {
+		m.adopt(r, c)
+		return nil
+	})
+}
+
+// adopt copies what the engine reported of a running container into r.
+func (m *Manager) adopt(r *Record, c Container) {
+	now := m.cfg.Now().UTC()
+	r.ContainerID = c.ID
+	r.Upstreams = c.Upstreams
+	r.Error = ""
+	r.VerifiedAt = now
+	r.LastActiveAt = now
+}
+
+// waitReady waits for the sandbox's first declared port.
+func (m *Manager) waitReady(ctx context.Context, id string, spec *Spec, upstreams map[int]string) error {
+	addr, ok := upstreams[spec.Ports[0]]
+	if !ok {
+		return fmt.Errorf("sandbox %s: no upstream for port %d", id, spec.Ports[0])
+	}
+	return WaitReady(ctx, addr, spec)
+}
+
+// fail records a failed create or wake as state error, unless the failure was
+// a transient engine error, which leaves the record as it was.
+func (m *Manager) fail(id string, cause error) {
+	if errors.Is(cause, ErrUnavailable) {
+		return
+	}
+	msg := cause.Error()
+	_, err := m.transition(id, Error, reasonOf(cause), func(r *Record) error {
+		r.Error = msg
+		return nil
+	})
+	if err != nil {
+		m.log.Error("recording failure", zap.String("id", id), zap.Error(err), zap.NamedError("cause", cause))
+	}
+	// A container left running without a ready app only holds memory.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := m.runtime.Stop(ctx, id); err != nil && !errors.Is(err, ErrContainerNotFound) {
+		m.log.Warn("stopping failed sandbox", zap.String("id", id), zap.Error(err))
+	}
+}
+
+// reasonOf gives the short reason recorded with an error transition.
+func reasonOf(err error) string {
+	switch {
+	case errors.Is(err, ErrImageNotFound):
+		return "image_missing"
+	case errors.Is(err, ErrNotReady), errors.Is(err, context.DeadlineExceeded):
+		return "not_ready"
+	default:
+		return "start_failed"
+	}
+}
+
+// Pause freezes running sandbox id. Pausing a paused sandbox is a no-op;
+// any other state is ErrConflict.
+func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) {
+	unlock := m.locks.lock(id)
+	defer unlock()
+	rec, err := m.store.Get(id)
+	if err != nil {
+		return Record{}, err
+	}
+	switch rec.State {
+	case Paused:
+		return rec, nil
+	case Running:
+	default:
+		return Record{}, fmt.Errorf("pausing sandbox %s: %w: it is %s", id, ErrConflict, rec.State)
+	}
+	if err := m.runtime.Pause(ctx, id); err != nil {
+		return Record{}, fmt.Errorf("pausing sandbox %s: %w", id, err)
+	}
+	return m.transition(id, Paused, reason, func(r *Record) error {
+		r.VerifiedAt = m.cfg.Now().UTC()
+		return nil
+	})
+}
+
+// Stop stops running or paused sandbox id, keeping its container and volume.
+// Stopping a stopped sandbox is a no-op; any other state is ErrConflict.
+func (m *Manager) Stop(ctx context.Context, id, reason string) (Record, error) {
+	unlock := m.locks.lock(id)
+	defer unlock()
+	rec, err := m.store.Get(id)
+	if err != nil {
+		return Record{}, err
+	}
+	switch rec.State {
+	case Stopped:
+		return rec, nil
+	case Running, Paused:
+	default:
+		return Record{}, fmt.Errorf("stopping sandbox %s: %w: it is %s", id, ErrConflict, rec.State)
+	}
+	if err := m.runtime.Stop(ctx, id); err != nil && !errors.Is(err, ErrContainerNotFound) {
+		return Record{}, fmt.Errorf("stopping sandbox %s: %w", id, err)
+	}
+	return m.transition(id, Stopped, reason, func(r *Record) error {
+		now := m.cfg.Now().UTC()
+		r.StoppedAt = now
+		r.VerifiedAt = now
+		return nil
+	})
+}
+
+// Keepalive keeps sandbox id from idling out for d (capped at KeepaliveMax)
+// and counts as activity.
+func (m *Manager) Keepalive(id string, d time.Duration) (Record, error) {
+	if d <= 0 {
+		return Record{}, invalid("keepalive duration %s must be positive", d)
+	}
+	d = min(d, m.cfg.KeepaliveMax)
+	now := m.cfg.Now().UTC()
+	return m.store.Update(id, func(r *Record) error {
+		r.KeepaliveUntil = now.Add(d)
+		r.LastActiveAt = now
+		return nil
+	})
+}
+
+// Destroy removes sandbox id's container and record. The volume is kept (see
+// Purge). A transient engine error leaves everything as it was.
+func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
+	unlock := m.locks.lock(id)
+	defer unlock()
+	if _, err := m.store.Get(id); err != nil {
+		return err
+	}
+	if err := m.runtime.Remove(ctx, id); err != nil {
+		return fmt.Errorf("destroying sandbox %s: %w", id, err)
+	}
+	if _, err := m.store.Delete(id, store.EventDestroyed, reason); err != nil {
+		return err
+	}
+	m.setState(id, "")
+	return nil
+}
+
+// Purge removes sandbox id's container, volume and record and reports the
+// bytes the volume held. It also purges the volume of a sandbox destroyed
+// earlier; ErrNotFound when there is neither record nor volume.
+func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, err error) {
+	if !ValidID(id) {
+		return 0, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+	}
+	unlock := m.locks.lock(id)
+	defer unlock()
+	_, err = m.store.Get(id)
+	hasRecord := err == nil
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return 0, err
+	}
+	if err := m.runtime.Remove(ctx, id); err != nil {
+		return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
+	}
+	freed, err = m.runtime.RemoveVolume(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		if !hasRecord {
+			return 0, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+		}
+		err = nil // the record's volume was already gone
+	}
+	if err != nil {
+		return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
+	}
+	if hasRecord {
+		_, err = m.store.Delete(id, store.EventPurged, reason)
+		m.setState(id, "")
+	} else {
+		_, err = m.store.AppendEvent(Event{Type: store.EventPurged, SandboxID: id, Reason: reason})
+	}
+	return freed, err
+}

@@ -1,0 +1,70 @@
+package lifecycle
+
+import (
+	"context"
+	"time"
+
+	"github.com/sandwake/sandwake/store"
+)
+
+// ContainerState is what the container engine says of a sandbox's container.
+type ContainerState string
+
+// Container states as the engine reports them.
+const (
+	ContainerCreated    ContainerState = "created"
+	ContainerRunning    ContainerState = "running"
+	ContainerPaused     ContainerState = "paused"
+	ContainerRestarting ContainerState = "restarting"
+	ContainerRemoving   ContainerState = "removing"
+	ContainerExited     ContainerState = "exited"
+	ContainerDead       ContainerState = "dead"
+)
+
+// Container describes a sandbox's container as the engine sees it.
+type Container struct {
+	// ID is the engine's container id.
+	ID string
+	// SandboxID is the sandbox the container belongs to (from its labels).
+	SandboxID string
+	State     ContainerState
+	// ExitCode and OOMKilled describe the last exit of a stopped container.
+	ExitCode  int
+	OOMKilled bool
+	// Upstreams maps each declared port to the address the gateway dials.
+	Upstreams  map[int]string
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// Runtime is what the Manager needs from a container engine. Containers are
+// addressed by sandbox id; the runtime names them. Implementations wrap
+// ErrUnavailable for transient engine failures, ErrContainerNotFound when the
+// container does not exist and ErrImageNotFound when the image cannot be had,
+// so the Manager can tell a dead daemon from a dead sandbox.
+type Runtime interface {
+	// Create creates the sandbox's volume (when missing) and container (not
+	// started) from spec, replacing any container the sandbox had.
+	Create(ctx context.Context, id string, spec store.Spec) (Container, error)
+	// Start starts the container and returns it with its upstreams re-read
+	// (published host ports can change on every start).
+	Start(ctx context.Context, id string) (Container, error)
+	// Pause freezes the container.
+	Pause(ctx context.Context, id string) error
+	// Unpause thaws a paused container; its upstreams are unchanged.
+	Unpause(ctx context.Context, id string) error
+	// Stop stops the container, keeping it and its volume.
+	Stop(ctx context.Context, id string) error
+	// Remove removes the container, keeping the volume. A missing container
+	// is not an error.
+	Remove(ctx context.Context, id string) error
+	// RemoveVolume removes the sandbox's volume and reports the bytes it held.
+	// A missing volume wraps ErrNotFound.
+	RemoveVolume(ctx context.Context, id string) (freed int64, err error)
+	// Inspect returns the sandbox's container or ErrContainerNotFound.
+	Inspect(ctx context.Context, id string) (Container, error)
+	// List returns every container the runtime manages.
+	List(ctx context.Context) ([]Container, error)
+	// Ping checks that the engine answers.
+	Ping(ctx context.Context) error
+}

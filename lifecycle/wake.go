@@ -1,0 +1,177 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// WakeResult is the outcome of one wake, as reported to observers (metrics).
+type WakeResult struct {
+	ID       string
+	From     State
+	Err      error
+	Duration time.Duration
+}
+
+// Wake brings sandbox id to running and returns its record. Concurrent calls
+// for the same sandbox share one wake (singleflight). The wake runs on the
+// manager's context bounded by WakeTimeout, so a caller whose ctx ends gets
+// ctx.Err() at once while the wake goes on for the others.
+//
+// paused → unpause; stopped → start; killed, expired, error → recreate from
+// the stored spec with the same volume; then the readiness probe. A running
+// sandbox returns at once without touching the engine. A transient engine
+// failure (ErrUnavailable) leaves the record as it was; other failures put the
+// sandbox in state error.
+func (m *Manager) Wake(ctx context.Context, id string) (Record, error) {
+	ch := m.wakes.DoChan(id, func() (any, error) { return m.wake(id) })
+	select {
+	case res := <-ch:
+		if res.Err != nil {
+			return Record{}, res.Err
+		}
+		return res.Val.(Record), nil
+	case <-ctx.Done():
+		return Record{}, fmt.Errorf("waiting for sandbox %s: %w", id, ctx.Err())
+	}
+}
+
+// Waking reports whether a wake of sandbox id is in flight, and since when.
+func (m *Manager) Waking(id string) (since time.Time, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	since, ok = m.waking[id]
+	return since, ok
+}
+
+// OnWake sets a function called after every wake that touched the engine (not
+// for sandboxes already running). Set it before serving.
+func (m *Manager) OnWake(fn func(WakeResult)) { m.onWake = fn }
+
+func (m *Manager) wake(id string) (Record, error) {
+	done, err := m.track()
+	if err != nil {
+		return Record{}, err
+	}
+	defer done()
+	unlock := m.locks.lock(id)
+	defer unlock()
+
+	rec, err := m.store.Get(id)
+	if err != nil {
+		return Record{}, err
+	}
+	from := rec.State
+	switch from {
+	case Running:
+		return rec, nil
+	case Creating:
+		return Record{}, fmt.Errorf("waking sandbox %s: %w: it is still being created", id, ErrConflict)
+	}
+
+	start := m.cfg.Now()
+	m.mu.Lock()
+	if m.waking == nil {
+		m.waking = make(map[string]time.Time)
+	}
+	m.waking[id] = start
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.waking, id)
+		m.mu.Unlock()
+	}()
+
+	rec, err = m.bringUp(rec)
+	if fn := m.onWake; fn != nil {
+		fn(WakeResult{ID: id, From: from, Err: err, Duration: m.cfg.Now().Sub(start)})
+	}
+	return rec, err
+}
+
+// bringUp does the engine work of a wake and records the outcome. It holds the
+// sandbox's lock.
+func (m *Manager) bringUp(rec Record) (Record, error) {
+	id := rec.ID
+	if rec.State != Paused {
+		// Paused sandboxes are resident already; everything else needs room.
+		release, err := m.admit(id)
+		if err != nil {
+			return Record{}, err
+		}
+		defer release()
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.WakeTimeout)
+	defer cancel()
+
+	c, reason, err := m.startContainer(ctx, rec)
+	if err == nil {
+		err = m.waitReady(ctx, id, &rec.Spec, c.Upstreams)
+	}
+	if err != nil {
+		m.fail(id, err)
+		return Record{}, fmt.Errorf("waking sandbox %s from %s: %w", id, rec.State, err)
+	}
+	return m.transition(id, Running, reason, func(r *Record) error {
+		m.adopt(r, c)
+		return nil
+	})
+}
+
+// startContainer makes the engine run the sandbox's container, choosing the
+// cheapest way from the recorded state, and falls back to what the engine
+// really shows when the record is stale. It returns the container and the
+// reason to record.
+func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, string, error) {
+	id := rec.ID
+	var err error
+	switch rec.State {
+	case Paused:
+		if err = m.runtime.Unpause(ctx, id); err == nil {
+			// Unpausing keeps the container's ports.
+			return Container{ID: rec.ContainerID, Upstreams: rec.Upstreams}, "wake", nil
+		}
+	case Stopped:
+		var c Container
+		if c, err = m.runtime.Start(ctx, id); err == nil {
+			return c, "wake", nil
+		}
+	default:
+		c, err := m.recreate(ctx, id, &rec.Spec)
+		return c, "recreate", err
+	}
+	if errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+		return Container{}, "", err
+	}
+	// The record was stale (the container was removed, unpaused or stopped
+	// behind sandwake's back): act on what the engine shows.
+	c, ierr := m.runtime.Inspect(ctx, id)
+	switch {
+	case errors.Is(ierr, ErrContainerNotFound):
+		c, err := m.recreate(ctx, id, &rec.Spec)
+		return c, "recreate", err
+	case ierr != nil:
+		return Container{}, "", ierr
+	case c.State == ContainerRunning:
+		return c, "wake", nil
+	case c.State == ContainerPaused:
+		if err := m.runtime.Unpause(ctx, id); err != nil {
+			return Container{}, "", err
+		}
+		return c, "wake", nil
+	case c.State == ContainerCreated || c.State == ContainerExited || c.State == ContainerDead:
+		c, err := m.runtime.Start(ctx, id)
+		return c, "wake", err
+	default:
+		return Container{}, "", fmt.Errorf("container is %s: %w", c.State, err)
+	}
+}
+
+func (m *Manager) recreate(ctx context.Context, id string, spec *Spec) (Container, error) {
+	if _, err := m.runtime.Create(ctx, id, *spec); err != nil {
+		return Container{}, err
+	}
+	return m.runtime.Start(ctx, id)
+}

@@ -1,0 +1,84 @@
+package store
+
+import "time"
+
+// State is the lifecycle state of a sandbox as stored. The states themselves and
+// the table of allowed transitions belong to package lifecycle; the store only
+// compares them.
+type State string
+
+// Spec is everything needed to (re)create a sandbox's container. It is kept for
+// the sandbox's whole life so that a removed container can be recreated with the
+// same image, settings and volume.
+type Spec struct {
+	// Image is the Docker image reference the container runs.
+	Image string `json:"image"`
+	// Cmd overrides the image's command when set.
+	Cmd []string `json:"cmd,omitempty"`
+	// Env holds environment variables passed to the container. Values are never
+	// shown by the API.
+	Env map[string]string `json:"env,omitempty"`
+	// Ports are the container ports the sandbox serves, in declaration order.
+	// The first one is used for the readiness probe.
+	Ports []int `json:"ports"`
+	// MemoryMB is the container's memory limit in MiB (0: engine default).
+	MemoryMB int64 `json:"memory_mb,omitempty"`
+	// CPUs is the container's CPU limit in cores (0: unlimited).
+	CPUs float64 `json:"cpus,omitempty"`
+	// PidsLimit caps the number of processes in the container (0: engine default).
+	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// WorkspacePath is where the sandbox's volume is mounted.
+	WorkspacePath string `json:"workspace_path"`
+	// ReadyPath, when set, makes readiness require an HTTP answer below 500 from
+	// this path instead of any HTTP answer.
+	ReadyPath string `json:"ready_path,omitempty"`
+	// ReadyMode is "http" (default) or "tcp" for ports that do not speak HTTP.
+	ReadyMode string `json:"ready_mode,omitempty"`
+	// IdlePause, IdleStop and MaxLifetime override the global settings when
+	// not nil; a zero value turns the tier off.
+	IdlePause   *time.Duration `json:"idle_pause,omitempty"`
+	IdleStop    *time.Duration `json:"idle_stop,omitempty"`
+	MaxLifetime *time.Duration `json:"max_lifetime,omitempty"`
+	// Labels are free-form labels owned by the caller.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Access is "public" (default) or "private".
+	Access string `json:"access,omitempty"`
+}
+
+// Record is the stored state of one sandbox.
+type Record struct {
+	ID   string `json:"id"`
+	Spec Spec   `json:"spec"`
+
+	State  State  `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
+
+	CreatedAt      time.Time `json:"created_at"`
+	LastActiveAt   time.Time `json:"last_active_at"`
+	StateSince     time.Time `json:"state_since"`
+	StoppedAt      time.Time `json:"stopped_at,omitzero"`
+	ExpiresAt      time.Time `json:"expires_at,omitzero"`
+	KeepaliveUntil time.Time `json:"keepalive_until,omitzero"`
+	VerifiedAt     time.Time `json:"verified_at,omitzero"`
+
+	// ContainerID is the Docker id of the sandbox's current container, empty
+	// when it has none.
+	ContainerID string `json:"container_id,omitempty"`
+	// Upstreams maps each declared port to the address it is reachable at
+	// ("127.0.0.1:49153" when published, "s-<id>:8080" on a network). Host
+	// ports can change on every start, so they are re-read each time.
+	Upstreams map[int]string `json:"upstreams,omitempty"`
+}
+
+// Event is one entry of the append-only event log. IDs increase by one with
+// every event and are never reused.
+type Event struct {
+	ID        uint64    `json:"id"`
+	Type      string    `json:"type"`
+	SandboxID string    `json:"sandbox_id"`
+	From      State     `json:"from,omitempty"`
+	To        State     `json:"to,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	At        time.Time `json:"at"`
+}

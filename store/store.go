@@ -1,0 +1,310 @@
+// Package store persists sandwake's sandbox records, its append-only event log
+// and the webhook outbox in an embedded Badger database. It knows nothing of
+// Docker or Caddy.
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	badger "github.com/dgraph-io/badger/v4"
+)
+
+// SchemaVersion is the layout version written to every store. Opening a store
+// written by a newer sandwake fails instead of misreading it.
+const SchemaVersion = 1
+
+// Errors returned by the store. They are wrapped with context; test with
+// errors.Is.
+var (
+	// ErrNotFound: no record with that id.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: a record with that id already exists.
+	ErrExists = errors.New("already exists")
+	// ErrStateConflict: the record is not in one of the states the
+	// transition allows.
+	ErrStateConflict = errors.New("state conflict")
+	// ErrClosed: the store has been closed.
+	ErrClosed = errors.New("store closed")
+)
+
+// StateError reports a transition refused because the record's current state
+// is not one it may leave from. It matches ErrStateConflict with errors.Is.
+type StateError struct {
+	ID      string
+	Current State
+	To      State
+	Allowed []State
+}
+
+func (e *StateError) Error() string {
+	return fmt.Sprintf("sandbox %s is %s: cannot go to %s (allowed from %v)", e.ID, e.Current, e.To, e.Allowed)
+}
+
+// Is makes errors.Is(err, ErrStateConflict) true.
+func (e *StateError) Is(target error) bool { return target == ErrStateConflict }
+
+// Options configure Open.
+type Options struct {
+	// Dir is the directory holding the database. Created (0700) when missing.
+	// Ignored with InMemory.
+	Dir string
+	// InMemory keeps everything in memory; for unit tests.
+	InMemory bool
+	// Now is the clock used for event timestamps. Default: time.Now.
+	Now func() time.Time
+	// Logger receives Badger's own log lines. Default: discarded.
+	Logger badger.Logger
+	// OutboxTargets, when set, names the webhook targets an event must be
+	// delivered to; one outbox entry per target is written in the same
+	// transaction as the event.
+	OutboxTargets func(Event) []string
+}
+
+// Store is an open sandwake database. All methods are safe for concurrent use.
+type Store struct {
+	db   *badger.DB
+	now  func() time.Time
+	opts Options
+
+	// mu serialises every write that appends to the event log, so that event
+	// ids are committed in the order they are allocated: a reader resuming
+	// after id N can never miss an id below N committed later.
+	mu      sync.Mutex
+	nextSeq uint64
+	closed  bool
+	// onCommit is called with each committed event, in id order, while the
+	// write lock is still held (see OnCommit).
+	onCommit atomic.Pointer[func(Event)]
+
+	gcStop chan struct{}
+	gcDone chan struct{}
+}
+
+// Key layout. Event ids are fixed-width big-endian so keys sort by id.
+var (
+	keySchema     = []byte("meta/schema")
+	prefixRecord  = []byte("sb/")
+	prefixEvent   = []byte("ev/")
+	prefixHistory = []byte("eh/") // eh/<sandbox>\x00<seq>: index of a sandbox's events
+	prefixOutbox  = []byte("ob/") // ob/<target>\x00<seq>: pending webhook delivery
+)
+
+// Open opens (creating when needed) the store described by opts.
+func Open(opts Options) (*Store, error) {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	bopts := badger.DefaultOptions(opts.Dir).
+		// Durable before reported: every commit is fsynced.
+		WithSyncWrites(true).
+		WithNumVersionsToKeep(1).
+		// An embedded footprint: sandwake's data is small (a few KiB a
+		// sandbox), so Badger's server-sized defaults (64 MiB memtables,
+		// 256 MiB block cache) would dominate the gateway's memory.
+		WithMemTableSize(8 << 20).
+		WithNumMemtables(2).
+		WithNumLevelZeroTables(2).
+		WithNumLevelZeroTablesStall(4).
+		WithBaseTableSize(2 << 20).
+		WithBlockCacheSize(8 << 20).
+		WithIndexCacheSize(4 << 20).
+		WithValueLogFileSize(64 << 20).
+		WithValueThreshold(1 << 10).
+		WithNumCompactors(2).
+		WithLogger(opts.Logger)
+	if opts.Logger == nil {
+		bopts = bopts.WithLogger(nil)
+	}
+	if opts.InMemory {
+		bopts = bopts.WithDir("").WithValueDir("").WithInMemory(true)
+	} else {
+		if opts.Dir == "" {
+			return nil, errors.New("opening store: no directory given")
+		}
+		if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+			return nil, fmt.Errorf("opening store: creating %s: %w", opts.Dir, err)
+		}
+	}
+	db, err := badger.Open(bopts)
+	if err != nil {
+		return nil, fmt.Errorf("opening store in %s: %w", opts.Dir, err)
+	}
+	s := &Store{db: db, now: opts.Now, opts: opts}
+	if err := s.init(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if !opts.InMemory {
+		s.gcStop = make(chan struct{})
+		s.gcDone = make(chan struct{})
+		go s.gcLoop(5 * time.Minute)
+	}
+	return s, nil
+}
+
+// init checks or writes the schema version and finds the next event id.
+func (s *Store) init() error {
+	err := s.db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(keySchema)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return txn.Set(keySchema, []byte(strconv.Itoa(SchemaVersion)))
+		}
+		if err != nil {
+			return err
+		}
+		v, err := item.ValueCopy(nil)
+		if err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(string(v))
+		if err != nil {
+			return fmt.Errorf("schema version %q is not a number", v)
+		}
+		if n > SchemaVersion {
+			return fmt.Errorf("store has schema version %d, this sandwake understands up to %d: upgrade sandwake", n, SchemaVersion)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("opening store: %w", err)
+	}
+	last, err := s.LastEventID()
+	if err != nil {
+		return fmt.Errorf("opening store: %w", err)
+	}
+	s.nextSeq = last + 1
+	return nil
+}
+
+// gcLoop reclaims value-log space on a timer, as Badger requires of its users.
+func (s *Store) gcLoop(every time.Duration) {
+	defer close(s.gcDone)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.gcStop:
+			return
+		case <-t.C:
+			for s.db.RunValueLogGC(0.5) == nil {
+			}
+		}
+	}
+}
+
+// Close flushes and closes the database. Later calls return nil.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	if s.gcStop != nil {
+		close(s.gcStop)
+		<-s.gcDone
+	}
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("closing store: %w", err)
+	}
+	return nil
+}
+
+// OnCommit sets the function called with every event once it is committed,
+// in event-id order. It runs under the store's write lock, so it must not block
+// or call back into the store; it is how the event bus publishes transitions
+// in exactly the order of the log.
+func (s *Store) OnCommit(fn func(Event)) { s.onCommit.Store(&fn) }
+
+// Dir is the directory the store lives in ("" in memory).
+func (s *Store) Dir() string { return s.opts.Dir }
+
+func recordKey(id string) []byte { return append(append([]byte{}, prefixRecord...), id...) }
+
+func seqBytes(seq uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], seq)
+	return b[:]
+}
+
+func eventKey(seq uint64) []byte { return append(append([]byte{}, prefixEvent...), seqBytes(seq)...) }
+
+func historyKey(sandbox string, seq uint64) []byte {
+	k := append(append([]byte{}, prefixHistory...), sandbox...)
+	k = append(k, 0)
+	return append(k, seqBytes(seq)...)
+}
+
+func outboxPrefix(target string) []byte {
+	k := append(append([]byte{}, prefixOutbox...), target...)
+	return append(k, 0)
+}
+
+func outboxKey(target string, seq uint64) []byte {
+	return append(outboxPrefix(target), seqBytes(seq)...)
+}
+
+func decodeRecord(item *badger.Item) (Record, error) {
+	var r Record
+	err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) })
+	if err != nil {
+		return Record{}, fmt.Errorf("decoding record %s: %w", bytes.TrimPrefix(item.Key(), prefixRecord), err)
+	}
+	return r, nil
+}
+
+func getRecord(txn *badger.Txn, id string) (Record, error) {
+	item, err := txn.Get(recordKey(id))
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return Record{}, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("reading sandbox %s: %w", id, err)
+	}
+	return decodeRecord(item)
+}
+
+// Get returns the record with the given id, or an error matching ErrNotFound.
+func (s *Store) Get(id string) (Record, error) {
+	var r Record
+	err := s.db.View(func(txn *badger.Txn) error {
+		var err error
+		r, err = getRecord(txn, id)
+		return err
+	})
+	return r, err
+}
+
+// List returns every record for which keep returns true (all when keep is
+// nil), ordered by id.
+func (s *Store) List(keep func(*Record) bool) ([]Record, error) {
+	var out []Record
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixRecord, PrefetchValues: true, PrefetchSize: 100})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			r, err := decodeRecord(it.Item())
+			if err != nil {
+				return err
+			}
+			if keep == nil || keep(&r) {
+				out = append(out, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing sandboxes: %w", err)
+	}
+	return out, nil
+}

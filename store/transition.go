@@ -1,0 +1,234 @@
+package store
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	badger "github.com/dgraph-io/badger/v4"
+)
+
+// EventType names the event of a transition into state to.
+func EventType(to State) string { return "sandbox." + string(to) }
+
+// Event types that are not a state.
+const (
+	EventDestroyed = "sandbox.destroyed"
+	EventPurged    = "sandbox.purged"
+)
+
+// write runs fn in one read-write transaction under the event-log lock and
+// commits it (synced). fn appends events through the returned appender so that
+// their ids are allocated in commit order.
+func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	txn := s.db.NewTransaction(true)
+	defer txn.Discard()
+	next := s.nextSeq
+	var appended []Event
+	appendEvent := func(ev Event) (Event, error) {
+		ev.ID = next
+		if ev.At.IsZero() {
+			ev.At = s.now().UTC()
+		}
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return Event{}, err
+		}
+		if err := txn.Set(eventKey(ev.ID), b); err != nil {
+			return Event{}, err
+		}
+		if err := txn.Set(historyKey(ev.SandboxID, ev.ID), nil); err != nil {
+			return Event{}, err
+		}
+		if s.opts.OutboxTargets != nil {
+			for _, target := range s.opts.OutboxTargets(ev) {
+				if err := txn.Set(outboxKey(target, ev.ID), b); err != nil {
+					return Event{}, err
+				}
+			}
+		}
+		next++
+		appended = append(appended, ev)
+		return ev, nil
+	}
+	if err := fn(txn, appendEvent); err != nil {
+		return err
+	}
+	if err := txn.Commit(); err != nil {
+		return fmt.Errorf("committing: %w", err)
+	}
+	s.nextSeq = next
+	if fn := s.onCommit.Load(); fn != nil {
+		for _, ev := range appended {
+			(*fn)(ev)
+		}
+	}
+	return nil
+}
+
+func putRecord(txn *badger.Txn, r *Record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encoding sandbox %s: %w", r.ID, err)
+	}
+	return txn.Set(recordKey(r.ID), b)
+}
+
+// Create stores a new record and its first event (from no state to r.State).
+// It fails with ErrExists when the id is taken.
+func (s *Store) Create(r Record, reason string) (Record, Event, error) {
+	var ev Event
+	err := s.write(func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error {
+		if _, err := txn.Get(recordKey(r.ID)); err == nil {
+			return fmt.Errorf("sandbox %s: %w", r.ID, ErrExists)
+		} else if !errors.Is(err, badger.ErrKeyNotFound) {
+			return err
+		}
+		if err := putRecord(txn, &r); err != nil {
+			return err
+		}
+		var err error
+		ev, err = appendEvent(Event{Type: EventType(r.State), SandboxID: r.ID, To: r.State, Reason: reason, At: r.StateSince})
+		return err
+	})
+	if err != nil {
+		return Record{}, Event{}, fmt.Errorf("creating sandbox %s: %w", r.ID, err)
+	}
+	return r, ev, nil
+}
+
+// Transition moves record id from one of the states in from to state to, in
+// one transaction that compares the current state (compare-and-set), applies
+// mutate (which may be nil) and appends the transition's event. The change is
+// synced to disk before Transition returns. A record in a state not in from is
+// left untouched and a *StateError is returned. If mutate returns an error,
+// nothing is written.
+func (s *Store) Transition(id string, from []State, to State, reason string, mutate func(*Record) error) (Record, Event, error) {
+	var (
+		rec Record
+		ev  Event
+	)
+	err := s.write(func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error {
+		var err error
+		rec, err = getRecord(txn, id)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(from, rec.State) {
+			return &StateError{ID: id, Current: rec.State, To: to, Allowed: from}
+		}
+		prev := rec.State
+		if mutate != nil {
+			if err := mutate(&rec); err != nil {
+				return err
+			}
+		}
+		at := s.now().UTC()
+		rec.State = to
+		rec.Reason = reason
+		if prev != to {
+			rec.StateSince = at
+		}
+		if err := putRecord(txn, &rec); err != nil {
+			return err
+		}
+		ev, err = appendEvent(Event{Type: EventType(to), SandboxID: id, From: prev, To: to, Reason: reason, At: at})
+		return err
+	})
+	if err != nil {
+		return Record{}, Event{}, fmt.Errorf("sandbox %s to %s: %w", id, to, err)
+	}
+	return rec, ev, nil
+}
+
+// Update applies mutate to record id without a state change and without an
+// event (settings, keepalive, activity). mutate must not change State.
+func (s *Store) Update(id string, mutate func(*Record) error) (Record, error) {
+	var rec Record
+	err := s.write(func(txn *badger.Txn, _ func(Event) (Event, error)) error {
+		var err error
+		rec, err = getRecord(txn, id)
+		if err != nil {
+			return err
+		}
+		state := rec.State
+		if err := mutate(&rec); err != nil {
+			return err
+		}
+		if rec.State != state {
+			return fmt.Errorf("update may not change state (%s to %s): use Transition", state, rec.State)
+		}
+		return putRecord(txn, &rec)
+	})
+	if err != nil {
+		return Record{}, fmt.Errorf("updating sandbox %s: %w", id, err)
+	}
+	return rec, nil
+}
+
+// UpdateMany applies mutate to each existing record in ids in one transaction;
+// ids without a record are skipped. It is the activity flush: one batch, one
+// sync, however many sandboxes were active.
+func (s *Store) UpdateMany(ids []string, mutate func(*Record)) error {
+	err := s.write(func(txn *badger.Txn, _ func(Event) (Event, error)) error {
+		for _, id := range ids {
+			rec, err := getRecord(txn, id)
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			mutate(&rec)
+			if err := putRecord(txn, &rec); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("updating %d sandboxes: %w", len(ids), err)
+	}
+	return nil
+}
+
+// Delete removes record id and appends an event of type eventType (EventDestroyed
+// or EventPurged) from its last state.
+func (s *Store) Delete(id, eventType, reason string) (Event, error) {
+	var ev Event
+	err := s.write(func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error {
+		rec, err := getRecord(txn, id)
+		if err != nil {
+			return err
+		}
+		if err := txn.Delete(recordKey(id)); err != nil {
+			return err
+		}
+		ev, err = appendEvent(Event{Type: eventType, SandboxID: id, From: rec.State, Reason: reason})
+		return err
+	})
+	if err != nil {
+		return Event{}, fmt.Errorf("deleting sandbox %s: %w", id, err)
+	}
+	return ev, nil
+}
+
+// AppendEvent appends an event that belongs to no record change (for example
+// the purge of a sandbox whose record was destroyed earlier).
+func (s *Store) AppendEvent(ev Event) (Event, error) {
+	err := s.write(func(_ *badger.Txn, appendEvent func(Event) (Event, error)) error {
+		var err error
+		ev, err = appendEvent(ev)
+		return err
+	})
+	if err != nil {
+		return Event{}, fmt.Errorf("appending event for sandbox %s: %w", ev.SandboxID, err)
+	}
+	return ev, nil
+}
