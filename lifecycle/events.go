@@ -30,19 +30,24 @@ func (s *Subscription) Cancel() { s.bus.remove(s, false) }
 // bus fans events out to subscribers without ever blocking the publisher: a
 // transition never waits for a slow consumer.
 type bus struct {
-	mu   sync.Mutex
-	subs map[*Subscription]struct{}
+	mu     sync.Mutex
+	subs   map[*Subscription]struct{}
+	closed bool
 }
 
 func (b *bus) subscribe() *Subscription {
 	c := make(chan Event, subscriberBuffer)
 	s := &Subscription{C: c, c: c, bus: b}
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		close(c)
+		return s
+	}
 	if b.subs == nil {
 		b.subs = make(map[*Subscription]struct{})
 	}
 	b.subs[s] = struct{}{}
-	b.mu.Unlock()
 	return s
 }
 
@@ -74,6 +79,7 @@ func (b *bus) publish(ev Event) {
 func (b *bus) closeAll() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.closed = true
 	for s := range b.subs {
 		delete(b.subs, s)
 		close(s.c)

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +28,10 @@ type Config struct {
 	Now func() time.Time
 	// Logger receives transition logs. Default: none.
 	Logger *zap.Logger
+	// ActivityFlush is how often in-memory activity is written to the store
+	// in one batch; 0 turns the loop off (FlushActivity can still be
+	// called). Default: off.
+	ActivityFlush time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -55,9 +58,11 @@ type Manager struct {
 	cfg     Config
 	log     *zap.Logger
 
-	locks idLocks
-	wakes singleflight.Group
-	bus   bus
+	locks    idLocks
+	wakes    singleflight.Group
+	bus      bus
+	activity activities
+	flushMu  sync.Mutex
 
 	// ctx is the parent of every wake and create: it outlives the requests
 	// that trigger them and ends only at Close.
@@ -72,7 +77,8 @@ type Manager struct {
 	reserved int              // admissions granted to wakes and creates in flight
 	waking   map[string]time.Time
 
-	onWake func(WakeResult)
+	onWake  func(WakeResult)
+	onEvent []func(Event)
 }
 
 // NewManager returns a Manager over an open store and a runtime. It reads
@@ -97,7 +103,11 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 	for i := range recs {
 		m.setState(recs[i].ID, recs[i].State)
 	}
-	st.OnCommit(m.bus.publish)
+	st.OnCommit(m.publish)
+	if cfg.ActivityFlush > 0 {
+		m.wg.Add(1)
+		go m.runActivityFlush(cfg.ActivityFlush)
+	}
 	return m, nil
 }
 
@@ -138,6 +148,39 @@ func (m *Manager) Runtime() Runtime { return m.runtime }
 // Now returns the manager's clock reading.
 func (m *Manager) Now() time.Time { return m.cfg.Now() }
 
+// OnEvent adds a function called synchronously with every committed event,
+// in id order, before subscribers see it. It must be quick and must not call
+// the manager or the store (it runs under the store's write lock); it is how
+// caches stay exactly as fresh as the store. Add hooks before serving.
+func (m *Manager) OnEvent(fn func(Event)) { m.onEvent = append(m.onEvent, fn) }
+
+func (m *Manager) publish(ev Event) {
+	for _, fn := range m.onEvent {
+		fn(ev)
+	}
+	m.bus.publish(ev)
+}
+
+// Reconfigure changes the settings a config reload may change.
+func (m *Manager) Reconfigure(wakeTimeout time.Duration, maxResident int, keepaliveMax time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if wakeTimeout > 0 {
+		m.cfg.WakeTimeout = wakeTimeout
+	}
+	if keepaliveMax > 0 {
+		m.cfg.KeepaliveMax = keepaliveMax
+	}
+	m.cfg.MaxResident = maxResident
+}
+
+// limits reads the settings Reconfigure changes.
+func (m *Manager) limits() (wakeTimeout, keepaliveMax time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cfg.WakeTimeout, m.cfg.KeepaliveMax
+}
+
 // Subscribe returns a subscription to every event committed from now on.
 func (m *Manager) Subscribe() *Subscription { return m.bus.subscribe() }
 
@@ -157,6 +200,17 @@ func (m *Manager) setState(id string, to State) {
 	if Resident(to) {
 		m.resident++
 	}
+}
+
+// Counts returns how many sandboxes are in each state.
+func (m *Manager) Counts() map[State]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[State]int, len(States))
+	for _, s := range m.states {
+		out[s]++
+	}
+	return out
 }
 
 // Resident returns how many sandboxes hold memory (running + paused) and how
@@ -208,6 +262,22 @@ func (m *Manager) transition(id string, to State, reason string, mutate func(*Re
 	return rec, nil
 }
 
+// asciiLower lowercases ASCII letters only.
+func asciiLower(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if b[j] >= 'A' && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
+}
+
 // Get returns the record of sandbox id.
 func (m *Manager) Get(id string) (Record, error) { return m.store.Get(id) }
 
@@ -242,13 +312,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 		return Record{}, err
 	}
 	defer done()
-	id := strings.ToLower(req.ID)
+	id := req.ID
 	if id == "" {
 		id = NewID(m.cfg.Now())
 	}
-	if !ValidID(id) {
+	// Fold only ASCII: strings.ToLower would turn the Kelvin sign into k.
+	if !ValidID(asciiLower(id)) {
 		return Record{}, invalid("id %q must be 1-%d characters of [0-9a-z]", req.ID, MaxIDLen)
 	}
+	id = asciiLower(id)
 	spec := req.Spec
 	if err := NormalizeSpec(&spec); err != nil {
 		return Record{}, err
@@ -271,7 +343,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 	}
 	m.setState(id, Creating)
 
-	wctx, cancel := context.WithTimeout(m.ctx, m.cfg.WakeTimeout)
+	wakeTimeout, _ := m.limits()
+	wctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 	defer cancel()
 	c, err := m.runtime.Create(wctx, id, spec)
 	if err == nil {
@@ -281,7 +354,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 		err = m.waitReady(wctx, id, &spec, c.Upstreams)
 	}
 	if err != nil {
-		m.fail(id, err)
+		// Whatever the cause, a failed create leaves creating: a record
+		// stuck there could be neither woken nor retried.
+		m.fail(id, err, true)
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	return m.transition(id, Running, "create", func(r *Record) error {
@@ -309,10 +384,11 @@ func (m *Manager) waitReady(ctx context.Context, id string, spec *Spec, upstream
 	return WaitReady(ctx, addr, spec)
 }
 
-// fail records a failed create or wake as state error, unless the failure was
-// a transient engine error, which leaves the record as it was.
-func (m *Manager) fail(id string, cause error) {
-	if errors.Is(cause, ErrUnavailable) {
+// fail records a failed create or wake as state error. A failed wake whose
+// cause was a transient engine error or the manager shutting down leaves the
+// record as it was; a failed create (always) goes to error.
+func (m *Manager) fail(id string, cause error, creating bool) {
+	if !creating && (errors.Is(cause, ErrUnavailable) || m.ctx.Err() != nil) {
 		return
 	}
 	msg := cause.Error()
@@ -334,6 +410,8 @@ func (m *Manager) fail(id string, cause error) {
 // reasonOf gives the short reason recorded with an error transition.
 func reasonOf(err error) string {
 	switch {
+	case errors.Is(err, ErrUnavailable):
+		return "engine_unavailable"
 	case errors.Is(err, ErrImageNotFound):
 		return "image_missing"
 	case errors.Is(err, ErrNotReady), errors.Is(err, context.DeadlineExceeded):
@@ -346,6 +424,11 @@ func reasonOf(err error) string {
 // Pause freezes running sandbox id. Pausing a paused sandbox is a no-op;
 // any other state is ErrConflict.
 func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) {
+	done, err := m.track()
+	if err != nil {
+		return Record{}, err
+	}
+	defer done()
 	unlock := m.locks.lock(id)
 	defer unlock()
 	rec, err := m.store.Get(id)
@@ -371,6 +454,11 @@ func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) 
 // Stop stops running or paused sandbox id, keeping its container and volume.
 // Stopping a stopped sandbox is a no-op; any other state is ErrConflict.
 func (m *Manager) Stop(ctx context.Context, id, reason string) (Record, error) {
+	done, err := m.track()
+	if err != nil {
+		return Record{}, err
+	}
+	defer done()
 	unlock := m.locks.lock(id)
 	defer unlock()
 	rec, err := m.store.Get(id)
@@ -401,7 +489,8 @@ func (m *Manager) Keepalive(id string, d time.Duration) (Record, error) {
 	if d <= 0 {
 		return Record{}, invalid("keepalive duration %s must be positive", d)
 	}
-	d = min(d, m.cfg.KeepaliveMax)
+	_, keepaliveMax := m.limits()
+	d = min(d, keepaliveMax)
 	now := m.cfg.Now().UTC()
 	return m.store.Update(id, func(r *Record) error {
 		r.KeepaliveUntil = now.Add(d)
@@ -413,6 +502,11 @@ func (m *Manager) Keepalive(id string, d time.Duration) (Record, error) {
 // Destroy removes sandbox id's container and record. The volume is kept (see
 // Purge). A transient engine error leaves everything as it was.
 func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
+	done, err := m.track()
+	if err != nil {
+		return err
+	}
+	defer done()
 	unlock := m.locks.lock(id)
 	defer unlock()
 	if _, err := m.store.Get(id); err != nil {
@@ -425,6 +519,7 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 		return err
 	}
 	m.setState(id, "")
+	m.activity.m.Delete(id)
 	return nil
 }
 
@@ -432,6 +527,11 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 // bytes the volume held. It also purges the volume of a sandbox destroyed
 // earlier; ErrNotFound when there is neither record nor volume.
 func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, err error) {
+	done, err := m.track()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
 	if !ValidID(id) {
 		return 0, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
 	}
@@ -456,8 +556,10 @@ func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, er
 		return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
 	}
 	if hasRecord {
-		_, err = m.store.Delete(id, store.EventPurged, reason)
-		m.setState(id, "")
+		if _, err = m.store.Delete(id, store.EventPurged, reason); err == nil {
+			m.setState(id, "")
+			m.activity.m.Delete(id)
+		}
 	} else {
 		_, err = m.store.AppendEvent(Event{Type: store.EventPurged, SandboxID: id, Reason: reason})
 	}

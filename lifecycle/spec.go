@@ -74,7 +74,7 @@ func NormalizeSpec(spec *Spec) error {
 	if spec.MemoryMB < 0 || (spec.MemoryMB > 0 && spec.MemoryMB < MinMemoryMB) {
 		return invalid("memory_mb: %d is below the minimum of %d", spec.MemoryMB, MinMemoryMB)
 	}
-	if spec.CPUs < 0 || spec.CPUs > 1024 {
+	if !(spec.CPUs >= 0 && spec.CPUs <= 1024) { // also refuses NaN
 		return invalid("cpus: %g is out of range", spec.CPUs)
 	}
 	if spec.PidsLimit < 0 {

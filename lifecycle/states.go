@@ -43,7 +43,8 @@ var allowedFrom = map[State][]State{
 	Stopped: {Running, Paused, Error, Killed},
 	Killed:  {Creating, Running, Paused, Stopped, Error},
 	Expired: {Running, Paused, Stopped, Killed, Error},
-	Error:   {Creating, Running, Paused, Stopped, Killed, Expired},
+	// error → error records a retry that failed again, with its new cause.
+	Error: {Creating, Running, Paused, Stopped, Killed, Expired, Error},
 }
 
 // AllowedFrom returns the states a sandbox may enter state to from.

@@ -38,6 +38,12 @@ func (m *Manager) Wake(ctx context.Context, id string) (Record, error) {
 	}
 }
 
+// StartWake starts a wake of sandbox id (or joins the one in flight) without
+// waiting for it: for a browser that is shown the warming page at once.
+func (m *Manager) StartWake(id string) {
+	m.wakes.DoChan(id, func() (any, error) { return m.wake(id) })
+}
+
 // Waking reports whether a wake of sandbox id is in flight, and since when.
 func (m *Manager) Waking(id string) (since time.Time, ok bool) {
 	m.mu.Lock()
@@ -103,7 +109,8 @@ func (m *Manager) bringUp(rec Record) (Record, error) {
 		}
 		defer release()
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.WakeTimeout)
+	wakeTimeout, _ := m.limits()
+	ctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 	defer cancel()
 
 	c, reason, err := m.startContainer(ctx, rec)
@@ -111,7 +118,7 @@ func (m *Manager) bringUp(rec Record) (Record, error) {
 		err = m.waitReady(ctx, id, &rec.Spec, c.Upstreams)
 	}
 	if err != nil {
-		m.fail(id, err)
+		m.fail(id, err, false)
 		return Record{}, fmt.Errorf("waking sandbox %s from %s: %w", id, rec.State, err)
 	}
 	return m.transition(id, Running, reason, func(r *Record) error {

@@ -1,0 +1,431 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+func init() {
+	caddy.RegisterModule(API{})
+}
+
+// maxBodyBytes bounds API request bodies.
+const maxBodyBytes = 1 << 20
+
+// API is the management REST API handler (http.handlers.sandwake_api). Every
+// route but /v1/healthz and /v1/readyz needs "Authorization: Bearer <token>".
+type API struct {
+	// Token is the bearer token clients must send. Placeholders such as
+	// {env.SANDWAKE_API_TOKEN} are replaced at provision. Required unless
+	// InsecureNoAuth is set.
+	Token string `json:"token,omitempty"`
+	// InsecureNoAuth serves the API without a token. Only for an API bound
+	// to a trusted address.
+	InsecureNoAuth bool `json:"insecure_no_auth,omitempty"`
+
+	app       *App
+	tokenHash [32]byte
+	mux       *http.ServeMux
+	logger    *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (API) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.sandwake_api",
+		New: func() caddy.Module { return new(API) },
+	}
+}
+
+// Provision resolves the token and builds the routes.
+func (api *API) Provision(ctx caddy.Context) error {
+	api.logger = ctx.Logger()
+	app, err := ctx.App("sandwake")
+	if err != nil {
+		return fmt.Errorf("sandwake_api: loading sandwake app: %w", err)
+	}
+	api.app = app.(*App)
+	token := caddy.NewReplacer().ReplaceKnown(api.Token, "")
+	if api.Token != "" && token == "" {
+		return fmt.Errorf("sandwake_api: token %q is empty once placeholders are replaced (is the variable set?)", api.Token)
+	}
+	api.tokenHash = sha256.Sum256([]byte(token))
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/healthz", api.healthz)
+	mux.HandleFunc("GET /v1/readyz", api.readyz)
+	mux.HandleFunc("POST /v1/sandboxes", api.authed(api.create))
+	mux.HandleFunc("GET /v1/sandboxes", api.authed(api.list))
+	mux.HandleFunc("GET /v1/sandboxes/{id}", api.authed(api.get))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", api.authed(api.destroy))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/wake", api.authed(api.wake))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", api.authed(api.pause))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/stop", api.authed(api.stop))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", api.authed(api.keepalive))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/purge", api.authed(api.purge))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(api.history))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path), 0)
+	})
+	api.mux = mux
+	return nil
+}
+
+// Validate refuses an API without authentication unless that is explicit.
+func (api *API) Validate() error {
+	if api.Token == "" && !api.InsecureNoAuth {
+		return errors.New("sandwake_api: set a token, or write insecure_no_auth to serve the API without one")
+	}
+	return nil
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler. The API answers every
+// request it is given.
+func (api *API) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	api.mux.ServeHTTP(w, r)
+	return nil
+}
+
+// authed wraps a handler with the bearer-token check and the engine lookup.
+func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !api.InsecureNoAuth {
+			given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			// Comparing hashes keeps the comparison constant-time in the
+			// token's length as well as its content.
+			gh := sha256.Sum256([]byte(given))
+			if !ok || subtle.ConstantTimeCompare(gh[:], api.tokenHash[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
+				writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
+				return
+			}
+		}
+		e := api.app.engine()
+		if e == nil || !e.ready.Load() {
+			writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "sandwake is starting", 1)
+			return
+		}
+		h(w, r, e)
+	}
+}
+
+func (api *API) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
+	checks := map[string]string{"store": "ok", "docker": "ok", "boot_reconcile": "ok"}
+	ok := true
+	e := api.app.engine()
+	if e == nil || !e.ready.Load() {
+		checks["store"], checks["boot_reconcile"], ok = "not started", "not done", false
+	} else {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := e.docker.Ping(ctx); err != nil {
+			checks["docker"], ok = err.Error(), false
+		}
+	}
+	status := http.StatusOK
+	if !ok {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, map[string]any{"ready": ok, "checks": checks})
+}
+
+// decodeBody decodes a JSON object body into v strictly: unknown fields,
+// trailing data and bodies over maxBodyBytes are errors with a clear message.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body := http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("unexpected data after the JSON object")
+	}
+	if err == nil {
+		return true
+	}
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeJSONError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is over %d bytes", maxBodyBytes), 0)
+	case errors.Is(err, io.EOF):
+		writeJSONError(w, http.StatusBadRequest, "invalid", "request body is empty: a JSON object is required", 0)
+	default:
+		writeJSONError(w, http.StatusBadRequest, "invalid", "request body: "+err.Error(), 0)
+	}
+	return false
+}
+
+// createBody is the body of POST /v1/sandboxes.
+type createBody struct {
+	ID            string            `json:"id"`
+	Image         string            `json:"image"`
+	Cmd           []string          `json:"cmd"`
+	Env           map[string]string `json:"env"`
+	Ports         []int             `json:"ports"`
+	MemoryMB      int64             `json:"memory_mb"`
+	CPUs          float64           `json:"cpus"`
+	WorkspacePath string            `json:"workspace_path"`
+	ReadyPath     string            `json:"ready_path"`
+	ReadyMode     string            `json:"ready_mode"`
+	IdlePause     *string           `json:"idle_pause"`
+	IdleStop      *string           `json:"idle_stop"`
+	MaxLifetime   *string           `json:"max_lifetime"`
+	Labels        map[string]string `json:"labels"`
+	Access        string            `json:"access"`
+}
+
+// parseOptionalDuration parses a Go duration string field.
+func parseOptionalDuration(name string, s *string) (*time.Duration, error) {
+	if s == nil {
+		return nil, nil
+	}
+	d, err := caddy.ParseDuration(*s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %q is not a duration like \"90s\" or \"30m\"", lifecycle.ErrInvalid, name, *s)
+	}
+	return &d, nil
+}
+
+func (b *createBody) spec() (lifecycle.Spec, error) {
+	spec := lifecycle.Spec{
+		Image: b.Image, Cmd: b.Cmd, Env: b.Env, Ports: b.Ports, MemoryMB: b.MemoryMB, CPUs: b.CPUs,
+		WorkspacePath: b.WorkspacePath, ReadyPath: b.ReadyPath, ReadyMode: b.ReadyMode, Labels: b.Labels, Access: b.Access,
+	}
+	var err error
+	if spec.IdlePause, err = parseOptionalDuration("idle_pause", b.IdlePause); err != nil {
+		return spec, err
+	}
+	if spec.IdleStop, err = parseOptionalDuration("idle_stop", b.IdleStop); err != nil {
+		return spec, err
+	}
+	if spec.MaxLifetime, err = parseOptionalDuration("max_lifetime", b.MaxLifetime); err != nil {
+		return spec, err
+	}
+	return spec, nil
+}
+
+func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
+	var body createBody
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	spec, err := body.spec()
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	rec, err := e.mgr.Create(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec})
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, e.view(&rec))
+}
+
+func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
+	recs, err := e.mgr.List(lifecycle.State(r.URL.Query().Get("state")))
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	out := make([]recordView, len(recs))
+	for i := range recs {
+		out[i] = e.view(&recs[i])
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+// sandboxID reads and checks the {id} path value; ids are case-insensitive.
+func sandboxID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := strings.ToLower(r.PathValue("id"))
+	if !lifecycle.ValidID(id) {
+		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %q: not found (ids are 1-%d characters of [0-9a-z])", r.PathValue("id"), lifecycle.MaxIDLen), 0)
+		return "", false
+	}
+	return id, true
+}
+
+// recordOp serves an operation on one sandbox that answers its record.
+func (api *API) recordOp(w http.ResponseWriter, r *http.Request, e *engine, op func(id string) (lifecycle.Record, error)) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	rec, err := op(id)
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, e.view(&rec))
+}
+
+func (api *API) get(w http.ResponseWriter, r *http.Request, e *engine) {
+	api.recordOp(w, r, e, e.mgr.Get)
+}
+
+func (api *API) wake(w http.ResponseWriter, r *http.Request, e *engine) {
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Wake(r.Context(), id) })
+}
+
+func (api *API) pause(w http.ResponseWriter, r *http.Request, e *engine) {
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Pause(r.Context(), id, "api") })
+}
+
+func (api *API) stop(w http.ResponseWriter, r *http.Request, e *engine) {
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Stop(r.Context(), id, "api") })
+}
+
+func (api *API) keepalive(w http.ResponseWriter, r *http.Request, e *engine) {
+	var body struct {
+		For string `json:"for"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	d, err := caddy.ParseDuration(body.For)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("for: %q is not a duration like \"10m\"", body.For), 0)
+		return
+	}
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Keepalive(id, d) })
+}
+
+func (api *API) destroy(w http.ResponseWriter, r *http.Request, e *engine) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	if err := e.mgr.Destroy(r.Context(), id, "api"); err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (api *API) purge(w http.ResponseWriter, r *http.Request, e *engine) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	freed, err := e.mgr.Purge(r.Context(), id, "api")
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"freed_bytes": freed})
+}
+
+func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	evs, err := e.mgr.History(id)
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	if len(evs) == 0 {
+		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %s: no history", id), 0)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+}
+
+// recordView is a sandbox as the API shows it: env values are never shown.
+type recordView struct {
+	ID              string            `json:"id"`
+	State           string            `json:"state"`
+	Reason          string            `json:"reason,omitempty"`
+	Error           string            `json:"error,omitempty"`
+	Image           string            `json:"image"`
+	Cmd             []string          `json:"cmd,omitempty"`
+	EnvKeys         []string          `json:"env_keys"`
+	Ports           []int             `json:"ports"`
+	URLs            map[string]string `json:"urls"`
+	MemoryMB        int64             `json:"memory_mb,omitempty"`
+	CPUs            float64           `json:"cpus,omitempty"`
+	WorkspacePath   string            `json:"workspace_path"`
+	ReadyPath       string            `json:"ready_path,omitempty"`
+	IdlePause       string            `json:"idle_pause,omitempty"`
+	IdleStop        string            `json:"idle_stop,omitempty"`
+	MaxLifetime     string            `json:"max_lifetime,omitempty"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	Access          string            `json:"access"`
+	CreatedAt       time.Time         `json:"created_at"`
+	LastActiveAt    time.Time         `json:"last_active_at"`
+	StateSince      time.Time         `json:"state_since"`
+	ExpiresAt       *time.Time        `json:"expires_at,omitempty"`
+	KeepaliveUntil  *time.Time        `json:"keepalive_until,omitempty"`
+	VerifiedAt      *time.Time        `json:"verified_at,omitempty"`
+	OpenConnections int64             `json:"open_connections"`
+}
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func optDuration(d *time.Duration) string {
+	if d == nil {
+		return ""
+	}
+	return d.String()
+}
+
+// view renders a record for the API, with its preview URLs and the
+// in-memory activity the store has not been told of yet.
+func (e *engine) view(r *lifecycle.Record) recordView {
+	s := e.current.Load()
+	v := recordView{
+		ID: r.ID, State: string(r.State), Reason: r.Reason, Error: r.Error,
+		Image: r.Spec.Image, Cmd: r.Spec.Cmd, EnvKeys: slices.Sorted(maps.Keys(r.Spec.Env)), Ports: r.Spec.Ports,
+		URLs: make(map[string]string, len(r.Spec.Ports)), MemoryMB: r.Spec.MemoryMB, CPUs: r.Spec.CPUs,
+		WorkspacePath: r.Spec.WorkspacePath, ReadyPath: r.Spec.ReadyPath,
+		IdlePause: optDuration(r.Spec.IdlePause), IdleStop: optDuration(r.Spec.IdleStop), MaxLifetime: optDuration(r.Spec.MaxLifetime),
+		Labels: r.Spec.Labels, Access: r.Spec.Access,
+		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, StateSince: r.StateSince,
+		ExpiresAt: optTime(r.ExpiresAt), KeepaliveUntil: optTime(r.KeepaliveUntil), VerifiedAt: optTime(r.VerifiedAt),
+	}
+	if v.EnvKeys == nil {
+		v.EnvKeys = []string{}
+	}
+	for _, p := range r.Spec.Ports {
+		v.URLs[strconv.Itoa(p)] = s.previewURLOf(r.ID, p)
+	}
+	a := e.mgr.Activity(r.ID)
+	if t := a.LastActive(); t.After(v.LastActiveAt) {
+		v.LastActiveAt = t
+	}
+	v.OpenConnections = a.OpenConnections()
+	return v
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*API)(nil)
+	_ caddy.Validator             = (*API)(nil)
+	_ caddyhttp.MiddlewareHandler = (*API)(nil)
+)

@@ -1,0 +1,324 @@
+// Package caddymodule is everything Caddy-specific in sandwake: the
+// "sandwake" app, the preview gate handler, the dynamic upstream source, the
+// management API handler, pages, Caddyfile support and metrics.
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/lifecycle/docker"
+	"github.com/sandwake/sandwake/store"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// App is the "sandwake" Caddy app: the settings of the sandbox farm and the
+// engine behind them (store, Docker runtime, lifecycle manager). The engine
+// lives in a package-level pool keyed by storage directory, opened at the
+// first Start and closed when the last config using it is cleaned up, so a
+// config reload keeps the same store open, never drops a pending wake, and
+// `caddy validate` (which provisions without starting) takes no lock.
+type App struct {
+	// Domain is the preview domain: sandboxes are served at
+	// s-<id>-<port>.preview.<domain>. Default: localhost.
+	Domain string `json:"domain,omitempty"`
+	// Storage is the directory of the embedded Badger store. Default:
+	// "sandwake" in Caddy's data directory.
+	Storage string `json:"storage,omitempty"`
+	// DockerHost is the Docker Engine address, e.g. unix:///var/run/docker.sock.
+	// Default: DOCKER_HOST, else the local socket. Changing it needs a restart.
+	DockerHost string `json:"docker_host,omitempty"`
+	// UpstreamMode is "published" (each port published on 127.0.0.1; the
+	// gateway runs on the Docker host) or "network" (the gateway dials
+	// s-<id>:<port> on Network; the gateway runs in a container). Default:
+	// published. Changing it needs a restart.
+	UpstreamMode string `json:"upstream_mode,omitempty"`
+	// Network is the Docker network of upstream mode "network".
+	Network string `json:"network,omitempty"`
+	// WakeTimeout bounds one wake: start plus readiness. Default: 60s.
+	WakeTimeout caddy.Duration `json:"wake_timeout,omitempty"`
+	// HoldTimeout is how long a non-browser request to a sleeping sandbox is
+	// held waiting for the wake before it gets 503 + Retry-After. Default: 60s.
+	HoldTimeout caddy.Duration `json:"hold_timeout,omitempty"`
+	// MaxResident caps running + paused sandboxes; a wake beyond it is
+	// refused with 503. 0 means no cap. Default: 200.
+	MaxResident *int `json:"max_resident,omitempty"`
+	// KeepaliveMax caps one keepalive request. Default: 24h.
+	KeepaliveMax caddy.Duration `json:"keepalive_max,omitempty"`
+	// ActivityFlush is how often last-active times kept in memory are
+	// written to the store, in one batch. Default: 5s.
+	ActivityFlush caddy.Duration `json:"activity_flush,omitempty"`
+	// PreviewURL is how preview URLs look to users, with * standing for
+	// the sandbox's label s-<id>-<port>; the API shows each sandbox's URLs
+	// with it. Default: https://*.preview.<domain>, or
+	// http://*.preview.localhost for the localhost domain.
+	PreviewURL string `json:"preview_url,omitempty"`
+	// StopTimeout is how long a stop waits for a sandbox's app to exit
+	// before Docker kills it. Default: 10s.
+	StopTimeout caddy.Duration `json:"stop_timeout,omitempty"`
+
+	storageDir string
+	started    bool
+	// eng is set by Start; a pointer so that App stays copyable (Caddy
+	// copies module values).
+	eng    *atomic.Pointer[engine]
+	logger *zap.Logger
+}
+
+// Defaults of the App.
+const (
+	DefaultDomain        = "localhost"
+	DefaultWakeTimeout   = 60 * time.Second
+	DefaultHoldTimeout   = 60 * time.Second
+	DefaultMaxResident   = 200
+	DefaultKeepaliveMax  = 24 * time.Hour
+	DefaultActivityFlush = 5 * time.Second
+	DefaultStopTimeout   = 10 * time.Second
+)
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "sandwake",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision fills defaults. It opens nothing: see Start.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger().Named("sandwake")
+	a.eng = new(atomic.Pointer[engine])
+	if a.Domain == "" {
+		a.Domain = DefaultDomain
+	}
+	setDuration(&a.WakeTimeout, DefaultWakeTimeout)
+	setDuration(&a.HoldTimeout, DefaultHoldTimeout)
+	setDuration(&a.KeepaliveMax, DefaultKeepaliveMax)
+	setDuration(&a.ActivityFlush, DefaultActivityFlush)
+	setDuration(&a.StopTimeout, DefaultStopTimeout)
+	if a.MaxResident == nil {
+		n := DefaultMaxResident
+		a.MaxResident = &n
+	}
+	if a.PreviewURL == "" {
+		a.PreviewURL = "https://*.preview." + a.Domain
+		if a.Domain == DefaultDomain {
+			a.PreviewURL = "http://*.preview." + a.Domain
+		}
+	}
+	if a.UpstreamMode == "" {
+		a.UpstreamMode = docker.UpstreamPublished
+	}
+	a.storageDir = a.Storage
+	if a.storageDir == "" {
+		a.storageDir = filepath.Join(caddy.AppDataDir(), "sandwake")
+	}
+	abs, err := filepath.Abs(a.storageDir)
+	if err != nil {
+		return fmt.Errorf("sandwake: storage %q: %w", a.storageDir, err)
+	}
+	a.storageDir = abs
+	return nil
+}
+
+func setDuration(d *caddy.Duration, def time.Duration) {
+	if *d == 0 {
+		*d = caddy.Duration(def)
+	}
+}
+
+// Validate checks the settings.
+func (a *App) Validate() error {
+	if !validDomain(a.Domain) {
+		return fmt.Errorf("sandwake: domain %q is not a DNS name", a.Domain)
+	}
+	if strings.Count(a.PreviewURL, "*") != 1 {
+		return fmt.Errorf("sandwake: preview_url %q must contain one * (the sandbox label)", a.PreviewURL)
+	}
+	if u, err := url.Parse(strings.Replace(a.PreviewURL, "*", "s-x-1", 1)); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("sandwake: preview_url %q is not an http(s) URL", a.PreviewURL)
+	}
+	switch a.UpstreamMode {
+	case docker.UpstreamPublished:
+		if a.Network != "" {
+			return errors.New("sandwake: network is set but upstream_mode is published")
+		}
+	case docker.UpstreamNetwork:
+		if a.Network == "" {
+			return errors.New("sandwake: upstream_mode network needs a network name")
+		}
+	default:
+		return fmt.Errorf("sandwake: upstream_mode %q is not published or network", a.UpstreamMode)
+	}
+	for name, d := range map[string]caddy.Duration{
+		"wake_timeout": a.WakeTimeout, "hold_timeout": a.HoldTimeout, "keepalive_max": a.KeepaliveMax,
+		"activity_flush": a.ActivityFlush, "stop_timeout": a.StopTimeout,
+	} {
+		if d < 0 {
+			return fmt.Errorf("sandwake: %s must not be negative", name)
+		}
+	}
+	if *a.MaxResident < 0 {
+		return errors.New("sandwake: max_resident must not be negative")
+	}
+	return nil
+}
+
+// engines holds the running engines, keyed by storage directory.
+var engines = caddy.NewUsagePool()
+
+// Start opens (or shares) the engine and publishes this config's settings to
+// it. The boot reconcile runs before the gate is marked ready.
+func (a *App) Start() error {
+	val, loaded, err := engines.LoadOrNew(a.storageDir, func() (caddy.Destructor, error) {
+		return openEngine(a)
+	})
+	if err != nil {
+		return err
+	}
+	a.started = true
+	e := val.(*engine)
+	if loaded && (e.dockerHost != a.DockerHost || e.upstreamMode != a.UpstreamMode || e.network != a.Network) {
+		a.logger.Warn("docker_host, upstream_mode and network changes take effect after a restart",
+			zap.String("storage", a.storageDir))
+	}
+	e.apply(a)
+	a.eng.Store(e)
+	return nil
+}
+
+// Stop is a no-op: the engine stays up while any config uses it (see Cleanup),
+// so a reload never interrupts a wake.
+func (a *App) Stop() error { return nil }
+
+// Cleanup releases this config's hold on the engine; the last one closes it.
+func (a *App) Cleanup() error {
+	if !a.started {
+		return nil
+	}
+	a.started = false
+	_, err := engines.Delete(a.storageDir)
+	return err
+}
+
+// engine returns the running engine, nil before Start.
+func (a *App) engine() *engine {
+	if a.eng == nil {
+		return nil
+	}
+	return a.eng.Load()
+}
+
+// settings are the per-config values the request path reads; a reload swaps
+// them atomically.
+type settings struct {
+	domain      string
+	holdTimeout time.Duration
+	previewURL  string
+}
+
+// previewURL is the user-facing URL of sandbox id's port.
+func (s *settings) previewURLOf(id string, port int) string {
+	return strings.Replace(s.previewURL, "*", "s-"+id+"-"+strconv.Itoa(port), 1) + "/"
+}
+
+// engine is the long-lived runtime shared by every config with the same
+// storage directory.
+type engine struct {
+	store   *store.Store
+	docker  *docker.Runtime
+	mgr     *lifecycle.Manager
+	routes  *routeCache
+	log     *zap.Logger
+	ready   atomic.Bool
+	current atomic.Pointer[settings]
+
+	dockerHost, upstreamMode, network string
+}
+
+func openEngine(a *App) (*engine, error) {
+	log := a.logger
+	st, err := store.Open(store.Options{Dir: a.storageDir})
+	if err != nil {
+		return nil, fmt.Errorf("sandwake: %w", err)
+	}
+	rt, err := docker.New(docker.Options{
+		Host:         a.DockerHost,
+		UpstreamMode: a.UpstreamMode,
+		Network:      a.Network,
+		StopTimeout:  time.Duration(a.StopTimeout),
+	})
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("sandwake: %w", err)
+	}
+	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{
+		WakeTimeout:   time.Duration(a.WakeTimeout),
+		MaxResident:   *a.MaxResident,
+		KeepaliveMax:  time.Duration(a.KeepaliveMax),
+		ActivityFlush: time.Duration(a.ActivityFlush),
+		Logger:        log,
+	})
+	if err != nil {
+		rt.Close()
+		st.Close()
+		return nil, fmt.Errorf("sandwake: %w", err)
+	}
+	e := &engine{
+		store: st, docker: rt, mgr: mgr, log: log,
+		dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
+	}
+	e.routes = newRouteCache(mgr)
+	mgr.OnEvent(e.routes.invalidate)
+	mgr.OnWake(observeWake)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rt.Ping(ctx); err != nil {
+		// Not fatal: sandwake serves pages and the API with Docker down and
+		// answers wakes with 503 until it is back.
+		log.Warn("docker engine not reachable at start", zap.Error(err))
+	}
+	e.ready.Store(true)
+	metricsEngine.Store(e)
+	log.Info("sandwake engine started", zap.String("storage", a.storageDir))
+	return e, nil
+}
+
+// apply publishes a config's settings to the running engine.
+func (e *engine) apply(a *App) {
+	e.current.Store(&settings{domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), previewURL: a.PreviewURL})
+	e.mgr.Reconfigure(time.Duration(a.WakeTimeout), *a.MaxResident, time.Duration(a.KeepaliveMax))
+}
+
+// Destruct closes the engine: wakes in flight are cancelled and awaited,
+// activity is flushed, the store closed.
+func (e *engine) Destruct() error {
+	e.ready.Store(false)
+	metricsEngine.CompareAndSwap(e, nil)
+	errs := []error{e.mgr.Close(), e.docker.Close(), e.store.Close()}
+	e.log.Info("sandwake engine stopped")
+	return errors.Join(errs...)
+}
+
+// Interface guards.
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+	_ caddy.Destructor   = (*engine)(nil)
+)

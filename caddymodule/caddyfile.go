@@ -1,0 +1,208 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("sandwake", parseGlobalOption)
+	httpcaddyfile.RegisterDirective("sandwake_preview", parsePreview)
+	httpcaddyfile.RegisterDirectiveOrder("sandwake_preview", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterHandlerDirective("sandwake_api", parseAPI)
+	httpcaddyfile.RegisterDirectiveOrder("sandwake_api", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// parseGlobalOption parses the sandwake global option:
+//
+//	sandwake {
+//		domain         <domain>
+//		storage        <dir>
+//		docker_host    <address>
+//		preview_url    <url with * for s-<id>-<port>>
+//		upstream_mode  published | network <docker network>
+//		wake_timeout   <duration>
+//		hold_timeout   <duration>
+//		max_resident   <n>
+//		keepalive_max  <duration>
+//		activity_flush <duration>
+//		stop_timeout   <duration>
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
+	app := new(App)
+	if err := app.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "sandwake", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+// UnmarshalCaddyfile sets up the app from Caddyfile tokens (see
+// parseGlobalOption for the syntax).
+func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the option name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		switch opt {
+		case "domain", "storage", "docker_host", "preview_url":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			switch opt {
+			case "domain":
+				a.Domain = v
+			case "storage":
+				a.Storage = v
+			case "docker_host":
+				a.DockerHost = v
+			case "preview_url":
+				a.PreviewURL = v
+			}
+		case "upstream_mode":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			a.UpstreamMode = d.Val()
+			switch a.UpstreamMode {
+			case docker.UpstreamPublished:
+			case docker.UpstreamNetwork:
+				if !d.NextArg() {
+					return d.Err("upstream_mode network needs the Docker network name")
+				}
+				a.Network = d.Val()
+			default:
+				return d.Errf("upstream_mode %q: want published or network <name>", a.UpstreamMode)
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "wake_timeout", "hold_timeout", "keepalive_max", "activity_flush", "stop_timeout":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil {
+				return d.Errf("%s %q: %v", opt, v, err)
+			}
+			if dur < 0 {
+				return d.Errf("%s must not be negative", opt)
+			}
+			target := map[string]*caddy.Duration{
+				"wake_timeout": &a.WakeTimeout, "hold_timeout": &a.HoldTimeout, "keepalive_max": &a.KeepaliveMax,
+				"activity_flush": &a.ActivityFlush, "stop_timeout": &a.StopTimeout,
+			}[opt]
+			*target = caddy.Duration(dur)
+		case "max_resident":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return d.Errf("max_resident %q: want a whole number >= 0", v)
+			}
+			a.MaxResident = &n
+		default:
+			return d.Errf("unknown sandwake option %q", opt)
+		}
+	}
+	return nil
+}
+
+// parsePreview expands the sandwake_preview directive into the gate followed
+// by reverse_proxy with the sandwake upstream source, the way php_fastcgi
+// expands into reverse_proxy. A block is passed to reverse_proxy as its own
+// options (transport, headers, flush_interval, …); upstreams may not be set.
+//
+//	sandwake_preview [<matcher>] {
+//		<reverse_proxy subdirectives>
+//	}
+func parsePreview(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
+	if !h.Next() {
+		return nil, h.ArgErr()
+	}
+	userMatcher, err := h.ExtractMatcherSet()
+	if err != nil {
+		return nil, err
+	}
+	// The rest (directive name and block, matcher removed) is
+	// reverse_proxy's to parse.
+	rest := h.NewFromNextSegment()
+	proxy := &reverseproxy.Handler{}
+	if err := proxy.UnmarshalCaddyfile(rest); err != nil {
+		return nil, err
+	}
+	if len(proxy.Upstreams) > 0 || proxy.DynamicUpstreamsRaw != nil || proxy.DynamicUpstreams != nil {
+		return nil, h.Err("sandwake_preview chooses the upstream itself: remove 'to' and 'dynamic'")
+	}
+	if err := proxy.FinalizeUnmarshalCaddyfile(h); err != nil {
+		return nil, err
+	}
+	proxy.DynamicUpstreamsRaw = caddyconfig.JSONModuleObject(Upstreams{}, "source", "sandwake", nil)
+
+	route := caddyhttp.Route{
+		HandlersRaw: []json.RawMessage{
+			caddyconfig.JSONModuleObject(Gate{}, "handler", "sandwake", nil),
+			caddyconfig.JSONModuleObject(proxy, "handler", "reverse_proxy", nil),
+		},
+	}
+	if userMatcher != nil {
+		route.MatcherSetsRaw = []caddy.ModuleMap{userMatcher}
+	}
+	return []httpcaddyfile.ConfigValue{{Class: "route", Value: caddyhttp.Subroute{Routes: caddyhttp.RouteList{route}}}}, nil
+}
+
+// parseAPI parses the sandwake_api directive:
+//
+//	sandwake_api {
+//		token <bearer token>
+//		insecure_no_auth
+//	}
+func parseAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	api := new(API)
+	err := api.UnmarshalCaddyfile(h.Dispenser)
+	return api, err
+}
+
+// UnmarshalCaddyfile sets up the API handler from Caddyfile tokens.
+func (api *API) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "token":
+			if !d.AllArgs(&api.Token) {
+				return d.ArgErr()
+			}
+		case "insecure_no_auth":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			api.InsecureNoAuth = true
+		default:
+			return d.Errf("unknown sandwake_api option %q", d.Val())
+		}
+	}
+	return nil
+}
+
+// Interface guards.
+var (
+	_ caddyfile.Unmarshaler = (*App)(nil)
+	_ caddyfile.Unmarshaler = (*API)(nil)
+)

@@ -1,0 +1,79 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// apiError is the JSON body of every error sandwake answers:
+// {"error":{"code":"…","message":"…"}}.
+type apiError struct {
+	Error apiErrorBody `json:"error"`
+}
+
+type apiErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	State   string `json:"state,omitempty"`
+}
+
+// errorStatus maps an engine error to its HTTP status, error code and
+// Retry-After seconds (0: none). It is the one place this mapping lives.
+func errorStatus(err error) (status int, code string, retryAfter int) {
+	switch {
+	case errors.Is(err, lifecycle.ErrNotFound):
+		return http.StatusNotFound, "not_found", 0
+	case errors.Is(err, lifecycle.ErrInvalid):
+		return http.StatusBadRequest, "invalid", 0
+	case errors.Is(err, lifecycle.ErrExists):
+		return http.StatusConflict, "exists", 0
+	case errors.Is(err, lifecycle.ErrConflict):
+		return http.StatusConflict, "conflict", 0
+	case errors.Is(err, lifecycle.ErrCapacity):
+		return http.StatusServiceUnavailable, "capacity", 5
+	case errors.Is(err, lifecycle.ErrUnavailable), errors.Is(err, lifecycle.ErrClosed):
+		return http.StatusServiceUnavailable, "unavailable", 5
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, "timeout", 1
+	case errors.Is(err, lifecycle.ErrImageNotFound):
+		return http.StatusUnprocessableEntity, "image_missing", 0
+	case errors.Is(err, lifecycle.ErrNotReady):
+		return http.StatusBadGateway, "not_ready", 0
+	default:
+		return http.StatusBadGateway, "failed", 0
+	}
+}
+
+// writeJSONError writes {"error":{…}} with status and, when retryAfter > 0, a
+// Retry-After header.
+func writeJSONError(w http.ResponseWriter, status int, code, message string, retryAfter int) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(apiError{Error: apiErrorBody{Code: code, Message: message}})
+}
+
+// writeEngineError answers err as JSON with its mapped status.
+func writeEngineError(w http.ResponseWriter, err error) {
+	status, code, retry := errorStatus(err)
+	writeJSONError(w, status, code, err.Error(), retry)
+}
+
+// writeJSON writes v as JSON with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}

@@ -1,0 +1,394 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+func init() {
+	caddy.RegisterModule(Gate{})
+}
+
+// varUpstream is the request variable through which the gate hands the chosen
+// upstream to the dynamic upstream source.
+const varUpstream = "sandwake.upstream"
+
+// Reserved paths on every preview host, answered by the gate, never the app.
+const (
+	reservedPrefix = "/.well-known/sandwake/"
+	pathStatus     = reservedPrefix + "status"
+	pathEvents     = reservedPrefix + "events"
+	pathWake       = reservedPrefix + "wake"
+)
+
+// Gate is the preview-host handler (http.handlers.sandwake). For a running
+// sandbox it picks the upstream, counts the exchange as activity and passes
+// the request on to reverse_proxy; for a sleeping one it wakes it, showing
+// browsers the warming page and holding other requests until it is ready.
+// Use it through the sandwake_preview directive, which puts reverse_proxy
+// with the sandwake upstream source after it.
+type Gate struct {
+	app    *App
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (Gate) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.sandwake",
+		New: func() caddy.Module { return new(Gate) },
+	}
+}
+
+// Provision finds the sandwake app (created with defaults when the config
+// has no sandwake global option) and registers the metrics.
+func (g *Gate) Provision(ctx caddy.Context) error {
+	g.logger = ctx.Logger()
+	app, err := ctx.App("sandwake")
+	if err != nil {
+		return fmt.Errorf("sandwake gate: loading sandwake app: %w", err)
+	}
+	g.app = app.(*App)
+	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	e := g.app.engine()
+	if e == nil || !e.ready.Load() {
+		return g.unavailable(w, r, "sandwake is starting")
+	}
+	s := e.current.Load()
+	id, port, ok := parseHost(r.Host, s.domain)
+	if !ok {
+		return g.notFound(w, r, "", 0, "This is not a preview address. Preview addresses look like s-<id>-<port>.preview."+s.domain+".")
+	}
+	rt, err := e.routes.get(id)
+	if errors.Is(err, lifecycle.ErrNotFound) {
+		return g.notFound(w, r, id, port, "There is no sandbox with this id.")
+	}
+	if err != nil {
+		g.logger.Error("reading sandbox", zap.String("id", id), zap.Error(err))
+		return g.unavailable(w, r, "the sandbox store could not be read")
+	}
+	if !rt.declares(port) {
+		return g.notFound(w, r, id, port, fmt.Sprintf("Sandbox %s does not serve port %d.", id, port))
+	}
+	if strings.HasPrefix(r.URL.Path, reservedPrefix) {
+		countRequest(outcomeReserved)
+		return g.serveReserved(w, r, e, rt, port)
+	}
+	if rt.state == lifecycle.Running {
+		requestsProxied.Inc()
+		return g.proxy(w, r, next, rt, port)
+	}
+	return g.serveSleeping(w, r, next, e, s, rt, port)
+}
+
+// proxy is the hot path: no store, no Docker, no allocation of its own.
+func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, rt *route, port int) error {
+	ups := rt.upstreams[port]
+	if ups == nil {
+		writeJSONError(w, http.StatusBadGateway, "no_upstream", fmt.Sprintf("sandbox %s has no address for port %d", rt.id, port), 1)
+		return nil
+	}
+	caddyhttp.SetVar(r.Context(), varUpstream, ups)
+	a := rt.activity
+	a.Touch(time.Now())
+	a.Open()
+	defer func() {
+		// Long exchanges (websockets, SSE) count as activity until they end.
+		a.Touch(time.Now())
+		a.Close()
+	}()
+	return next.ServeHTTP(w, r)
+}
+
+// serveSleeping answers a request to a sandbox that is not running.
+func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+	switch rt.state {
+	case lifecycle.Paused, lifecycle.Stopped:
+		if isPageLoad(r) {
+			e.mgr.StartWake(rt.id)
+			countRequest(outcomeWarming)
+			since, _ := e.mgr.Waking(rt.id)
+			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
+			return nil
+		}
+		return g.hold(w, r, next, e, s, rt, port)
+	case lifecycle.Creating:
+		countRequest(outcomeRefused)
+		if isPageLoad(r) {
+			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageCreating, time.Time{}))
+			return nil
+		}
+		writeJSONError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
+		return nil
+	default: // killed, expired, error: explained, woken only on request
+		if since, waking := e.mgr.Waking(rt.id); waking && isPageLoad(r) {
+			countRequest(outcomeWarming)
+			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
+			return nil
+		}
+		countRequest(outcomeRefused)
+		if isPageLoad(r) {
+			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, string(rt.state), time.Time{}))
+			return nil
+		}
+		msg := fmt.Sprintf("sandbox %s is %s", rt.id, rt.state)
+		if rt.err != "" {
+			msg += ": " + rt.err
+		}
+		writeJSONError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state), msg+"; POST "+pathWake+" to wake it", 0)
+		return nil
+	}
+}
+
+// hold keeps a non-browser request, body untouched, until the sandbox is
+// running, then proxies it; past hold_timeout it answers 503 + Retry-After.
+func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
+	defer cancel()
+	if _, waking := e.mgr.Waking(rt.id); waking {
+		metricWaitersCollapsed.Inc()
+	}
+	_, err := e.mgr.Wake(ctx, rt.id)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil // the client left; the wake goes on for others
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			countRequest(outcomeHoldTimeout)
+			writeJSONError(w, http.StatusServiceUnavailable, "waking",
+				fmt.Sprintf("sandbox %s is still waking after %s; retry", rt.id, s.holdTimeout), 1)
+			return nil
+		}
+		status, code, retry := errorStatus(err)
+		switch code {
+		case "capacity":
+			countRequest(outcomeCapacity)
+		case "unavailable":
+			countRequest(outcomeUnavailable)
+		default:
+			countRequest(outcomeWakeFailed)
+		}
+		writeJSONError(w, status, code, err.Error(), retry)
+		return nil
+	}
+	woke, err := e.routes.get(rt.id)
+	if err != nil || woke.state != lifecycle.Running {
+		countRequest(outcomeWakeFailed)
+		writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.id), 1)
+		return nil
+	}
+	countRequest(outcomeHeldProxied)
+	return g.proxy(w, r, next, woke, port)
+}
+
+// serveReserved answers /.well-known/sandwake/*.
+func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, rt *route, port int) error {
+	switch r.URL.Path {
+	case pathStatus:
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			writeJSONError(w, http.StatusMethodNotAllowed, "method", "GET only", 0)
+			return nil
+		}
+		writeJSON(w, http.StatusOK, g.status(e, rt, port))
+	case pathEvents:
+		return g.serveEvents(w, r, e, rt)
+	case pathWake:
+		if r.Method != http.MethodPost {
+			writeJSONError(w, http.StatusMethodNotAllowed, "method", "POST only", 0)
+			return nil
+		}
+		if rt.state == lifecycle.Creating {
+			writeJSONError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
+			return nil
+		}
+		e.mgr.StartWake(rt.id)
+		if strings.Contains(r.Header.Get("Accept"), "text/html") || strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
+			// A form post from a state page: back to the page, which now
+			// shows the wake in progress.
+			http.Redirect(w, r, backTo(r), http.StatusSeeOther)
+			return nil
+		}
+		writeJSON(w, http.StatusAccepted, g.status(e, rt, port))
+	default:
+		writeJSONError(w, http.StatusNotFound, "not_found", "no such sandwake path", 0)
+	}
+	return nil
+}
+
+// previewStatus is the JSON of GET /.well-known/sandwake/status.
+type previewStatus struct {
+	ID          string     `json:"id"`
+	Port        int        `json:"port"`
+	State       string     `json:"state"`
+	Reason      string     `json:"reason,omitempty"`
+	Error       string     `json:"error,omitempty"`
+	Waking      bool       `json:"waking"`
+	WakingSince *time.Time `json:"waking_since,omitempty"`
+}
+
+func (g *Gate) status(e *engine, rt *route, port int) previewStatus {
+	st := previewStatus{ID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason, Error: rt.err}
+	if fresh, err := e.routes.get(rt.id); err == nil {
+		st.State, st.Reason, st.Error = string(fresh.state), fresh.reason, fresh.err
+	}
+	if since, ok := e.mgr.Waking(rt.id); ok {
+		st.Waking = true
+		st.WakingSince = &since
+	}
+	return st
+}
+
+// sseHeartbeat keeps idle event streams open through proxies.
+const sseHeartbeat = 15 * time.Second
+
+// serveEvents streams this sandbox's transitions as server-sent events. The
+// first message is the current state, so a page that subscribes after the
+// sandbox became ready still learns of it.
+func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt *route) error {
+	sub := e.mgr.Subscribe()
+	defer sub.Cancel()
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	current := lifecycle.Event{SandboxID: rt.id, Type: "sandbox." + string(rt.state), To: rt.state}
+	if fresh, err := e.routes.get(rt.id); err == nil {
+		current.To, current.Type = fresh.state, "sandbox."+string(fresh.state)
+	}
+	if err := writeSSE(w, current); err != nil {
+		return nil
+	}
+	rc.Flush()
+	tick := time.NewTicker(sseHeartbeat)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return nil
+		case ev, ok := <-sub.C:
+			if !ok {
+				return nil // lagged or shutting down; the page falls back to polling
+			}
+			if ev.SandboxID != rt.id {
+				continue
+			}
+			if writeSSE(w, ev) != nil || rc.Flush() != nil {
+				return nil
+			}
+		case <-tick.C:
+			if _, err := w.Write([]byte(": keep-alive\n\n")); err != nil || rc.Flush() != nil {
+				return nil
+			}
+		}
+	}
+}
+
+func writeSSE(w http.ResponseWriter, ev lifecycle.Event) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	if ev.ID > 0 {
+		if _, err := fmt.Fprintf(w, "id: %d\n", ev.ID); err != nil {
+			return err
+		}
+	}
+	_, err = fmt.Fprintf(w, "data: %s\n\n", b)
+	return err
+}
+
+// page builds the data of a state page for rt.
+func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData {
+	d := pageData{
+		Kind: kind, SandboxID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason, Error: rt.err,
+		Since: since, EventsURL: pathEvents, StatusURL: pathStatus, WakeURL: pathWake,
+	}
+	switch kind {
+	case pageWarming:
+		d.Title, d.Message, d.RetryAfter = "Waking up…", fmt.Sprintf("Sandbox %s was %s and is starting. This page opens the app as soon as it answers.", rt.id, rt.state), 2
+	case pageCreating:
+		d.Title, d.Message, d.RetryAfter = "Being created…", fmt.Sprintf("Sandbox %s is still being created.", rt.id), 2
+	case pageKilled:
+		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", fmt.Sprintf("The container of sandbox %s is gone (%s). Its files are kept: waking recreates it.", rt.id, rt.reason), true
+	case pageExpired:
+		d.Title, d.Message, d.CanWake = "Sandbox expired", fmt.Sprintf("Sandbox %s reached its maximum lifetime and was removed. Its files are kept: waking recreates it.", rt.id), true
+	case pageError:
+		d.Title, d.Message, d.CanWake = "Sandbox failed to start", fmt.Sprintf("Sandbox %s could not be started.", rt.id), true
+	}
+	return d
+}
+
+func (g *Gate) notFound(w http.ResponseWriter, r *http.Request, id string, port int, msg string) error {
+	countRequest(outcomeNotFound)
+	if isPageLoad(r) {
+		renderPage(w, r, http.StatusNotFound, pageData{Kind: pageNotFound, Title: "No such preview", Message: msg, SandboxID: id, Port: port})
+		return nil
+	}
+	writeJSONError(w, http.StatusNotFound, "not_found", msg, 0)
+	return nil
+}
+
+func (g *Gate) unavailable(w http.ResponseWriter, r *http.Request, msg string) error {
+	countRequest(outcomeUnavailable)
+	if isPageLoad(r) {
+		renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Starting…", Message: msg, RetryAfter: 1, StatusURL: pathStatus, EventsURL: pathEvents})
+		return nil
+	}
+	writeJSONError(w, http.StatusServiceUnavailable, "unavailable", msg, 1)
+	return nil
+}
+
+// backTo is where a form post returns to: the page it came from on this
+// host, else the root.
+func backTo(r *http.Request) string {
+	if ref, err := url.Parse(r.Header.Get("Referer")); err == nil && ref.Host == r.Host && strings.HasPrefix(ref.Path, "/") {
+		if ref.RawQuery != "" {
+			return ref.Path + "?" + ref.RawQuery
+		}
+		return ref.Path
+	}
+	return "/"
+}
+
+// isPageLoad reports whether r is a browser navigation (it gets a page)
+// rather than an API call, XHR, or websocket upgrade (held until ready).
+func isPageLoad(r *http.Request) bool {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return false
+	}
+	h := r.Header
+	if h.Get("Upgrade") != "" || h.Get("X-Requested-With") != "" {
+		return false
+	}
+	if m := h.Get("Sec-Fetch-Mode"); m != "" && m != "navigate" {
+		return false
+	}
+	if d := h.Get("Sec-Fetch-Dest"); d != "" && d != "document" && d != "iframe" {
+		return false
+	}
+	return strings.Contains(h.Get("Accept"), "text/html")
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Gate)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Gate)(nil)
+)

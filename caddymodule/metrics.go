@@ -1,0 +1,112 @@
+package caddymodule
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// Request outcomes counted by caddy_sandwake_requests_total.
+const (
+	outcomeProxied     = "proxied"      // sent to a running sandbox
+	outcomeHeldProxied = "held_proxied" // held through a wake, then proxied
+	outcomeWarming     = "warming"      // browser shown the warming page
+	outcomeHoldTimeout = "hold_timeout" // held past hold_timeout: 503
+	outcomeNotFound    = "not_found"    // malformed host, unknown sandbox or port
+	outcomeRefused     = "refused"      // creating, killed, expired, error: state page or JSON
+	outcomeCapacity    = "capacity"     // admission refused
+	outcomeUnavailable = "unavailable"  // gateway not ready or Docker unreachable
+	outcomeWakeFailed  = "wake_failed"  // the wake failed
+	outcomeReserved    = "reserved"     // /.well-known/sandwake/*
+)
+
+// Collectors are created once per process and registered on every config's
+// registry (Caddy makes one per config load), so counts survive reloads. No
+// label carries a sandbox id: thousands of sandboxes must not mean thousands
+// of series.
+var (
+	metricRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "requests_total",
+		Help: "Requests to preview hosts, by outcome.",
+	}, []string{"outcome"})
+	metricWakes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "wakes_total",
+		Help: "Wakes that reached the container engine, by state woken from and result.",
+	}, []string{"from", "result"})
+	metricWakeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "wake_duration_seconds",
+		Help:    "Time from the start of a wake to running (or failure), by state woken from.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"from"})
+	metricWaitersCollapsed = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "wake_waiters_collapsed_total",
+		Help: "Requests that joined a wake already in flight instead of starting one.",
+	})
+	metricSandboxes = prometheus.NewDesc("caddy_sandwake_sandboxes",
+		"Sandboxes by state.", []string{"state"}, nil)
+
+	// metricsEngine is the engine whose states the sandboxes gauge reports.
+	metricsEngine atomic.Pointer[engine]
+	// Pre-resolved counters of the hot path: WithLabelValues would hash the
+	// label on every request.
+	requestsProxied = metricRequests.WithLabelValues(outcomeProxied)
+)
+
+// statesCollector reports sandboxes by state at scrape time from the
+// manager's in-memory mirror.
+type statesCollector struct{}
+
+func (statesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- metricSandboxes }
+
+func (statesCollector) Collect(ch chan<- prometheus.Metric) {
+	e := metricsEngine.Load()
+	if e == nil {
+		return
+	}
+	counts := e.mgr.Counts()
+	for _, s := range lifecycle.States {
+		ch <- prometheus.MustNewConstMetric(metricSandboxes, prometheus.GaugeValue, float64(counts[s]), string(s))
+	}
+}
+
+var collectors = []prometheus.Collector{
+	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, statesCollector{},
+}
+
+// registerMetrics registers the collectors on reg; a collector already there
+// (a second module of the same config) is fine.
+func registerMetrics(reg *prometheus.Registry) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range collectors {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// observeWake records a wake's outcome.
+func observeWake(w lifecycle.WakeResult) {
+	result := "ok"
+	switch {
+	case w.Err == nil:
+	case errors.Is(w.Err, lifecycle.ErrCapacity):
+		result = "capacity"
+	case errors.Is(w.Err, lifecycle.ErrUnavailable):
+		result = "unavailable"
+	default:
+		result = "error"
+	}
+	metricWakes.WithLabelValues(string(w.From), result).Inc()
+	metricWakeDuration.WithLabelValues(string(w.From)).Observe(w.Duration.Seconds())
+}
+
+func countRequest(outcome string) { metricRequests.WithLabelValues(outcome).Inc() }

@@ -1,0 +1,93 @@
+package caddymodule
+
+import (
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// routeCacheSize bounds the route cache; sandboxes beyond it are read from the
+// store on a miss (a read, never a write).
+const routeCacheSize = 16384
+
+// route is what the request path needs to know of one sandbox, built from its
+// record once and kept until the sandbox's next event.
+type route struct {
+	id       string
+	state    lifecycle.State
+	access   string
+	ports    []int
+	reason   string
+	err      string
+	activity *lifecycle.Activity
+	// upstreams holds, per declared port, the ready-made upstream list handed
+	// to reverse_proxy, so the hot path allocates none.
+	upstreams map[int]*upstreamSet
+}
+
+// upstreamSet is the value stored in the request's vars for the dynamic
+// upstream source (a pointer, so storing it allocates nothing).
+type upstreamSet struct {
+	list []*reverseproxy.Upstream
+}
+
+func (rt *route) declares(port int) bool {
+	for _, p := range rt.ports {
+		if p == port {
+			return true
+		}
+	}
+	return false
+}
+
+// routeCache maps sandbox ids to routes. It is invalidated by the manager's
+// event hook, which runs in commit order; gen guards against a reader that
+// loaded a record just before an event putting back a stale route.
+type routeCache struct {
+	mgr   *lifecycle.Manager
+	cache *lru.Cache[string, *route]
+	gen   atomic.Uint64
+}
+
+func newRouteCache(mgr *lifecycle.Manager) *routeCache {
+	c, _ := lru.New[string, *route](routeCacheSize) // only fails for size <= 0
+	return &routeCache{mgr: mgr, cache: c}
+}
+
+// get returns sandbox id's route, reading the store on a miss.
+func (c *routeCache) get(id string) (*route, error) {
+	if rt, ok := c.cache.Get(id); ok {
+		return rt, nil
+	}
+	gen := c.gen.Load()
+	rec, err := c.mgr.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	rt := &route{
+		id:        id,
+		state:     rec.State,
+		access:    rec.Spec.Access,
+		ports:     rec.Spec.Ports,
+		reason:    rec.Reason,
+		err:       rec.Error,
+		activity:  c.mgr.Activity(id),
+		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),
+	}
+	for port, addr := range rec.Upstreams {
+		rt.upstreams[port] = &upstreamSet{list: []*reverseproxy.Upstream{{Dial: addr}}}
+	}
+	if c.gen.Load() == gen {
+		c.cache.Add(id, rt)
+	}
+	return rt, nil
+}
+
+// invalidate drops a sandbox's route after an event changed it.
+func (c *routeCache) invalidate(ev lifecycle.Event) {
+	c.gen.Add(1)
+	c.cache.Remove(ev.SandboxID)
+}

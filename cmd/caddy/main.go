@@ -1,0 +1,17 @@
+// Command caddy is Caddy with its standard modules and sandwake: what
+// `xcaddy build --with github.com/sandwake/sandwake` produces.
+package main
+
+import (
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+
+	// Caddy's standard modules.
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	// sandwake.
+	_ "github.com/sandwake/sandwake/caddymodule"
+)
+
+func main() {
+	caddycmd.Main()
+}

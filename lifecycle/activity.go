@@ -1,0 +1,126 @@
+package lifecycle
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Activity is a sandbox's in-memory activity: when it last served a request
+// and how many proxied exchanges (websockets and SSE included) are open. The
+// request path only does atomic operations on it; the store learns of it in
+// one batch every activity_flush.
+type Activity struct {
+	last atomic.Int64 // unix nanoseconds of the last request
+	open atomic.Int64
+	// flushed is the last value written to the store, guarded by the
+	// manager's flushMu.
+	flushed int64
+}
+
+// Touch records a request at t.
+func (a *Activity) Touch(t time.Time) {
+	n := t.UnixNano()
+	// Concurrent touches may race; keeping the larger one is enough.
+	if n > a.last.Load() {
+		a.last.Store(n)
+	}
+}
+
+// Open counts one more open exchange.
+func (a *Activity) Open() { a.open.Add(1) }
+
+// Close counts one exchange done.
+func (a *Activity) Close() { a.open.Add(-1) }
+
+// OpenConnections is the number of exchanges open now.
+func (a *Activity) OpenConnections() int64 { return a.open.Load() }
+
+// LastActive is the time of the last request seen since the process started
+// (zero if none).
+func (a *Activity) LastActive() time.Time {
+	n := a.last.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+// activities maps sandbox ids to their Activity.
+type activities struct {
+	m sync.Map // id → *Activity
+}
+
+func (as *activities) get(id string) *Activity {
+	if a, ok := as.m.Load(id); ok {
+		return a.(*Activity)
+	}
+	a, _ := as.m.LoadOrStore(id, new(Activity))
+	return a.(*Activity)
+}
+
+// Activity returns sandbox id's activity tracker. The same pointer is returned
+// for the life of the manager, so callers may keep it.
+func (m *Manager) Activity(id string) *Activity { return m.activity.get(id) }
+
+// FlushActivity writes every last-active time that changed since the previous
+// flush to the store, in one transaction.
+func (m *Manager) FlushActivity() error {
+	m.flushMu.Lock()
+	defer m.flushMu.Unlock()
+	var (
+		ids   []string
+		times = map[string]time.Time{}
+		acts  []*Activity
+		vals  []int64
+	)
+	m.activity.m.Range(func(k, v any) bool {
+		a := v.(*Activity)
+		if n := a.last.Load(); n > a.flushed {
+			id := k.(string)
+			ids = append(ids, id)
+			times[id] = time.Unix(0, n).UTC()
+			acts = append(acts, a)
+			vals = append(vals, n)
+		}
+		return true
+	})
+	if len(ids) == 0 {
+		return nil
+	}
+	err := m.store.UpdateMany(ids, func(r *Record) {
+		if t := times[r.ID]; t.After(r.LastActiveAt) {
+			r.LastActiveAt = t
+		}
+	})
+	if err != nil {
+		return err
+	}
+	for i, a := range acts {
+		a.flushed = vals[i]
+	}
+	return nil
+}
+
+// runActivityFlush flushes every interval until the manager closes, and once
+// more on the way out.
+func (m *Manager) runActivityFlush(every time.Duration) {
+	defer m.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			if err := m.FlushActivity(); err != nil {
+				m.log.Warn("flushing activity", zap.Error(err))
+			}
+			return
+		case <-t.C:
+			if err := m.FlushActivity(); err != nil {
+				m.log.Warn("flushing activity", zap.Error(err))
+			}
+		}
+	}
+}

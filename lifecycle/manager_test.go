@@ -1,0 +1,1095 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandwake/sandwake/store"
+)
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func wantCalls(t *testing.T, rt *fakeRuntime, want map[string]int) {
+	t.Helper()
+	if got := rt.snapshot(); !maps.Equal(got, want) {
+		t.Fatalf("runtime calls = %v, want %v", got, want)
+	}
+}
+
+func TestTransitionTable(t *testing.T) {
+	tests := []struct {
+		from, to State
+		want     bool
+	}{
+		{Creating, Running, true},
+		{Creating, Error, true},
+		{Creating, Killed, true},
+		{Creating, Paused, false},
+		{Creating, Stopped, false},
+		{Running, Paused, true},
+		{Running, Stopped, true},
+		{Running, Running, false},
+		{Running, Creating, false},
+		{Paused, Running, true},
+		{Paused, Stopped, true},
+		{Stopped, Running, true},
+		{Stopped, Paused, true},
+		{Stopped, Stopped, false},
+		{Killed, Running, true},
+		{Killed, Paused, false},
+		{Killed, Expired, true},
+		{Expired, Running, true},
+		{Expired, Stopped, false},
+		{Expired, Killed, false},
+		{Error, Running, true},
+		{Error, Stopped, true},
+		{Error, Paused, false},
+		{Error, Creating, false},
+		{"bogus", Running, false},
+		{Running, "bogus", false},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s_to_%s", tt.from, tt.to), func(t *testing.T) {
+			if got := CanTransition(tt.from, tt.to); got != tt.want {
+				t.Fatalf("CanTransition(%s, %s) = %v, want %v", tt.from, tt.to, got, tt.want)
+			}
+		})
+	}
+
+	t.Run("every state has an entry", func(t *testing.T) {
+		if len(allowedFrom) != len(States) {
+			t.Fatalf("table has %d entries, States has %d", len(allowedFrom), len(States))
+		}
+		for _, s := range States {
+			if _, ok := allowedFrom[s]; !ok {
+				t.Errorf("no entry for %s", s)
+			}
+			if !ValidState(s) {
+				t.Errorf("ValidState(%s) = false", s)
+			}
+			for _, from := range AllowedFrom(s) {
+				if !ValidState(from) {
+					t.Errorf("%s allowed from unknown state %q", s, from)
+				}
+			}
+		}
+	})
+	t.Run("creating has no way in", func(t *testing.T) {
+		if got := AllowedFrom(Creating); len(got) != 0 {
+			t.Fatalf("AllowedFrom(creating) = %v, want none", got)
+		}
+		for _, s := range States {
+			if CanTransition(s, Creating) {
+				t.Errorf("%s → creating allowed", s)
+			}
+		}
+	})
+	t.Run("resident", func(t *testing.T) {
+		for _, s := range States {
+			if want := s == Running || s == Paused; Resident(s) != want {
+				t.Errorf("Resident(%s) = %v, want %v", s, !want, want)
+			}
+		}
+	})
+}
+
+func TestCreate(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	life := 2 * time.Hour
+	spec := testSpec()
+	spec.MaxLifetime = &life
+	rec, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.ID != "app1" || rec.State != Running || rec.Reason != "create" || rec.Error != "" {
+		t.Fatalf("record = %+v", rec)
+	}
+	if got, want := rec.Upstreams[testPort], e.srv.Listener.Addr().String(); got != want {
+		t.Fatalf("upstream = %q, want %q", got, want)
+	}
+	if rec.ContainerID == "" || !rec.VerifiedAt.Equal(testClock) || !rec.CreatedAt.Equal(testClock) {
+		t.Fatalf("record = %+v", rec)
+	}
+	if !rec.ExpiresAt.Equal(testClock.Add(life)) {
+		t.Fatalf("expires at %v, want %v", rec.ExpiresAt, testClock.Add(life))
+	}
+	if rec.Spec.WorkspacePath != DefaultWorkspacePath || rec.Spec.ReadyMode != ReadyHTTP || rec.Spec.Access != AccessPublic {
+		t.Fatalf("spec defaults not filled: %+v", rec.Spec)
+	}
+	wantCalls(t, e.rt, map[string]int{"Create": 1, "Start": 1})
+	evs := e.history(t, "app1")
+	if len(evs) != 2 ||
+		evs[0].Type != "sandbox.creating" || evs[0].From != "" || evs[0].To != Creating ||
+		evs[1].Type != "sandbox.running" || evs[1].From != Creating || evs[1].To != Running || evs[1].Reason != "create" {
+		t.Fatalf("events = %+v", evs)
+	}
+	if res, _ := e.m.Resident(); res != 1 {
+		t.Fatalf("resident = %d, want 1", res)
+	}
+	if got, err := e.m.Get("app1"); err != nil || got.State != Running {
+		t.Fatalf("Get = %+v, %v", got, err)
+	}
+}
+
+func TestCreateRefused(t *testing.T) {
+	noPorts := testSpec()
+	noPorts.Ports = nil
+	noImage := testSpec()
+	noImage.Image = " "
+	tests := []struct {
+		name string
+		req  CreateRequest
+	}{
+		{"dash in id", CreateRequest{ID: "my-app", Spec: testSpec()}},
+		{"underscore in id", CreateRequest{ID: "my_app", Spec: testSpec()}},
+		{"id too long", CreateRequest{ID: strings.Repeat("a", MaxIDLen+1), Spec: testSpec()}},
+		{"non-ascii id", CreateRequest{ID: "appé", Spec: testSpec()}},
+		{"no ports", CreateRequest{ID: "app1", Spec: noPorts}},
+		{"no image", CreateRequest{ID: "app1", Spec: noImage}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			_, err := e.m.Create(context.Background(), tt.req)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+			recs, err := e.m.List("")
+			if err != nil || len(recs) != 0 {
+				t.Fatalf("records = %v, %v; want none", recs, err)
+			}
+			if last, _ := e.st.LastEventID(); last != 0 {
+				t.Fatalf("last event id = %d, want no events", last)
+			}
+			wantCalls(t, e.rt, nil)
+			if res, reserved := e.m.Resident(); res != 0 || reserved != 0 {
+				t.Fatalf("resident, reserved = %d, %d", res, reserved)
+			}
+		})
+	}
+}
+
+func TestCreateDuplicate(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	if _, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: testSpec()}); err != nil {
+		t.Fatal(err)
+	}
+	e.rt.resetCalls()
+	// The id is folded before the check, so another case is the same id.
+	for _, id := range []string{"app1", "APP1"} {
+		_, err := e.m.Create(context.Background(), CreateRequest{ID: id, Spec: testSpec()})
+		if !errors.Is(err, ErrExists) {
+			t.Fatalf("create %s: err = %v, want ErrExists", id, err)
+		}
+	}
+	wantCalls(t, e.rt, nil)
+	if n := len(e.history(t, "app1")); n != 2 {
+		t.Fatalf("%d events, want 2", n)
+	}
+	if res, reserved := e.m.Resident(); res != 1 || reserved != 0 {
+		t.Fatalf("resident, reserved = %d, %d; want 1, 0", res, reserved)
+	}
+}
+
+func TestCreateID(t *testing.T) {
+	tests := []struct {
+		name, id string
+		want     string // "" means a new ULID
+	}{
+		{"lower case kept", "app1", "app1"},
+		{"upper case folded", "MyApp42", "myapp42"},
+		{"empty gets a ulid", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			rec, err := e.m.Create(context.Background(), CreateRequest{ID: tt.id, Spec: testSpec()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.want == "" {
+				if len(rec.ID) != 26 || !ValidID(rec.ID) {
+					t.Fatalf("id = %q, want a 26-character lowercase ulid", rec.ID)
+				}
+			} else if rec.ID != tt.want {
+				t.Fatalf("id = %q, want %q", rec.ID, tt.want)
+			}
+			if _, err := e.m.Get(rec.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestCreateFailure(t *testing.T) {
+	tests := []struct {
+		name       string
+		cfg        Config
+		setup      func(t *testing.T, rt *fakeRuntime)
+		wantErr    error
+		wantReason string
+	}{
+		{
+			name: "image missing",
+			setup: func(t *testing.T, rt *fakeRuntime) {
+				rt.failWith("Create", fmt.Errorf("pulling: %w", ErrImageNotFound))
+			},
+			wantErr:    ErrImageNotFound,
+			wantReason: "image_missing",
+		},
+		{
+			name:       "start fails",
+			setup:      func(t *testing.T, rt *fakeRuntime) { rt.failWith("Start", errors.New("exec format error")) },
+			wantReason: "start_failed",
+		},
+		{
+			name:       "no upstream for the first port",
+			setup:      func(t *testing.T, rt *fakeRuntime) { rt.setUpstreams(map[int]string{9999: "127.0.0.1:1"}) },
+			wantReason: "start_failed",
+		},
+		{
+			name:       "never ready",
+			cfg:        Config{WakeTimeout: 200 * time.Millisecond},
+			setup:      func(t *testing.T, rt *fakeRuntime) { rt.setUpstreams(map[int]string{testPort: closedAddr(t)}) },
+			wantErr:    ErrNotReady,
+			wantReason: "not_ready",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, tt.cfg)
+			tt.setup(t, e.rt)
+			_, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: testSpec()})
+			if err == nil || (tt.wantErr != nil && !errors.Is(err, tt.wantErr)) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			rec, err := e.m.Get("app1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State != Error || rec.Reason != tt.wantReason || rec.Error == "" {
+				t.Fatalf("record state %s reason %q error %q; want error, %q and a message", rec.State, rec.Reason, rec.Error, tt.wantReason)
+			}
+			evs := e.history(t, "app1")
+			if len(evs) != 2 || evs[1].From != Creating || evs[1].To != Error || evs[1].Reason != tt.wantReason {
+				t.Fatalf("events = %+v", evs)
+			}
+			// A failed sandbox must not keep a container running.
+			if s := e.rt.containerState("app1"); s == ContainerRunning {
+				t.Fatalf("container left %s", s)
+			}
+			if res, reserved := e.m.Resident(); res != 0 || reserved != 0 {
+				t.Fatalf("resident, reserved = %d, %d; want 0, 0", res, reserved)
+			}
+		})
+	}
+}
+
+func TestWake(t *testing.T) {
+	tests := []struct {
+		from       State
+		wantCalls  map[string]int
+		wantReason string // "" when no transition is expected
+		wantErr    error
+	}{
+		{from: Running, wantCalls: nil},
+		{from: Paused, wantCalls: map[string]int{"Unpause": 1}, wantReason: "wake"},
+		{from: Stopped, wantCalls: map[string]int{"Start": 1}, wantReason: "wake"},
+		{from: Killed, wantCalls: map[string]int{"Create": 1, "Start": 1}, wantReason: "recreate"},
+		{from: Expired, wantCalls: map[string]int{"Create": 1, "Start": 1}, wantReason: "recreate"},
+		{from: Error, wantCalls: map[string]int{"Create": 1, "Start": 1}, wantReason: "recreate"},
+		{from: Creating, wantCalls: nil, wantErr: ErrConflict},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.from), func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			e.seed(t, "app1", tt.from)
+			if tt.from == Error {
+				if _, err := e.st.Update("app1", func(r *Record) error { r.Error = "earlier failure"; return nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var woken []WakeResult
+			e.m.OnWake(func(r WakeResult) { woken = append(woken, r) })
+			rec, err := e.m.Wake(context.Background(), "app1")
+			wantCalls(t, e.rt, tt.wantCalls)
+			evs := e.history(t, "app1")
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tt.wantErr)
+				}
+				if got := e.state(t, "app1"); got != tt.from || len(evs) != 1 {
+					t.Fatalf("state %s with %d events, want %s unchanged", got, len(evs), tt.from)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State != Running || rec.Error != "" {
+				t.Fatalf("record = %+v", rec)
+			}
+			if got, want := rec.Upstreams[testPort], e.srv.Listener.Addr().String(); got != want {
+				t.Fatalf("upstream = %q, want %q", got, want)
+			}
+			if res, _ := e.m.Resident(); res != 1 {
+				t.Fatalf("resident = %d, want 1", res)
+			}
+			if tt.wantReason == "" {
+				if len(evs) != 1 || len(woken) != 0 {
+					t.Fatalf("waking a running sandbox made %d events and %d wake reports", len(evs)-1, len(woken))
+				}
+				return
+			}
+			last := evs[len(evs)-1]
+			if len(evs) != 2 || last.From != tt.from || last.To != Running || last.Reason != tt.wantReason {
+				t.Fatalf("events = %+v", evs)
+			}
+			if rec.ContainerID == "" || !rec.VerifiedAt.Equal(testClock) {
+				t.Fatalf("record = %+v", rec)
+			}
+			if len(woken) != 1 || woken[0].ID != "app1" || woken[0].From != tt.from || woken[0].Err != nil {
+				t.Fatalf("wake reports = %+v", woken)
+			}
+		})
+	}
+
+	t.Run("unknown", func(t *testing.T) {
+		e := newTestEnv(t, Config{})
+		if _, err := e.m.Wake(context.Background(), "nosuch"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("err = %v, want ErrNotFound", err)
+		}
+		wantCalls(t, e.rt, nil)
+	})
+}
+
+// TestWakeStaleRecord covers records that no longer match the engine: the
+// wake acts on what Inspect shows.
+func TestWakeStaleRecord(t *testing.T) {
+	tests := []struct {
+		name       string
+		record     State
+		container  ContainerState // "" means no container
+		wantCalls  map[string]int
+		wantReason string
+	}{
+		{"paused record, running container", Paused, ContainerRunning, map[string]int{"Unpause": 1, "Inspect": 1}, "wake"},
+		{"paused record, exited container", Paused, ContainerExited, map[string]int{"Unpause": 1, "Inspect": 1, "Start": 1}, "wake"},
+		{"paused record, created container", Paused, ContainerCreated, map[string]int{"Unpause": 1, "Inspect": 1, "Start": 1}, "wake"},
+		{"paused record, no container", Paused, "", map[string]int{"Unpause": 1, "Inspect": 1, "Create": 1, "Start": 1}, "recreate"},
+		{"stopped record, paused container", Stopped, ContainerPaused, map[string]int{"Start": 1, "Inspect": 1, "Unpause": 1}, "wake"},
+		{"stopped record, no container", Stopped, "", map[string]int{"Start": 2, "Inspect": 1, "Create": 1}, "recreate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			e.seed(t, "app1", tt.record)
+			e.rt.put("app1", tt.container)
+			rec, err := e.m.Wake(context.Background(), "app1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCalls(t, e.rt, tt.wantCalls)
+			if rec.State != Running || rec.Reason != tt.wantReason {
+				t.Fatalf("state %s reason %q, want running %q", rec.State, rec.Reason, tt.wantReason)
+			}
+			if s := e.rt.containerState("app1"); s != ContainerRunning {
+				t.Fatalf("container is %s, want running", s)
+			}
+			if got, want := rec.Upstreams[testPort], e.srv.Listener.Addr().String(); got != want {
+				t.Fatalf("upstream = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func TestWakeFailure(t *testing.T) {
+	unavailable := fmt.Errorf("docker: %w", ErrUnavailable)
+	tests := []struct {
+		name       string
+		from       State
+		cfg        Config
+		setup      func(t *testing.T, e *testEnv)
+		wantErr    error
+		wantCalls  map[string]int
+		wantReason string // "" means transient: record and events unchanged
+	}{
+		{
+			name:      "start unavailable",
+			from:      Stopped,
+			setup:     func(t *testing.T, e *testEnv) { e.rt.failWith("Start", unavailable) },
+			wantErr:   ErrUnavailable,
+			wantCalls: map[string]int{"Start": 1},
+		},
+		{
+			name:      "unpause unavailable",
+			from:      Paused,
+			setup:     func(t *testing.T, e *testEnv) { e.rt.failWith("Unpause", unavailable) },
+			wantErr:   ErrUnavailable,
+			wantCalls: map[string]int{"Unpause": 1},
+		},
+		{
+			name:      "create unavailable",
+			from:      Killed,
+			setup:     func(t *testing.T, e *testEnv) { e.rt.failWith("Create", unavailable) },
+			wantErr:   ErrUnavailable,
+			wantCalls: map[string]int{"Create": 1},
+		},
+		{
+			name: "inspect unavailable after a definitive start failure",
+			from: Stopped,
+			setup: func(t *testing.T, e *testEnv) {
+				e.rt.failWith("Start", errors.New("boom"))
+				e.rt.failWith("Inspect", unavailable)
+			},
+			wantErr:   ErrUnavailable,
+			wantCalls: map[string]int{"Start": 1, "Inspect": 1},
+		},
+		{
+			name:       "start fails",
+			from:       Stopped,
+			setup:      func(t *testing.T, e *testEnv) { e.rt.failWith("Start", errors.New("boom")) },
+			wantCalls:  map[string]int{"Start": 2, "Inspect": 1, "Stop": 1},
+			wantReason: "start_failed",
+		},
+		{
+			name:       "image missing",
+			from:       Expired,
+			setup:      func(t *testing.T, e *testEnv) { e.rt.failWith("Create", fmt.Errorf("pull: %w", ErrImageNotFound)) },
+			wantErr:    ErrImageNotFound,
+			wantCalls:  map[string]int{"Create": 1, "Stop": 1},
+			wantReason: "image_missing",
+		},
+		{
+			name: "container restarting",
+			from: Stopped,
+			setup: func(t *testing.T, e *testEnv) {
+				e.rt.put("app1", ContainerRestarting)
+				e.rt.failWith("Start", errors.New("boom"))
+			},
+			wantCalls:  map[string]int{"Start": 1, "Inspect": 1, "Stop": 1},
+			wantReason: "start_failed",
+		},
+		{
+			name: "paused, never ready",
+			from: Paused,
+			cfg:  Config{WakeTimeout: 200 * time.Millisecond},
+			setup: func(t *testing.T, e *testEnv) {
+				if _, err := e.st.Update("app1", func(r *Record) error {
+					r.Upstreams = map[int]string{testPort: closedAddr(t)}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr:    ErrNotReady,
+			wantCalls:  map[string]int{"Unpause": 1, "Stop": 1},
+			wantReason: "not_ready",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, tt.cfg)
+			before := e.seed(t, "app1", tt.from)
+			tt.setup(t, e)
+			e.rt.resetCalls()
+			_, err := e.m.Wake(context.Background(), "app1")
+			if err == nil || (tt.wantErr != nil && !errors.Is(err, tt.wantErr)) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			wantCalls(t, e.rt, tt.wantCalls)
+			rec, gerr := e.m.Get("app1")
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			evs := e.history(t, "app1")
+			if tt.wantReason == "" {
+				if rec.State != tt.from || rec.Reason != before.Reason || rec.Error != "" || len(evs) != 1 {
+					t.Fatalf("transient failure changed the record to %s (%q, %q) with %d events", rec.State, rec.Reason, rec.Error, len(evs))
+				}
+				return
+			}
+			if rec.State != Error || rec.Reason != tt.wantReason || rec.Error == "" {
+				t.Fatalf("state %s reason %q error %q; want error, %q and a message", rec.State, rec.Reason, rec.Error, tt.wantReason)
+			}
+			if len(evs) != 2 || evs[1].From != tt.from || evs[1].To != Error {
+				t.Fatalf("events = %+v", evs)
+			}
+			if res, reserved := e.m.Resident(); res != 0 || reserved != 0 {
+				t.Fatalf("resident, reserved = %d, %d; want 0, 0", res, reserved)
+			}
+		})
+	}
+}
+
+func TestWakeSingleflight(t *testing.T) {
+	const callers = 100
+	e := newTestEnv(t, Config{})
+	e.seed(t, "app1", Stopped)
+	var reports atomic.Int32
+	e.m.OnWake(func(WakeResult) { reports.Add(1) })
+	g := e.rt.hold(t, "Start", "")
+
+	type result struct {
+		rec Record
+		err error
+	}
+	results := make(chan result, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			rec, err := e.m.Wake(context.Background(), "app1")
+			results <- result{rec, err}
+		})
+	}
+	receive(t, g.entered, "the first start")
+	g.release()
+	wg.Wait()
+	close(results)
+	for r := range results {
+		if r.err != nil || r.rec.State != Running {
+			t.Fatalf("wake = %s, %v; want running", r.rec.State, r.err)
+		}
+	}
+	if n := e.rt.count("Start"); n != 1 {
+		t.Fatalf("%d starts, want 1", n)
+	}
+	if n := reports.Load(); n != 1 {
+		t.Fatalf("%d wake reports, want 1", n)
+	}
+	if n := len(e.history(t, "app1")); n != 2 {
+		t.Fatalf("%d events, want 2", n)
+	}
+}
+
+func TestWakeCallerGivesUp(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	e.seed(t, "app1", Stopped)
+	g := e.rt.hold(t, "Start", "")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := e.m.Wake(ctx, "app1"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	receive(t, g.entered, "the start")
+	if _, ok := e.m.Waking("app1"); !ok {
+		t.Fatal("Waking = false while the start is held")
+	}
+	g.release()
+	waitFor(t, "the sandbox to run", func() bool { return e.state(t, "app1") == Running })
+	waitFor(t, "the wake to end", func() bool { _, ok := e.m.Waking("app1"); return !ok })
+	if n := e.rt.count("Start"); n != 1 {
+		t.Fatalf("%d starts, want 1", n)
+	}
+}
+
+func TestAdmission(t *testing.T) {
+	tests := []struct {
+		name      string
+		others    []State // states of the other sandboxes
+		target    State
+		wantErr   error
+		wantCalls map[string]int
+	}{
+		{"stopped at capacity", []State{Running, Running}, Stopped, ErrCapacity, nil},
+		{"stopped at capacity with a paused one", []State{Running, Paused}, Stopped, ErrCapacity, nil},
+		{"killed at capacity", []State{Running, Running}, Killed, ErrCapacity, nil},
+		{"paused at capacity", []State{Running}, Paused, nil, map[string]int{"Unpause": 1}},
+		{"stopped below capacity", []State{Running, Stopped}, Stopped, nil, map[string]int{"Start": 1}},
+		{"running at capacity", []State{Running}, Running, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, Config{MaxResident: 2})
+			for i, s := range tt.others {
+				e.seed(t, fmt.Sprintf("other%d", i), s)
+			}
+			e.seed(t, "app1", tt.target)
+			resBefore, _ := e.m.Resident()
+			_, err := e.m.Wake(context.Background(), "app1")
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			wantCalls(t, e.rt, tt.wantCalls)
+			res, reserved := e.m.Resident()
+			if reserved != 0 {
+				t.Fatalf("%d reservations left", reserved)
+			}
+			if tt.wantErr != nil {
+				if got := e.state(t, "app1"); got != tt.target || len(e.history(t, "app1")) != 1 {
+					t.Fatalf("refused wake changed the sandbox to %s", got)
+				}
+				if res != resBefore {
+					t.Fatalf("resident = %d, want %d", res, resBefore)
+				}
+				return
+			}
+			if got := e.state(t, "app1"); got != Running {
+				t.Fatalf("state = %s, want running", got)
+			}
+			if res > 2 {
+				t.Fatalf("resident = %d, above max_resident 2", res)
+			}
+		})
+	}
+
+	t.Run("create at capacity", func(t *testing.T) {
+		e := newTestEnv(t, Config{MaxResident: 1})
+		e.seed(t, "other", Running)
+		_, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: testSpec()})
+		if !errors.Is(err, ErrCapacity) {
+			t.Fatalf("err = %v, want ErrCapacity", err)
+		}
+		if _, err := e.m.Get("app1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("refused create stored a record: %v", err)
+		}
+		wantCalls(t, e.rt, nil)
+	})
+}
+
+// TestAdmissionReservesWakesInFlight: a wake in flight holds its admission, so
+// a second wake cannot take the same room.
+func TestAdmissionReservesWakesInFlight(t *testing.T) {
+	e := newTestEnv(t, Config{MaxResident: 1})
+	e.seed(t, "a", Stopped)
+	e.seed(t, "b", Stopped)
+	g := e.rt.hold(t, "Start", "a")
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.m.Wake(context.Background(), "a")
+		done <- err
+	}()
+	receive(t, g.entered, "the start of a")
+	if res, reserved := e.m.Resident(); res != 0 || reserved != 1 {
+		t.Fatalf("resident, reserved = %d, %d; want 0, 1", res, reserved)
+	}
+	if _, err := e.m.Wake(context.Background(), "b"); !errors.Is(err, ErrCapacity) {
+		t.Fatalf("wake b: err = %v, want ErrCapacity", err)
+	}
+	g.release()
+	if err := receive(t, done, "the wake of a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.rt.count("Start"); n != 1 {
+		t.Fatalf("%d starts, want 1 (only a)", n)
+	}
+	if res, reserved := e.m.Resident(); res != 1 || reserved != 0 {
+		t.Fatalf("resident, reserved = %d, %d; want 1, 0", res, reserved)
+	}
+	if got := e.state(t, "b"); got != Stopped {
+		t.Fatalf("b is %s, want stopped", got)
+	}
+}
+
+func TestPauseStop(t *testing.T) {
+	type op struct {
+		name   string
+		call   func(m *Manager, id string) (Record, error)
+		method string // runtime method called
+		target State
+		from   []State // states it acts from
+	}
+	ops := []op{
+		{"pause", func(m *Manager, id string) (Record, error) { return m.Pause(context.Background(), id, "api") }, "Pause", Paused, []State{Running}},
+		{"stop", func(m *Manager, id string) (Record, error) { return m.Stop(context.Background(), id, "api") }, "Stop", Stopped, []State{Running, Paused}},
+	}
+	for _, o := range ops {
+		for _, from := range States {
+			t.Run(fmt.Sprintf("%s_from_%s", o.name, from), func(t *testing.T) {
+				e := newTestEnv(t, Config{})
+				e.seed(t, "app1", from)
+				rec, err := o.call(e.m, "app1")
+				evs := e.history(t, "app1")
+				switch {
+				case from == o.target:
+					if err != nil || rec.State != o.target {
+						t.Fatalf("idempotent %s: %s, %v", o.name, rec.State, err)
+					}
+					wantCalls(t, e.rt, nil)
+					if len(evs) != 1 {
+						t.Fatalf("idempotent %s appended %d events", o.name, len(evs)-1)
+					}
+				case slices.Contains(o.from, from):
+					if err != nil || rec.State != o.target || rec.Reason != "api" {
+						t.Fatalf("%s: %+v, %v", o.name, rec, err)
+					}
+					wantCalls(t, e.rt, map[string]int{o.method: 1})
+					if len(evs) != 2 || evs[1].From != from || evs[1].To != o.target {
+						t.Fatalf("events = %+v", evs)
+					}
+				default:
+					if !errors.Is(err, ErrConflict) {
+						t.Fatalf("err = %v, want ErrConflict", err)
+					}
+					wantCalls(t, e.rt, nil)
+					if got := e.state(t, "app1"); got != from || len(evs) != 1 {
+						t.Fatalf("refused %s changed state to %s with %d events", o.name, got, len(evs))
+					}
+				}
+			})
+		}
+		t.Run(o.name+"_unknown", func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			if _, err := o.call(e.m, "nosuch"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("err = %v, want ErrNotFound", err)
+			}
+			wantCalls(t, e.rt, nil)
+		})
+		t.Run(o.name+"_engine_unavailable", func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			e.seed(t, "app1", Running)
+			e.rt.failWith(o.method, fmt.Errorf("docker: %w", ErrUnavailable))
+			if _, err := o.call(e.m, "app1"); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("err = %v, want ErrUnavailable", err)
+			}
+			if got := e.state(t, "app1"); got != Running || len(e.history(t, "app1")) != 1 {
+				t.Fatalf("failed %s changed the state to %s", o.name, got)
+			}
+		})
+	}
+
+	t.Run("stop without a container", func(t *testing.T) {
+		e := newTestEnv(t, Config{})
+		e.seed(t, "app1", Running)
+		e.rt.put("app1", "")
+		rec, err := e.m.Stop(context.Background(), "app1", "api")
+		if err != nil || rec.State != Stopped || !rec.StoppedAt.Equal(testClock) {
+			t.Fatalf("stop = %+v, %v", rec, err)
+		}
+	})
+	t.Run("resident count follows", func(t *testing.T) {
+		e := newTestEnv(t, Config{})
+		e.seed(t, "app1", Running)
+		if _, err := e.m.Pause(context.Background(), "app1", "idle"); err != nil {
+			t.Fatal(err)
+		}
+		if res, _ := e.m.Resident(); res != 1 {
+			t.Fatalf("resident after pause = %d, want 1", res)
+		}
+		if _, err := e.m.Stop(context.Background(), "app1", "idle"); err != nil {
+			t.Fatal(err)
+		}
+		if res, _ := e.m.Resident(); res != 0 {
+			t.Fatalf("resident after stop = %d, want 0", res)
+		}
+	})
+}
+
+func TestKeepalive(t *testing.T) {
+	now := testClock.Add(time.Hour)
+	tests := []struct {
+		name    string
+		id      string
+		d       time.Duration
+		want    time.Time
+		wantErr error
+	}{
+		{"short", "app1", 10 * time.Minute, now.Add(10 * time.Minute), nil},
+		{"at the cap", "app1", 2 * time.Hour, now.Add(2 * time.Hour), nil},
+		{"capped", "app1", 48 * time.Hour, now.Add(2 * time.Hour), nil},
+		{"zero", "app1", 0, time.Time{}, ErrInvalid},
+		{"negative", "app1", -time.Second, time.Time{}, ErrInvalid},
+		{"unknown", "nosuch", time.Minute, time.Time{}, ErrNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, Config{KeepaliveMax: 2 * time.Hour, Now: func() time.Time { return now }})
+			e.seed(t, "app1", Stopped)
+			rec, err := e.m.Keepalive(tt.id, tt.d)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			wantCalls(t, e.rt, nil)
+			if n := len(e.history(t, "app1")); n != 1 {
+				t.Fatalf("keepalive appended %d events", n-1)
+			}
+			stored, _ := e.m.Get("app1")
+			if tt.wantErr != nil {
+				if !stored.KeepaliveUntil.IsZero() || !stored.LastActiveAt.Equal(testClock) {
+					t.Fatalf("refused keepalive changed the record: %+v", stored)
+				}
+				return
+			}
+			for _, r := range []Record{rec, stored} {
+				if !r.KeepaliveUntil.Equal(tt.want) || !r.LastActiveAt.Equal(now) || r.State != Stopped {
+					t.Fatalf("keepalive until %v, last active %v, state %s; want %v, %v, stopped", r.KeepaliveUntil, r.LastActiveAt, r.State, tt.want, now)
+				}
+			}
+		})
+	}
+}
+
+func TestDestroy(t *testing.T) {
+	t.Run("running", func(t *testing.T) {
+		e := newTestEnv(t, Config{})
+		e.seed(t, "app1", Running)
+		if err := e.m.Destroy(context.Background(), "app1", "api"); err != nil {
+			t.Fatal(err)
+		}
+		wantCalls(t, e.rt, map[string]int{"Remove": 1})
+		if _, err := e.m.Get("app1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get after destroy: %v", err)
+		}
+		if e.rt.containerState("app1") != "" || !e.rt.hasVolume("app1") {
+			t.Fatal("destroy must remove the container and keep the volume")
+		}
+		evs := e.history(t, "app1")
+		if last := evs[len(evs)-1]; last.Type != store.EventDestroyed || last.From != Running || last.Reason != "api" {
+			t.Fatalf("last event = %+v", last)
+		}
+		if res, _ := e.m.Resident(); res != 0 {
+			t.Fatalf("resident = %d, want 0", res)
+		}
+		if _, err := e.m.Wake(context.Background(), "app1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("wake after destroy: %v, want ErrNotFound", err)
+		}
+	})
+	t.Run("unknown", func(t *testing.T) {
+		e := newTestEnv(t, Config{})
+		if err := e.m.Destroy(context.Background(), "nosuch", "api"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("err = %v, want ErrNotFound", err)
+		}
+		wantCalls(t, e.rt, nil)
+	})
+	t.Run("engine unavailable", func(t *testing.T) {
+		e := newTestEnv(t, Config{})
+		e.seed(t, "app1", Running)
+		e.rt.failWith("Remove", fmt.Errorf("docker: %w", ErrUnavailable))
+		if err := e.m.Destroy(context.Background(), "app1", "api"); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("err = %v, want ErrUnavailable", err)
+		}
+		if got := e.state(t, "app1"); got != Running {
+			t.Fatalf("state = %s, want running", got)
+		}
+		if res, _ := e.m.Resident(); res != 1 {
+			t.Fatalf("resident = %d, want 1", res)
+		}
+	})
+}
+
+func TestPurge(t *testing.T) {
+	tests := []struct {
+		name      string
+		id        string
+		setup     func(t *testing.T, e *testEnv)
+		wantErr   error
+		wantFreed int64
+		wantFrom  State
+	}{
+		{name: "unknown, no volume", id: "nosuch", wantErr: ErrNotFound},
+		{name: "invalid id", id: "No-Such", wantErr: ErrNotFound},
+		{
+			name:      "stopped",
+			id:        "app1",
+			setup:     func(t *testing.T, e *testEnv) { e.seed(t, "app1", Stopped) },
+			wantFreed: fakeVolumeBytes,
+			wantFrom:  Stopped,
+		},
+		{
+			name:      "running",
+			id:        "app1",
+			setup:     func(t *testing.T, e *testEnv) { e.seed(t, "app1", Running) },
+			wantFreed: fakeVolumeBytes,
+			wantFrom:  Running,
+		},
+		{
+			name: "record without a volume",
+			id:   "app1",
+			setup: func(t *testing.T, e *testEnv) {
+				e.seed(t, "app1", Killed)
+				if _, err := e.rt.RemoveVolume(context.Background(), "app1"); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantFrom: Killed,
+		},
+		{
+			name: "after destroy",
+			id:   "app1",
+			setup: func(t *testing.T, e *testEnv) {
+				e.seed(t, "app1", Running)
+				if err := e.m.Destroy(context.Background(), "app1", "api"); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantFreed: fakeVolumeBytes,
+		},
+		{
+			name: "volume removal unavailable",
+			id:   "app1",
+			setup: func(t *testing.T, e *testEnv) {
+				e.seed(t, "app1", Stopped)
+				e.rt.failWith("RemoveVolume", fmt.Errorf("docker: %w", ErrUnavailable))
+			},
+			wantErr: ErrUnavailable,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			if tt.setup != nil {
+				tt.setup(t, e)
+			}
+			evsBefore := len(e.history(t, tt.id))
+			stateBefore := e.state(t, tt.id)
+			freed, err := e.m.Purge(context.Background(), tt.id, "api")
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			evs := e.history(t, tt.id)
+			if tt.wantErr != nil {
+				if len(evs) != evsBefore || e.state(t, tt.id) != stateBefore {
+					t.Fatalf("failed purge changed the sandbox: %d → %d events, state %s → %s", evsBefore, len(evs), stateBefore, e.state(t, tt.id))
+				}
+				return
+			}
+			if freed != tt.wantFreed {
+				t.Fatalf("freed %d bytes, want %d", freed, tt.wantFreed)
+			}
+			if _, err := e.m.Get(tt.id); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("record still there: %v", err)
+			}
+			if e.rt.hasVolume(tt.id) || e.rt.containerState(tt.id) != "" {
+				t.Fatal("purge left the volume or the container")
+			}
+			if len(evs) != evsBefore+1 {
+				t.Fatalf("purge appended %d events, want 1", len(evs)-evsBefore)
+			}
+			if last := evs[len(evs)-1]; last.Type != store.EventPurged || last.From != tt.wantFrom || last.Reason != "api" || last.SandboxID != tt.id {
+				t.Fatalf("last event = %+v", last)
+			}
+			if res, _ := e.m.Resident(); res != 0 {
+				t.Fatalf("resident = %d, want 0", res)
+			}
+			// Everything is gone now.
+			if _, err := e.m.Purge(context.Background(), tt.id, "api"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("second purge: %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
+
+func TestList(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	e.seed(t, "a", Running)
+	e.seed(t, "b", Stopped)
+	e.seed(t, "c", Running)
+	tests := []struct {
+		state   State
+		want    []string
+		wantErr error
+	}{
+		{"", []string{"a", "b", "c"}, nil},
+		{Running, []string{"a", "c"}, nil},
+		{Paused, nil, nil},
+		{"asleep", nil, ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.state), func(t *testing.T) {
+			recs, err := e.m.List(tt.state)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			var ids []string
+			for _, r := range recs {
+				ids = append(ids, r.ID)
+			}
+			if !slices.Equal(ids, tt.want) {
+				t.Fatalf("ids = %v, want %v", ids, tt.want)
+			}
+		})
+	}
+}
+
+// TestNewManagerCountsResident: the resident count survives a restart.
+func TestNewManagerCountsResident(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	for i, s := range States {
+		e.seed(t, fmt.Sprintf("s%d", i), s)
+	}
+	m, err := NewManager(e.st, e.rt, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if res, reserved := m.Resident(); res != 2 || reserved != 0 {
+		t.Fatalf("resident, reserved = %d, %d; want 2, 0", res, reserved)
+	}
+}
+
+func TestCloseWaitsForWake(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	e.seed(t, "app1", Stopped)
+	e.seed(t, "app2", Stopped)
+	sub := e.m.Subscribe()
+	g := e.rt.hold(t, "Start", "app1")
+	wakeDone := make(chan error, 1)
+	go func() {
+		_, err := e.m.Wake(context.Background(), "app1")
+		wakeDone <- err
+	}()
+	receive(t, g.entered, "the start")
+
+	closed := make(chan struct{})
+	go func() {
+		e.m.Close()
+		close(closed)
+	}()
+	// Once Close has begun, new work is refused; an invalid create is
+	// refused without side effects either way, so it probes for that.
+	waitFor(t, "close to begin", func() bool {
+		_, err := e.m.Create(context.Background(), CreateRequest{ID: "-"})
+		return errors.Is(err, ErrClosed)
+	})
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a wake was in flight")
+	default:
+	}
+	g.release()
+	receive(t, closed, "Close")
+	if _, ok := e.m.Waking("app1"); ok {
+		t.Fatal("a wake is still in flight after Close")
+	}
+	receive(t, wakeDone, "the wake")
+
+	for _, id := range []string{"app1", "app2"} {
+		if _, err := e.m.Wake(context.Background(), id); !errors.Is(err, ErrClosed) {
+			t.Fatalf("wake %s after close: %v, want ErrClosed", id, err)
+		}
+	}
+	if _, err := e.m.Create(context.Background(), CreateRequest{ID: "app3", Spec: testSpec()}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("create after close: %v, want ErrClosed", err)
+	}
+	if n := e.rt.count("Start"); n != 1 {
+		t.Fatalf("%d starts, want 1", n)
+	}
+	for range sub.C {
+	}
+	if sub.Lagged() {
+		t.Fatal("subscription closed by Close reports Lagged")
+	}
+	if err := e.m.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}

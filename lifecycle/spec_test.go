@@ -1,0 +1,127 @@
+package lifecycle
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestNormalizeSpec(t *testing.T) {
+	neg := -time.Second
+	zero := time.Duration(0)
+	tests := []struct {
+		name    string
+		mutate  func(s *Spec)
+		wantErr string // the field named in the error; "" means valid
+	}{
+		{"minimal", func(s *Spec) {}, ""},
+		{"no image", func(s *Spec) { s.Image = "" }, "image"},
+		{"blank image", func(s *Spec) { s.Image = " \t" }, "image"},
+		{"image with space", func(s *Spec) { s.Image = "busy box" }, "image"},
+		{"no ports", func(s *Spec) { s.Ports = nil }, "ports"},
+		{"port 0", func(s *Spec) { s.Ports = []int{0} }, "ports"},
+		{"port 65536", func(s *Spec) { s.Ports = []int{65536} }, "ports"},
+		{"negative port", func(s *Spec) { s.Ports = []int{-80} }, "ports"},
+		{"port 1 and 65535", func(s *Spec) { s.Ports = []int{1, 65535} }, ""},
+		{"duplicate port", func(s *Spec) { s.Ports = []int{8080, 9000, 8080} }, "ports"},
+		{"16 ports", func(s *Spec) { s.Ports = portRange(MaxPorts) }, ""},
+		{"17 ports", func(s *Spec) { s.Ports = portRange(MaxPorts + 1) }, "ports"},
+		{"empty env name", func(s *Spec) { s.Env = map[string]string{"": "x"} }, "env"},
+		{"env name with =", func(s *Spec) { s.Env = map[string]string{"A=B": "x"} }, "env"},
+		{"env name with nul", func(s *Spec) { s.Env = map[string]string{"A\x00": "x"} }, "env"},
+		{"env ok", func(s *Spec) { s.Env = map[string]string{"PATH": "/bin", "EMPTY": ""} }, ""},
+		{"memory 3", func(s *Spec) { s.MemoryMB = 3 }, "memory_mb"},
+		{"memory negative", func(s *Spec) { s.MemoryMB = -1 }, "memory_mb"},
+		{"memory minimum", func(s *Spec) { s.MemoryMB = MinMemoryMB }, ""},
+		{"memory unset", func(s *Spec) { s.MemoryMB = 0 }, ""},
+		{"cpus negative", func(s *Spec) { s.CPUs = -0.5 }, "cpus"},
+		{"cpus too many", func(s *Spec) { s.CPUs = 1025 }, "cpus"},
+		{"cpus fraction", func(s *Spec) { s.CPUs = 0.25 }, ""},
+		{"pids negative", func(s *Spec) { s.PidsLimit = -1 }, "pids_limit"},
+		{"workspace root", func(s *Spec) { s.WorkspacePath = "/" }, "workspace_path"},
+		{"workspace cleans to root", func(s *Spec) { s.WorkspacePath = "/data/.." }, "workspace_path"},
+		{"workspace relative", func(s *Spec) { s.WorkspacePath = "workspace" }, "workspace_path"},
+		{"workspace dot relative", func(s *Spec) { s.WorkspacePath = "./workspace" }, "workspace_path"},
+		{"ready path relative", func(s *Spec) { s.ReadyPath = "healthz" }, "ready_path"},
+		{"ready path", func(s *Spec) { s.ReadyPath = "/healthz" }, ""},
+		{"ready mode bad", func(s *Spec) { s.ReadyMode = "grpc" }, "ready_mode"},
+		{"ready mode upper case", func(s *Spec) { s.ReadyMode = "HTTP" }, "ready_mode"},
+		{"ready mode tcp", func(s *Spec) { s.ReadyMode = ReadyTCP }, ""},
+		{"idle pause negative", func(s *Spec) { s.IdlePause = &neg }, "idle_pause"},
+		{"idle stop negative", func(s *Spec) { s.IdleStop = &neg }, "idle_stop"},
+		{"max lifetime negative", func(s *Spec) { s.MaxLifetime = &neg }, "max_lifetime"},
+		{"zero durations turn tiers off", func(s *Spec) { s.IdlePause, s.IdleStop, s.MaxLifetime = &zero, &zero, &zero }, ""},
+		{"access bad", func(s *Spec) { s.Access = "secret" }, "access"},
+		{"access private", func(s *Spec) { s.Access = AccessPrivate }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := testSpec()
+			tt.mutate(&s)
+			err := NormalizeSpec(&s)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("NormalizeSpec: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %q does not name %s", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func portRange(n int) []int {
+	ports := make([]int, n)
+	for i := range ports {
+		ports[i] = 8000 + i
+	}
+	return ports
+}
+
+func TestNormalizeSpecDefaults(t *testing.T) {
+	tests := []struct {
+		name string
+		in   Spec
+		want Spec
+	}{
+		{
+			name: "defaults filled",
+			in:   Spec{Image: "  app:1 \n", Ports: []int{8080}},
+			want: Spec{Image: "app:1", Ports: []int{8080}, PidsLimit: DefaultPidsLimit, WorkspacePath: DefaultWorkspacePath, ReadyMode: ReadyHTTP, Access: AccessPublic},
+		},
+		{
+			name: "values kept",
+			in:   Spec{Image: "app:1", Ports: []int{9000, 8080}, PidsLimit: 64, WorkspacePath: "/srv/data", ReadyMode: ReadyTCP, Access: AccessPrivate, MemoryMB: 256, CPUs: 1.5},
+			want: Spec{Image: "app:1", Ports: []int{9000, 8080}, PidsLimit: 64, WorkspacePath: "/srv/data", ReadyMode: ReadyTCP, Access: AccessPrivate, MemoryMB: 256, CPUs: 1.5},
+		},
+		{
+			name: "workspace cleaned",
+			in:   Spec{Image: "app:1", Ports: []int{8080}, WorkspacePath: "/srv//data/../work/"},
+			want: Spec{Image: "app:1", Ports: []int{8080}, PidsLimit: DefaultPidsLimit, WorkspacePath: "/srv/work", ReadyMode: ReadyHTTP, Access: AccessPublic},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.in
+			if err := NormalizeSpec(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Image != tt.want.Image || got.PidsLimit != tt.want.PidsLimit || got.WorkspacePath != tt.want.WorkspacePath ||
+				got.ReadyMode != tt.want.ReadyMode || got.Access != tt.want.Access || got.MemoryMB != tt.want.MemoryMB ||
+				got.CPUs != tt.want.CPUs || len(got.Ports) != len(tt.want.Ports) || got.Ports[0] != tt.want.Ports[0] {
+				t.Fatalf("got %+v\nwant %+v", got, tt.want)
+			}
+			// Normalizing twice changes nothing.
+			again := got
+			if err := NormalizeSpec(&again); err != nil || again.WorkspacePath != got.WorkspacePath || again.Image != got.Image {
+				t.Fatalf("second normalize: %+v, %v", again, err)
+			}
+		})
+	}
+}
