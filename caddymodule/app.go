@@ -67,6 +67,10 @@ type App struct {
 	// with it. Default: https://*.preview.<domain>, or
 	// http://*.preview.localhost for the localhost domain.
 	PreviewURL string `json:"preview_url,omitempty"`
+	// Labels are added to every container and volume sandwake creates, and
+	// narrow what it considers its own: several gateways (or test runs) can
+	// share one Docker engine.
+	Labels map[string]string `json:"labels,omitempty"`
 	// StopTimeout is how long a stop waits for a sandbox's app to exit
 	// before Docker kills it. Default: 10s.
 	StopTimeout caddy.Duration `json:"stop_timeout,omitempty"`
@@ -261,6 +265,7 @@ func openEngine(a *App) (*engine, error) {
 		UpstreamMode: a.UpstreamMode,
 		Network:      a.Network,
 		StopTimeout:  time.Duration(a.StopTimeout),
+		Labels:       a.Labels,
 	})
 	if err != nil {
 		st.Close()

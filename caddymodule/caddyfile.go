@@ -36,6 +36,7 @@ func init() {
 //		keepalive_max  <duration>
 //		activity_flush <duration>
 //		stop_timeout   <duration>
+//		label          <key> <value>
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	app := new(App)
@@ -105,6 +106,15 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				"activity_flush": &a.ActivityFlush, "stop_timeout": &a.StopTimeout,
 			}[opt]
 			*target = caddy.Duration(dur)
+		case "label":
+			var k, v string
+			if !d.AllArgs(&k, &v) {
+				return d.ArgErr()
+			}
+			if a.Labels == nil {
+				a.Labels = map[string]string{}
+			}
+			a.Labels[k] = v
 		case "max_resident":
 			var v string
 			if !d.AllArgs(&v) {

@@ -1,0 +1,215 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+func TestPreviewProxiesAndWarms(t *testing.T) {
+	h := newHarness(t, "")
+	rec := h.create(nil)
+	host := h.host(rec.ID, 8080)
+
+	resp, body := h.preview("GET", host, "/", nil, browserHeader())
+	if resp.StatusCode != 200 || !strings.Contains(body, "Hello from the sandbox") {
+		t.Fatalf("running sandbox: %d %q", resp.StatusCode, body)
+	}
+
+	h.stop(rec.ID)
+	since := time.Now()
+	// A browser page load of a stopped sandbox: the warming page at once,
+	// and the wake starts without any other request.
+	resp, body = h.preview("GET", host, "/", nil, browserHeader())
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `data-kind="warming"`) {
+		t.Fatalf("stopped sandbox page load: %d %.300q", resp.StatusCode, body)
+	}
+	if resp.Header.Get("Retry-After") == "" || resp.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("warming headers: %v", resp.Header)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		s := h.state(rec.ID)
+		return s == "running", "state " + s
+	})
+	resp, body = h.preview("GET", host, "/", nil, browserHeader())
+	if resp.StatusCode != 200 || !strings.Contains(body, "Hello from the sandbox") {
+		t.Fatalf("after wake: %d %.200q", resp.StatusCode, body)
+	}
+	if n := h.startEvents(rec.ID, since); n != 1 {
+		t.Fatalf("%d docker starts, want 1", n)
+	}
+	// The reserved status path answers from the gate.
+	resp, body = h.preview("GET", host, pathStatus, nil, nil)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"state": "running"`) {
+		t.Fatalf("status: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestWakeStormStartsOnceAndKeepsBodies(t *testing.T) {
+	h := newHarness(t, "")
+	rec := h.create(map[string]string{"STARTUP_DELAY": "200ms"})
+	host := h.host(rec.ID, 8080)
+	h.stop(rec.ID)
+	since := time.Now()
+
+	const n = 500
+	var (
+		wg   sync.WaitGroup
+		good atomic.Int64
+		bad  = make(chan string, n)
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 0 {
+				want := fmt.Sprintf("body-%d-%s", i, strings.Repeat("x", i))
+				resp, body := h.preview("POST", host, "/echo", strings.NewReader(want), http.Header{"Content-Type": {"text/plain"}})
+				if resp.StatusCode != 200 || body != "POST\n"+want {
+					bad <- fmt.Sprintf("POST %d: %d %.80q", i, resp.StatusCode, body)
+					return
+				}
+			} else {
+				resp, body := h.preview("GET", host, "/healthz", nil, http.Header{"Accept": {"application/json"}})
+				if resp.StatusCode != 200 || body != "ok\n" {
+					bad <- fmt.Sprintf("GET %d: %d %.80q", i, resp.StatusCode, body)
+					return
+				}
+			}
+			good.Add(1)
+		}()
+	}
+	wg.Wait()
+	close(bad)
+	for b := range bad {
+		t.Error(b)
+	}
+	if good.Load() != n {
+		t.Fatalf("%d of %d requests answered 200 by the app", good.Load(), n)
+	}
+	if starts := h.startEvents(rec.ID, since); starts != 1 {
+		t.Fatalf("%d docker starts for %d requests, want exactly 1", starts, n)
+	}
+}
+
+func TestMalformedHostsNeverWake(t *testing.T) {
+	h := newHarness(t, "")
+	rec := h.create(nil)
+	h.stop(rec.ID)
+	since := time.Now()
+	p := h.previewPort
+	upper := strings.ToUpper(rec.ID)
+	tests := []struct {
+		host     string
+		want     int
+		sandwake bool // the site matches the host, so sandwake must answer it
+	}{
+		{fmt.Sprintf("s-%s_x-8080.preview.localhost:%d", rec.ID, p), 404, true},               // bad id character
+		{fmt.Sprintf("s-%s-0.preview.localhost:%d", rec.ID, p), 404, true},                    // port 0
+		{fmt.Sprintf("s-%s-65536.preview.localhost:%d", rec.ID, p), 404, true},                // port too big
+		{fmt.Sprintf("s-%s-08080.preview.localhost:%d", rec.ID, p), 404, true},                // leading zero
+		{fmt.Sprintf("s-%s-9999.preview.localhost:%d", rec.ID, p), 404, true},                 // undeclared port
+		{fmt.Sprintf("x.s-%s-8080.preview.localhost:%d", rec.ID, p), 404, false},              // extra label
+		{fmt.Sprintf("s-%s-8080.preview.example.com:%d", rec.ID, p), 404, false},              // wrong domain
+		{fmt.Sprintf("s-unknown%s-8080.preview.localhost:%d", testenv.RunID(), p), 404, true}, // unknown sandbox
+	}
+	for _, tt := range tests {
+		resp, body := h.preview("GET", tt.host, "/healthz", nil, nil)
+		// Hosts the *.preview.localhost site does not match (extra label,
+		// wrong domain) never reach sandwake: Caddy answers them with an
+		// empty 200. Either way: not served by the app, nothing woken.
+		if resp.StatusCode != tt.want && !(resp.StatusCode == 200 && body == "") {
+			t.Errorf("%s: %d %.120q", tt.host, resp.StatusCode, body)
+		}
+		if tt.sandwake && resp.StatusCode != 404 {
+			t.Errorf("%s: %d, want sandwake's 404", tt.host, resp.StatusCode)
+		}
+	}
+	if s := h.state(rec.ID); s != "stopped" {
+		t.Fatalf("malformed hosts woke the sandbox: %s", s)
+	}
+	if n := h.startEvents(rec.ID, since); n != 0 {
+		t.Fatalf("malformed hosts caused %d starts", n)
+	}
+	// Upper case is the same sandbox: it is normalised, and does wake.
+	resp, body := h.preview("GET", fmt.Sprintf("S-%s-8080.PREVIEW.LOCALHOST:%d", upper, p), "/healthz", nil, nil)
+	if resp.StatusCode != 200 || body != "ok\n" {
+		t.Fatalf("upper-case host: %d %q", resp.StatusCode, body)
+	}
+}
+
+func TestReloadsDropNothing(t *testing.T) {
+	h := newHarness(t, "")
+	rec := h.create(nil)
+	host := h.host(rec.ID, 8080)
+	before := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeProxied))
+	eng := engineFor(t, h)
+
+	var (
+		wg     sync.WaitGroup
+		stop   atomic.Bool
+		ok     atomic.Int64
+		failed = make(chan string, 1000)
+	)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				resp, body := h.preview("GET", host, "/healthz", nil, nil)
+				if resp.StatusCode != 200 || body != "ok\n" {
+					failed <- fmt.Sprintf("%d %q", resp.StatusCode, body)
+					continue
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	waitCount := func(min int64) {
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			return ok.Load() >= min, fmt.Sprintf("%d requests", ok.Load())
+		})
+	}
+	waitCount(50)
+	h.load("hold_timeout 30s")
+	waitCount(ok.Load() + 50)
+	h.load("hold_timeout 45s")
+	waitCount(ok.Load() + 50)
+	stop.Store(true)
+	wg.Wait()
+	close(failed)
+	for f := range failed {
+		t.Error("request failed across reload:", f)
+	}
+	if got := engineFor(t, h); got != eng {
+		t.Fatal("a reload opened a second engine (store)")
+	}
+	if refs, _ := engines.References(eng.store.Dir()); refs != 1 {
+		t.Fatalf("engine references = %d, want 1 after reloads", refs)
+	}
+	after := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeProxied))
+	if after-before < float64(ok.Load()) {
+		t.Fatalf("proxied counter grew by %v for %d requests", after-before, ok.Load())
+	}
+	if hold := eng.current.Load().holdTimeout; hold != 45*time.Second {
+		t.Fatalf("reloaded hold_timeout = %s", hold)
+	}
+}
+
+// engineFor returns the engine behind the harness's current config.
+func engineFor(t testing.TB, h *harness) *engine {
+	t.Helper()
+	e := metricsEngine.Load()
+	if e == nil {
+		t.Fatal("no engine running")
+	}
+	return e
+}
