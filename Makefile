@@ -1,15 +1,28 @@
 # sandwake — make targets. `make test` is what CI runs (.ci/run).
-GO        ?= go
-GOBIN     ?= $(shell $(GO) env GOPATH)/bin
+GO                  ?= go
 STATICCHECK_VERSION ?= v0.8.2
+XCADDY_VERSION      ?= v0.4.4
 
-# Packages with concurrency run under the race detector.
-RACE_PKGS := ./store/... ./lifecycle/...
+.PHONY: run build test vet lint tools bench-engine xcaddy fmt clean
 
-.PHONY: test vet lint unit race bench-engine fmt
+## run: build Caddy with sandwake, start it with Caddyfile.example and a demo sandbox
+run: build
+	scripts/run.sh
 
-test: vet lint race
-	$(GO) test -count=1 ./...
+## build: bin/caddy (Caddy + standard modules + sandwake)
+build:
+	$(GO) build -o bin/caddy ./cmd/caddy
+
+## test: formatting, vet, staticcheck, then every test under the race detector
+test: tools vet lint
+	$(GO) test -count=1 -race -timeout 25m ./...
+
+## tools: what the tests need beyond Go: Debian's chromium for the browser tests
+tools:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing chromium (browser tests)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
@@ -18,12 +31,17 @@ vet:
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
-race:
-	$(GO) test -count=1 -race $(RACE_PKGS)
-
-# Wake through the Manager vs the raw Docker calls, side by side (issue 2 #8).
+## bench-engine: wake through the Manager vs the raw Docker calls, side by side
 bench-engine:
 	$(GO) test -run '^$$' -bench . -benchtime 20x ./lifecycle/docker/
 
+## xcaddy: build Caddy with xcaddy from xcaddy.json (xcaddy installed with go install)
+xcaddy:
+	$(GO) install github.com/caddyserver/xcaddy/cmd/xcaddy@$(XCADDY_VERSION)
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $$($(GO) run scripts/xcaddy-command.go)
+
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin

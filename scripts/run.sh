@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# `make run`: start the gateway with Caddyfile.example (embedded Badger under
+# ./data), import the demo image, create one demo sandbox through the API and
+# print how to use it. Ctrl-C stops Caddy; sandboxes stay (paused/stopped
+# ones are woken by the next request after a restart).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+preview_port=${SANDWAKE_PREVIEW_PORT:-8080}
+demo=${SANDWAKE_DEMO_ID:-demo}
+api_port=${SANDWAKE_API_PORT:-8081}
+export SANDWAKE_PREVIEW_PORT=$preview_port SANDWAKE_API_PORT=$api_port
+mkdir -p data
+chmod 700 data
+if [ -n "${SANDWAKE_API_TOKEN:-}" ]; then
+	(umask 077; printf %s "$SANDWAKE_API_TOKEN" > data/api-token)
+else
+	# A token of this checkout, kept so the printed commands stay valid.
+	[ -s data/api-token ] || (umask 077; head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > data/api-token)
+	SANDWAKE_API_TOKEN=$(cat data/api-token)
+fi
+export SANDWAKE_API_TOKEN
+
+go run ./internal/demo
+api="http://localhost:$api_port"
+
+bin/caddy run --config Caddyfile.example --adapter caddyfile &
+caddy_pid=$!
+trap 'kill $caddy_pid 2>/dev/null; wait $caddy_pid 2>/dev/null' INT TERM EXIT
+
+for _ in $(seq 1 100); do
+	if curl -fsS "$api/v1/readyz" >/dev/null 2>&1; then break; fi
+	if ! kill -0 $caddy_pid 2>/dev/null; then echo "caddy exited" >&2; exit 1; fi
+	sleep 0.1
+done
+curl -fsS "$api/v1/readyz" >/dev/null
+
+auth=(-H "Authorization: Bearer $SANDWAKE_API_TOKEN")
+if ! curl -fsS "${auth[@]}" "$api/v1/sandboxes/$demo" >/dev/null 2>&1; then
+	echo "creating the demo sandbox…"
+	curl -fsS "${auth[@]}" -X POST "$api/v1/sandboxes" \
+		-d '{"id":"'"$demo"'","image":"sandwake-demo:latest","ports":[8080],"memory_mb":64}' >/dev/null
+fi
+
+cat <<MSG
+
+  sandwake is running.
+
+  Demo sandbox:   http://s-$demo-8080.preview.localhost:$preview_port/
+  API:            $api   (bearer token: \$SANDWAKE_API_TOKEN, or the file data/api-token)
+
+  Stop it, then open the URL again: you see the warming page, then the app.
+    TOKEN=\$(cat data/api-token)
+    curl -H "Authorization: Bearer \$TOKEN" -X POST $api/v1/sandboxes/$demo/stop
+    curl -H "Authorization: Bearer \$TOKEN" -X POST $api/v1/sandboxes/$demo/pause
+    curl -H "Authorization: Bearer \$TOKEN" -X POST $api/v1/sandboxes/$demo/wake
+    curl -H "Authorization: Bearer \$TOKEN" $api/v1/sandboxes
+
+  Ctrl-C stops the gateway.
+
+MSG
+wait $caddy_pid
