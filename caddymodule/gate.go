@@ -108,11 +108,7 @@ func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 	a := rt.activity
 	a.Touch(time.Now())
 	a.Open()
-	defer func() {
-		// Long exchanges (websockets, SSE) count as activity until they end.
-		a.Touch(time.Now())
-		a.Close()
-	}()
+	defer a.Finish() // long exchanges (websockets, SSE) count until they end
 	return next.ServeHTTP(w, r)
 }
 
@@ -323,7 +319,10 @@ func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData 
 	}
 	switch kind {
 	case pageWarming:
-		d.Title, d.Message, d.RetryAfter = "Waking up…", fmt.Sprintf("Sandbox %s was %s and is starting. This page opens the app as soon as it answers.", rt.id, rt.state), 2
+		// The record keeps its state until the wake ends; the visitor
+		// sees what is happening, not the internal reason.
+		d.State, d.Reason, d.RetryAfter = "starting", "", 2
+		d.Title, d.Message = "Waking up…", fmt.Sprintf("Sandbox %s was %s and is starting. This page opens the app by itself as soon as it answers.", rt.id, rt.state)
 	case pageCreating:
 		d.Title, d.Message, d.RetryAfter = "Being created…", fmt.Sprintf("Sandbox %s is still being created.", rt.id), 2
 	case pageKilled:

@@ -119,6 +119,8 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 		defer cancel()
 		cli.ContainerRemove(ctx, "s-"+demo, client.ContainerRemoveOptions{Force: true})
 		cli.VolumeRemove(ctx, "s-"+demo+"-data", client.VolumeRemoveOptions{Force: true})
+		// make run imports the demo image; it imports it again each time.
+		cli.ImageRemove(ctx, "sandwake-demo:latest", client.ImageRemoveOptions{Force: true})
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

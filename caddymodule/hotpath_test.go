@@ -1,0 +1,157 @@
+package caddymodule
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/store"
+)
+
+// noRuntime fails every call: the hot path must never reach the engine.
+type noRuntime struct{ calls atomic.Int64 }
+
+func (n *noRuntime) fail() error { n.calls.Add(1); return lifecycle.ErrUnavailable }
+func (n *noRuntime) Create(context.Context, string, store.Spec) (lifecycle.Container, error) {
+	return lifecycle.Container{}, n.fail()
+}
+func (n *noRuntime) Start(context.Context, string) (lifecycle.Container, error) {
+	return lifecycle.Container{}, n.fail()
+}
+func (n *noRuntime) Pause(context.Context, string) error   { return n.fail() }
+func (n *noRuntime) Unpause(context.Context, string) error { return n.fail() }
+func (n *noRuntime) Stop(context.Context, string) error    { return n.fail() }
+func (n *noRuntime) Remove(context.Context, string) error  { return n.fail() }
+func (n *noRuntime) RemoveVolume(context.Context, string) (int64, error) {
+	return 0, n.fail()
+}
+func (n *noRuntime) Inspect(context.Context, string) (lifecycle.Container, error) {
+	return lifecycle.Container{}, n.fail()
+}
+func (n *noRuntime) List(context.Context) ([]lifecycle.Container, error) { return nil, n.fail() }
+func (n *noRuntime) Ping(context.Context) error                          { return n.fail() }
+
+// hotPathGate returns a gate over an in-memory engine holding one running
+// sandbox "hot" on port 8080, and that engine's runtime.
+func hotPathGate(tb testing.TB) (*Gate, *noRuntime) {
+	tb.Helper()
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { st.Close() })
+	now := time.Now().UTC()
+	if _, _, err := st.Create(store.Record{
+		ID: "hot", State: lifecycle.Running, Spec: store.Spec{Image: "x", Ports: []int{8080}},
+		CreatedAt: now, StateSince: now, LastActiveAt: now, Upstreams: map[int]string{8080: "127.0.0.1:1"},
+	}, "test"); err != nil {
+		tb.Fatal(err)
+	}
+	rt := &noRuntime{}
+	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { mgr.Close() })
+	e := &engine{store: st, mgr: mgr, log: zap.NewNop()}
+	e.routes = newRouteCache(mgr)
+	mgr.OnEvent(e.routes.invalidate)
+	e.current.Store(&settings{domain: "localhost", holdTimeout: time.Second})
+	e.ready.Store(true)
+	app := &App{eng: new(atomic.Pointer[engine])}
+	app.eng.Store(e)
+	return &Gate{app: app, logger: zap.NewNop()}, rt
+}
+
+// proxyStub stands in for reverse_proxy: it checks the upstream the gate
+// chose through the dynamic upstream source.
+type proxyStub struct{ tb testing.TB }
+
+func (p proxyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	ups, err := Upstreams{}.GetUpstreams(r)
+	if err != nil || len(ups) != 1 || ups[0].Dial != "127.0.0.1:1" {
+		p.tb.Fatalf("upstreams %v, %v", ups, err)
+	}
+	return nil
+}
+
+func hotRequest() *http.Request {
+	r := httptest.NewRequest("GET", "http://s-hot-8080.preview.localhost:8080/", nil)
+	repl := caddy.NewReplacer()
+	ctx := context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl)
+	ctx = context.WithValue(ctx, caddyhttp.VarsCtxKey, map[string]any{})
+	return r.WithContext(ctx)
+}
+
+// TestHotPathNeverTouchesEngineOrStore: a running sandbox is served from the
+// route cache with in-memory activity; the runtime is never called and no
+// event is written.
+func TestHotPathNeverTouchesEngineOrStore(t *testing.T) {
+	g, rt := hotPathGate(t)
+	e := g.app.engine()
+	before, _ := e.store.LastEventID()
+	for range 1000 {
+		if err := g.ServeHTTP(httptest.NewRecorder(), hotRequest(), proxyStub{t}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rt.calls.Load() != 0 {
+		t.Fatalf("hot path called the runtime %d times", rt.calls.Load())
+	}
+	after, _ := e.store.LastEventID()
+	rec, _ := e.store.Get("hot")
+	if after != before || !rec.LastActiveAt.Equal(rec.CreatedAt) { // nothing flushed yet
+		t.Fatalf("hot path wrote to the store: events %d→%d, last_active %s", before, after, rec.LastActiveAt)
+	}
+	a := e.mgr.Activity("hot")
+	if a.LastActive().IsZero() || a.OpenConnections() != 0 {
+		t.Fatalf("activity: last %s open %d", a.LastActive(), a.OpenConnections())
+	}
+	// The activity reaches the store in one flush.
+	if err := e.mgr.FlushActivity(); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = e.store.Get("hot")
+	if !rec.LastActiveAt.Equal(a.LastActive()) {
+		t.Fatalf("flushed last_active %s, want %s", rec.LastActiveAt, a.LastActive())
+	}
+}
+
+// TestHotPathAllocations bounds what the gate itself allocates per proxied
+// request (the request, recorder and vars map are the caller's).
+func TestHotPathAllocations(t *testing.T) {
+	g, _ := hotPathGate(t)
+	r := hotRequest()
+	w := httptest.NewRecorder()
+	var next caddyhttp.Handler = proxyStub{t}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := g.ServeHTTP(w, r, next); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("gate allocates %v times per proxied request, want 0", allocs)
+	}
+}
+
+// BenchmarkGateHotPath measures the gate's own cost for a running sandbox.
+//
+//	go test -run '^$' -bench GateHotPath -benchmem ./caddymodule/
+func BenchmarkGateHotPath(b *testing.B) {
+	g, _ := hotPathGate(b)
+	r := hotRequest()
+	w := httptest.NewRecorder()
+	var next caddyhttp.Handler = proxyStub{b}
+	b.ReportAllocs()
+	for b.Loop() {
+		g.ServeHTTP(w, r, next)
+	}
+}
