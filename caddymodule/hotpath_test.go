@@ -72,15 +72,31 @@ func hotPathGate(tb testing.TB) (*Gate, *noRuntime) {
 }
 
 // proxyStub stands in for reverse_proxy: it checks the upstream the gate
-// chose through the dynamic upstream source.
+// chose for the dynamic upstream source.
 type proxyStub struct{ tb testing.TB }
 
 func (p proxyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
-	ups, err := Upstreams{}.GetUpstreams(r)
-	if err != nil || len(ups) != 1 || ups[0].Dial != "127.0.0.1:1" {
-		p.tb.Fatalf("upstreams %v, %v", ups, err)
+	set, ok := caddyhttp.GetVar(r.Context(), varUpstream).(*upstreamSet)
+	if !ok || set.dial != "127.0.0.1:1" {
+		p.tb.Fatalf("upstream %+v", set)
 	}
 	return nil
+}
+
+// TestUpstreamsAreFreshPerRequest: reverse_proxy writes to the upstreams a
+// dynamic source returns, so each request must get its own (sharing them
+// raced under load).
+func TestUpstreamsAreFreshPerRequest(t *testing.T) {
+	r := hotRequest()
+	if _, err := (Upstreams{}).GetUpstreams(r); err != errNoUpstream {
+		t.Fatalf("without the gate: %v", err)
+	}
+	caddyhttp.SetVar(r.Context(), varUpstream, &upstreamSet{dial: "127.0.0.1:9"})
+	a, err1 := Upstreams{}.GetUpstreams(r)
+	b, err2 := Upstreams{}.GetUpstreams(r)
+	if err1 != nil || err2 != nil || len(a) != 1 || a[0].Dial != "127.0.0.1:9" || a[0] == b[0] {
+		t.Fatalf("upstreams %v %v (%v, %v)", a, b, err1, err2)
+	}
 }
 
 func hotRequest() *http.Request {

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"sync/atomic"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/sandwake/sandwake/lifecycle"
@@ -23,15 +22,16 @@ type route struct {
 	reason   string
 	err      string
 	activity *lifecycle.Activity
-	// upstreams holds, per declared port, the ready-made upstream list handed
-	// to reverse_proxy, so the hot path allocates none.
+	// upstreams holds, per declared port, the address handed to
+	// reverse_proxy (a pointer, so storing it in the request vars allocates
+	// nothing).
 	upstreams map[int]*upstreamSet
 }
 
 // upstreamSet is the value stored in the request's vars for the dynamic
-// upstream source (a pointer, so storing it allocates nothing).
+// upstream source.
 type upstreamSet struct {
-	list []*reverseproxy.Upstream
+	dial string
 }
 
 func (rt *route) declares(port int) bool {
@@ -78,7 +78,7 @@ func (c *routeCache) get(id string) (*route, error) {
 		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),
 	}
 	for port, addr := range rec.Upstreams {
-		rt.upstreams[port] = &upstreamSet{list: []*reverseproxy.Upstream{{Dial: addr}}}
+		rt.upstreams[port] = &upstreamSet{dial: addr}
 	}
 	if c.gen.Load() == gen {
 		c.cache.Add(id, rt)

@@ -35,7 +35,9 @@ func (Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, error)
 	if !ok || set == nil {
 		return nil, errNoUpstream
 	}
-	return set.list, nil
+	// A fresh Upstream each time, as Caddy's own dynamic sources do:
+	// reverse_proxy writes to the upstreams it is given.
+	return []*reverseproxy.Upstream{{Dial: set.dial}}, nil
 }
 
 // Interface guards.
