@@ -44,8 +44,14 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	old, _ := cli.ImageInspect(ctx, Image)
 	if err := testenv.ImportImage(ctx, cli, bin, Image, map[string]string{"sandwake.demo": "true"}); err != nil {
 		return err
+	}
+	// The previous import, now untagged, is removed unless a sandbox still
+	// runs it (then the engine refuses, and it goes with that container).
+	if old.ID != "" {
+		cli.ImageRemove(ctx, old.ID, client.ImageRemoveOptions{})
 	}
 	fmt.Println("imported", Image)
 	return nil
