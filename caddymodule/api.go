@@ -135,12 +135,17 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 	ok := true
 	e := api.app.engine()
 	if e == nil || !e.ready.Load() {
-		checks["store"], checks["boot_reconcile"], ok = "not started", "not done", false
+		checks["store"], checks["docker"], checks["boot_reconcile"], ok = "not started", "not started", "not done", false
 	} else {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := e.docker.Ping(ctx); err != nil {
+		if err := e.mgr.Ping(ctx); err != nil {
 			checks["docker"], ok = err.Error(), false
+		} else if open, until := e.mgr.BreakerOpen(); open {
+			checks["docker"], ok = "circuit open until "+until.UTC().Format(time.RFC3339), false
+		}
+		if e.mgr.LastReconcile().IsZero() {
+			checks["boot_reconcile"], ok = "not done (docker unreachable at start?)", false
 		}
 	}
 	status := http.StatusOK

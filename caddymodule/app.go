@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/lifecycle"
@@ -49,6 +50,35 @@ type App struct {
 	UpstreamMode string `json:"upstream_mode,omitempty"`
 	// Network is the Docker network of upstream mode "network".
 	Network string `json:"network,omitempty"`
+	// IdlePause: a running sandbox with no request, no open connection and
+	// no keepalive for this long is paused (memory kept, wakes in
+	// milliseconds). 0 turns the tier off. Default: 3m.
+	IdlePause *caddy.Duration `json:"idle_pause,omitempty"`
+	// IdleStop: a running or paused sandbox idle this long is stopped
+	// (memory freed, disk kept). 0 turns the tier off. Default: 30m.
+	IdleStop *caddy.Duration `json:"idle_stop,omitempty"`
+	// MaxLifetime: a sandbox this old is expired: container removed, volume
+	// kept. 0 means never. Default: 0.
+	MaxLifetime caddy.Duration `json:"max_lifetime,omitempty"`
+	// ExpiredWake is what a request to an expired sandbox does: "recreate"
+	// (from the stored spec, same volume) or "refuse" (the expired page).
+	// Default: recreate.
+	ExpiredWake string `json:"expired_wake,omitempty"`
+	// MinFreeMemory is the host memory to keep available, as a size
+	// ("512MiB") or a share of the host's memory ("10%"). Below it, idle
+	// sandboxes are stopped (paused ones first) and wakes evict before
+	// starting. "0" turns it off. Default: 10%.
+	MinFreeMemory string `json:"min_free_memory,omitempty"`
+	// ReapInterval is how often idle tiers, expiry and pressure are
+	// checked. Default: 10s.
+	ReapInterval caddy.Duration `json:"reap_interval,omitempty"`
+	// ReconcileInterval is how often the store is compared with Docker in
+	// full (Docker's event stream corrects single sandboxes at once in
+	// between). Default: 30s.
+	ReconcileInterval caddy.Duration `json:"reconcile_interval,omitempty"`
+	// Orphans is what to do with containers labelled as sandwake's that
+	// have no record: "keep" (count and log) or "remove". Default: keep.
+	Orphans string `json:"orphans,omitempty"`
 	// WakeTimeout bounds one wake: start plus readiness. Default: 60s.
 	WakeTimeout caddy.Duration `json:"wake_timeout,omitempty"`
 	// HoldTimeout is how long a non-browser request to a sleeping sandbox is
@@ -75,8 +105,9 @@ type App struct {
 	// before Docker kills it. Default: 10s.
 	StopTimeout caddy.Duration `json:"stop_timeout,omitempty"`
 
-	storageDir string
-	started    bool
+	storageDir   string
+	minFreeBytes uint64
+	started      bool
 	// eng is set by Start; a pointer so that App stays copyable (Caddy
 	// copies module values).
 	eng    *atomic.Pointer[engine]
@@ -85,14 +116,40 @@ type App struct {
 
 // Defaults of the App.
 const (
-	DefaultDomain        = "localhost"
-	DefaultWakeTimeout   = 60 * time.Second
-	DefaultHoldTimeout   = 60 * time.Second
-	DefaultMaxResident   = 200
-	DefaultKeepaliveMax  = 24 * time.Hour
-	DefaultActivityFlush = 5 * time.Second
-	DefaultStopTimeout   = 10 * time.Second
+	DefaultDomain            = "localhost"
+	DefaultWakeTimeout       = 60 * time.Second
+	DefaultHoldTimeout       = 60 * time.Second
+	DefaultMaxResident       = 200
+	DefaultKeepaliveMax      = 24 * time.Hour
+	DefaultActivityFlush     = 5 * time.Second
+	DefaultStopTimeout       = 10 * time.Second
+	DefaultIdlePause         = 3 * time.Minute
+	DefaultIdleStop          = 30 * time.Minute
+	DefaultReapInterval      = 10 * time.Second
+	DefaultReconcileInterval = 30 * time.Second
+	DefaultMinFreeMemory     = "10%"
 )
+
+// parseMemory reads a size ("512MiB", "2GB") or a share of the host's total
+// memory ("10%") as bytes.
+func parseMemory(s string) (uint64, error) {
+	if pct, ok := strings.CutSuffix(s, "%"); ok {
+		p, err := strconv.ParseFloat(pct, 64)
+		if err != nil || p < 0 || p >= 100 {
+			return 0, fmt.Errorf("%q is not a percentage below 100", s)
+		}
+		total, err := lifecycle.HostMemTotal()
+		if err != nil {
+			return 0, err
+		}
+		return uint64(float64(total) * p / 100), nil
+	}
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size like 512MiB or a share like 10%%", s)
+	}
+	return n, nil
+}
 
 // CaddyModule returns the Caddy module information.
 func (App) CaddyModule() caddy.ModuleInfo {
@@ -114,6 +171,30 @@ func (a *App) Provision(ctx caddy.Context) error {
 	setDuration(&a.KeepaliveMax, DefaultKeepaliveMax)
 	setDuration(&a.ActivityFlush, DefaultActivityFlush)
 	setDuration(&a.StopTimeout, DefaultStopTimeout)
+	if a.IdlePause == nil {
+		d := caddy.Duration(DefaultIdlePause)
+		a.IdlePause = &d
+	}
+	if a.IdleStop == nil {
+		d := caddy.Duration(DefaultIdleStop)
+		a.IdleStop = &d
+	}
+	setDuration(&a.ReapInterval, DefaultReapInterval)
+	setDuration(&a.ReconcileInterval, DefaultReconcileInterval)
+	if a.ExpiredWake == "" {
+		a.ExpiredWake = lifecycle.ExpiredWakeRecreate
+	}
+	if a.Orphans == "" {
+		a.Orphans = "keep"
+	}
+	if a.MinFreeMemory == "" {
+		a.MinFreeMemory = DefaultMinFreeMemory
+	}
+	minFree, err := parseMemory(a.MinFreeMemory)
+	if err != nil {
+		return fmt.Errorf("sandwake: min_free_memory: %w", err)
+	}
+	a.minFreeBytes = minFree
 	if a.MaxResident == nil {
 		n := DefaultMaxResident
 		a.MaxResident = &n
@@ -175,6 +256,19 @@ func (a *App) Validate() error {
 		if d < 0 {
 			return fmt.Errorf("sandwake: %s must not be negative", name)
 		}
+	}
+	switch a.ExpiredWake {
+	case lifecycle.ExpiredWakeRecreate, lifecycle.ExpiredWakeRefuse:
+	default:
+		return fmt.Errorf("sandwake: expired_wake %q is not recreate or refuse", a.ExpiredWake)
+	}
+	switch a.Orphans {
+	case "keep", "remove":
+	default:
+		return fmt.Errorf("sandwake: orphans %q is not keep or remove", a.Orphans)
+	}
+	if *a.IdlePause < 0 || *a.IdleStop < 0 || a.MaxLifetime < 0 || a.ReapInterval < 0 || a.ReconcileInterval < 0 {
+		return errors.New("sandwake: idle_pause, idle_stop, max_lifetime, reap_interval and reconcile_interval must not be negative")
 	}
 	if *a.MaxResident < 0 {
 		return errors.New("sandwake: max_resident must not be negative")
@@ -243,13 +337,15 @@ func (s *settings) previewURLOf(id string, port int) string {
 // engine is the long-lived runtime shared by every config with the same
 // storage directory.
 type engine struct {
-	store   *store.Store
-	docker  *docker.Runtime
-	mgr     *lifecycle.Manager
-	routes  *routeCache
-	log     *zap.Logger
-	ready   atomic.Bool
-	current atomic.Pointer[settings]
+	store  *store.Store
+	docker *docker.Runtime
+	mgr    *lifecycle.Manager
+	routes *routeCache
+	log    *zap.Logger
+	ready  atomic.Bool
+	// reconciled is set once a full reconcile has succeeded.
+	reconciled atomic.Bool
+	current    atomic.Pointer[settings]
 
 	dockerHost, upstreamMode, network string
 }
@@ -272,11 +368,21 @@ func openEngine(a *App) (*engine, error) {
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
 	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{
-		WakeTimeout:   time.Duration(a.WakeTimeout),
-		MaxResident:   *a.MaxResident,
-		KeepaliveMax:  time.Duration(a.KeepaliveMax),
-		ActivityFlush: time.Duration(a.ActivityFlush),
-		Logger:        log,
+		WakeTimeout:       time.Duration(a.WakeTimeout),
+		MaxResident:       *a.MaxResident,
+		KeepaliveMax:      time.Duration(a.KeepaliveMax),
+		ActivityFlush:     time.Duration(a.ActivityFlush),
+		IdlePause:         time.Duration(*a.IdlePause),
+		IdleStop:          time.Duration(*a.IdleStop),
+		MaxLifetime:       time.Duration(a.MaxLifetime),
+		ExpiredWake:       a.ExpiredWake,
+		MinFreeMemory:     a.minFreeBytes,
+		ReapInterval:      time.Duration(a.ReapInterval),
+		ReconcileInterval: time.Duration(a.ReconcileInterval),
+		WatchEvents:       true,
+		OrphansRemove:     a.Orphans == "remove",
+		OnReconcile:       observeCorrection,
+		Logger:            log,
 	})
 	if err != nil {
 		rt.Close()
@@ -290,12 +396,18 @@ func openEngine(a *App) (*engine, error) {
 	e.routes = newRouteCache(mgr)
 	mgr.OnEvent(e.routes.invalidate)
 	mgr.OnWake(observeWake)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	mgr.OnReap(observeReap)
+	// The boot reconcile runs before the gate serves, so that no request
+	// is routed on a record Docker contradicts. With Docker down it is not
+	// fatal: pages and the API work, wakes answer 503 until it is back, and
+	// the periodic reconcile catches up.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if err := rt.Ping(ctx); err != nil {
-		// Not fatal: sandwake serves pages and the API with Docker down and
-		// answers wakes with 503 until it is back.
-		log.Warn("docker engine not reachable at start", zap.Error(err))
+	if stats, err := mgr.Reconcile(ctx); err != nil {
+		log.Warn("boot reconcile failed (docker unreachable?)", zap.Error(err))
+	} else {
+		log.Info("boot reconcile done", zap.Int("records", stats.Records), zap.Int("containers", stats.Containers),
+			zap.Any("corrections", stats.Corrections), zap.Int("orphans", len(stats.Orphans)))
 	}
 	e.ready.Store(true)
 	metricsEngine.Store(e)
@@ -306,7 +418,16 @@ func openEngine(a *App) (*engine, error) {
 // apply publishes a config's settings to the running engine.
 func (e *engine) apply(a *App) {
 	e.current.Store(&settings{domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), previewURL: a.PreviewURL})
-	e.mgr.Reconfigure(time.Duration(a.WakeTimeout), *a.MaxResident, time.Duration(a.KeepaliveMax))
+	e.mgr.Reconfigure(lifecycle.Settings{
+		WakeTimeout:   time.Duration(a.WakeTimeout),
+		KeepaliveMax:  time.Duration(a.KeepaliveMax),
+		MaxResident:   *a.MaxResident,
+		IdlePause:     time.Duration(*a.IdlePause),
+		IdleStop:      time.Duration(*a.IdleStop),
+		MaxLifetime:   time.Duration(a.MaxLifetime),
+		ExpiredWake:   a.ExpiredWake,
+		MinFreeMemory: a.minFreeBytes,
+	})
 }
 
 // Destruct closes the engine: wakes in flight are cancelled and awaited,

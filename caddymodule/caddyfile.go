@@ -30,6 +30,14 @@ func init() {
 //		docker_host    <address>
 //		preview_url    <url with * for s-<id>-<port>>
 //		upstream_mode  published | network <docker network>
+//		idle_pause     <duration>
+//		idle_stop      <duration>
+//		max_lifetime   <duration>
+//		expired_wake   recreate | refuse
+//		min_free_memory <size> | <percent>%
+//		reap_interval  <duration>
+//		reconcile_interval <duration>
+//		orphans        keep | remove
 //		wake_timeout   <duration>
 //		hold_timeout   <duration>
 //		max_resident   <n>
@@ -56,6 +64,34 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.Val()
 		switch opt {
+		case "expired_wake", "orphans", "min_free_memory":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			switch opt {
+			case "expired_wake":
+				a.ExpiredWake = v
+			case "orphans":
+				a.Orphans = v
+			case "min_free_memory":
+				a.MinFreeMemory = v
+			}
+		case "idle_pause", "idle_stop":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur < 0 {
+				return d.Errf("%s %q: want a duration >= 0 like 3m (0 turns it off)", opt, v)
+			}
+			cd := caddy.Duration(dur)
+			if opt == "idle_pause" {
+				a.IdlePause = &cd
+			} else {
+				a.IdleStop = &cd
+			}
 		case "domain", "storage", "docker_host", "preview_url":
 			var v string
 			if !d.AllArgs(&v) {
@@ -89,7 +125,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-		case "wake_timeout", "hold_timeout", "keepalive_max", "activity_flush", "stop_timeout":
+		case "wake_timeout", "hold_timeout", "keepalive_max", "activity_flush", "stop_timeout",
+			"max_lifetime", "reap_interval", "reconcile_interval":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -104,6 +141,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			target := map[string]*caddy.Duration{
 				"wake_timeout": &a.WakeTimeout, "hold_timeout": &a.HoldTimeout, "keepalive_max": &a.KeepaliveMax,
 				"activity_flush": &a.ActivityFlush, "stop_timeout": &a.StopTimeout,
+				"max_lifetime": &a.MaxLifetime, "reap_interval": &a.ReapInterval, "reconcile_interval": &a.ReconcileInterval,
 			}[opt]
 			*target = caddy.Duration(dur)
 		case "label":

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -92,9 +93,67 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if rt.state == lifecycle.Running {
 		requestsProxied.Inc()
-		return g.proxy(w, r, next, rt, port)
+		return g.serveRunning(w, r, next, e, s, rt, port)
 	}
 	return g.serveSleeping(w, r, next, e, s, rt, port)
+}
+
+// serveRunning proxies to a sandbox believed running. If the upstream cannot
+// be reached, the belief is checked at once against Docker: when the
+// container is gone or has exited, the request (if nothing of it was sent) is
+// held through a wake instead of failing with a bare 502.
+func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+	var body *unreadBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &unreadBody{ReadCloser: r.Body}
+		r.Body = body
+	}
+	err := g.proxy(w, r, next, rt, port)
+	if err == nil || !isUpstreamFailure(err) || (body != nil && body.read) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	corr, verr := e.mgr.ReconcileOne(ctx, rt.id)
+	if verr != nil || corr == nil {
+		return err // Docker agrees it runs: the app itself failed
+	}
+	g.logger.Info("upstream unreachable; sandbox was not running after all",
+		zap.String("id", rt.id), zap.String("now", string(corr.To)), zap.String("reason", corr.Reason))
+	fresh, ferr := e.routes.get(rt.id)
+	if ferr != nil {
+		return err
+	}
+	switch fresh.state {
+	case lifecycle.Running: // new upstream (restarted outside sandwake)
+		return g.proxy(w, r, next, fresh, port)
+	case lifecycle.Creating:
+		return err
+	default:
+		return g.hold(w, r, next, e, s, fresh, port)
+	}
+}
+
+// unreadBody notes whether any of a request body was read, i.e. whether the
+// request can still be sent again.
+type unreadBody struct {
+	io.ReadCloser
+	read bool
+}
+
+func (b *unreadBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.read = true
+	}
+	return n, err
+}
+
+// isUpstreamFailure reports whether reverse_proxy failed to get an answer
+// from the upstream (dial refused, connection reset before a response).
+func isUpstreamFailure(err error) bool {
+	var he caddyhttp.HandlerError
+	return errors.As(err, &he) && he.StatusCode == http.StatusBadGateway
 }
 
 // proxy is the hot path: no store, no Docker, no allocation of its own.
@@ -106,7 +165,6 @@ func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 	}
 	caddyhttp.SetVar(r.Context(), varUpstream, ups)
 	a := rt.activity
-	a.Touch(time.Now())
 	a.Open()
 	defer a.Finish() // long exchanges (websockets, SSE) count until they end
 	return next.ServeHTTP(w, r)

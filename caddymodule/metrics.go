@@ -47,6 +47,20 @@ var (
 	})
 	metricSandboxes = prometheus.NewDesc("caddy_sandwake_sandboxes",
 		"Sandboxes by state.", []string{"state"}, nil)
+	metricResident = prometheus.NewDesc("caddy_sandwake_resident",
+		"Sandboxes holding memory (running + paused), and admissions reserved by wakes in flight.", []string{"kind"}, nil)
+	metricMemAvailable = prometheus.NewDesc("caddy_sandwake_memory_available_bytes",
+		"Host memory available to sandboxes, as the pressure check reads it.", nil, nil)
+	metricBreakerOpen = prometheus.NewDesc("caddy_sandwake_docker_circuit_open",
+		"1 while Docker calls fail fast after repeated failures.", nil, nil)
+	metricReaperActions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "reaper_actions_total",
+		Help: "Sandboxes paused, stopped or expired by the background loops, by reaper (idle, expiry, pressure) and action.",
+	}, []string{"reaper", "action"})
+	metricCorrections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "reconcile_corrections_total",
+		Help: "Changes reconcile made so the store follows Docker, by kind.",
+	}, []string{"kind"})
 
 	// metricsEngine is the engine whose states the sandboxes gauge reports.
 	metricsEngine atomic.Pointer[engine]
@@ -59,7 +73,12 @@ var (
 // manager's in-memory mirror.
 type statesCollector struct{}
 
-func (statesCollector) Describe(ch chan<- *prometheus.Desc) { ch <- metricSandboxes }
+func (statesCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- metricSandboxes
+	ch <- metricResident
+	ch <- metricMemAvailable
+	ch <- metricBreakerOpen
+}
 
 func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 	e := metricsEngine.Load()
@@ -70,10 +89,22 @@ func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range lifecycle.States {
 		ch <- prometheus.MustNewConstMetric(metricSandboxes, prometheus.GaugeValue, float64(counts[s]), string(s))
 	}
+	resident, reserved := e.mgr.Resident()
+	ch <- prometheus.MustNewConstMetric(metricResident, prometheus.GaugeValue, float64(resident), "resident")
+	ch <- prometheus.MustNewConstMetric(metricResident, prometheus.GaugeValue, float64(reserved), "reserved")
+	if avail, err := lifecycle.HostMemAvailable(); err == nil {
+		ch <- prometheus.MustNewConstMetric(metricMemAvailable, prometheus.GaugeValue, float64(avail))
+	}
+	open := 0.0
+	if o, _ := e.mgr.BreakerOpen(); o {
+		open = 1
+	}
+	ch <- prometheus.MustNewConstMetric(metricBreakerOpen, prometheus.GaugeValue, open)
 }
 
 var collectors = []prometheus.Collector{
 	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, statesCollector{},
+	metricReaperActions, metricCorrections,
 }
 
 // registerMetrics registers the collectors on reg; a collector already there
@@ -108,5 +139,17 @@ func observeWake(w lifecycle.WakeResult) {
 	metricWakes.WithLabelValues(string(w.From), result).Inc()
 	metricWakeDuration.WithLabelValues(string(w.From)).Observe(w.Duration.Seconds())
 }
+
+// observeReap counts a reaper pass's actions.
+func observeReap(s lifecycle.ReapStats) {
+	for reaper, byAction := range s.Actions {
+		for action, n := range byAction {
+			metricReaperActions.WithLabelValues(reaper, action).Add(float64(n))
+		}
+	}
+}
+
+// observeCorrection counts a reconcile correction.
+func observeCorrection(c lifecycle.Correction) { metricCorrections.WithLabelValues(c.Kind).Inc() }
 
 func countRequest(outcome string) { metricRequests.WithLabelValues(outcome).Inc() }

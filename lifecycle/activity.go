@@ -13,24 +13,28 @@ import (
 // request path only does atomic operations on it; the store learns of it in
 // one batch every activity_flush.
 type Activity struct {
-	last atomic.Int64 // unix nanoseconds of the last request
-	open atomic.Int64
+	last  atomic.Int64 // unix nanoseconds of the last request
+	open  atomic.Int64
+	clock func() time.Time
 	// flushed is the last value written to the store, guarded by the
 	// manager's flushMu.
 	flushed int64
 }
 
-// Touch records a request at t.
-func (a *Activity) Touch(t time.Time) {
-	n := t.UnixNano()
+// Touch records a request now (by the manager's clock).
+func (a *Activity) Touch() {
+	n := a.clock().UnixNano()
 	// Concurrent touches may race; keeping the larger one is enough.
 	if n > a.last.Load() {
 		a.last.Store(n)
 	}
 }
 
-// Open counts one more open exchange.
-func (a *Activity) Open() { a.open.Add(1) }
+// Open counts one more open exchange and touches.
+func (a *Activity) Open() {
+	a.Touch()
+	a.open.Add(1)
+}
 
 // Close counts one exchange done.
 func (a *Activity) Close() { a.open.Add(-1) }
@@ -39,7 +43,7 @@ func (a *Activity) Close() { a.open.Add(-1) }
 // for an hour was active all along) and is no longer open. A method, so that
 // `defer a.Finish()` allocates nothing.
 func (a *Activity) Finish() {
-	a.Touch(time.Now())
+	a.Touch()
 	a.open.Add(-1)
 }
 
@@ -58,14 +62,15 @@ func (a *Activity) LastActive() time.Time {
 
 // activities maps sandbox ids to their Activity.
 type activities struct {
-	m sync.Map // id → *Activity
+	m     sync.Map // id → *Activity
+	clock func() time.Time
 }
 
 func (as *activities) get(id string) *Activity {
 	if a, ok := as.m.Load(id); ok {
 		return a.(*Activity)
 	}
-	a, _ := as.m.LoadOrStore(id, new(Activity))
+	a, _ := as.m.LoadOrStore(id, &Activity{clock: as.clock})
 	return a.(*Activity)
 }
 

@@ -39,3 +39,35 @@ func (l *idLocks) lock(id string) (unlock func()) {
 		l.mu.Unlock()
 	}
 }
+
+// tryLock locks id if nobody holds it, for work that should rather skip a
+// sandbox in use than wait (reaper, eviction).
+func (l *idLocks) tryLock(id string) (unlock func(), ok bool) {
+	l.mu.Lock()
+	if l.locks == nil {
+		l.locks = make(map[string]*idLock)
+	}
+	e := l.locks[id]
+	if e == nil {
+		e = &idLock{}
+		l.locks[id] = e
+	}
+	if !e.mu.TryLock() {
+		if e.refs == 0 {
+			delete(l.locks, id)
+		}
+		l.mu.Unlock()
+		return nil, false
+	}
+	e.refs++
+	l.mu.Unlock()
+	return func() {
+		e.mu.Unlock()
+		l.mu.Lock()
+		e.refs--
+		if e.refs == 0 {
+			delete(l.locks, id)
+		}
+		l.mu.Unlock()
+	}, true
+}

@@ -32,6 +32,39 @@ type Config struct {
 	// in one batch; 0 turns the loop off (FlushActivity can still be
 	// called). Default: off.
 	ActivityFlush time.Duration
+
+	// IdlePause: a running sandbox idle this long is paused; 0 = never.
+	IdlePause time.Duration
+	// IdleStop: a running or paused sandbox idle this long is stopped;
+	// 0 = never.
+	IdleStop time.Duration
+	// MaxLifetime: a sandbox this old is expired (container removed, volume
+	// kept); 0 = never.
+	MaxLifetime time.Duration
+	// ExpiredWake is what a wake of an expired sandbox does: "recreate"
+	// (default) or "refuse".
+	ExpiredWake string
+	// ReapInterval is how often the reaper (idle tiers, expiry, pressure)
+	// runs; 0 turns the loop off (ReapOnce can still be called).
+	ReapInterval time.Duration
+	// MinFreeMemory is the host memory (bytes) to keep available; below
+	// it, idle sandboxes are stopped and wakes evict first. 0 = no check.
+	MinFreeMemory uint64
+	// MemAvailable reports the host's available memory in bytes. Default:
+	// HostMemAvailable.
+	MemAvailable func() (uint64, error)
+
+	// ReconcileInterval is how often the store is compared with the engine
+	// in full; 0 turns the loop off (Reconcile can still be called).
+	ReconcileInterval time.Duration
+	// WatchEvents follows the engine's event stream (EventSource runtimes)
+	// and reconciles each sandbox the moment its container changes.
+	WatchEvents bool
+	// OrphansRemove removes containers labelled as sandwake's that have no
+	// record; otherwise they are only counted and logged.
+	OrphansRemove bool
+	// OnReconcile, when set, is called with every correction made.
+	OnReconcile func(Correction)
 }
 
 func (c *Config) setDefaults() {
@@ -47,14 +80,28 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}
+	if c.ExpiredWake == "" {
+		c.ExpiredWake = ExpiredWakeRecreate
+	}
+	if c.MemAvailable == nil {
+		c.MemAvailable = HostMemAvailable
+	}
 }
+
+// What a wake of an expired sandbox does.
+const (
+	ExpiredWakeRecreate = "recreate"
+	ExpiredWakeRefuse   = "refuse"
+)
 
 // Manager creates, wakes, pauses, stops and removes sandboxes, keeping the
 // store and the container engine in step. All methods are safe for
 // concurrent use; operations on one sandbox are serialised.
 type Manager struct {
 	store   *store.Store
-	runtime Runtime
+	runtime Runtime // the engine behind the circuit breaker
+	raw     Runtime // the engine as given
+	breaker *breaker
 	cfg     Config
 	log     *zap.Logger
 
@@ -79,6 +126,10 @@ type Manager struct {
 
 	onWake  func(WakeResult)
 	onEvent []func(Event)
+	onReap  func(ReapStats)
+
+	memoryRelief bool      // memory pressure seen: relieve with hysteresis
+	reconciledAt time.Time // last successful full reconcile
 }
 
 // NewManager returns a Manager over an open store and a runtime. It reads
@@ -86,15 +137,19 @@ type Manager struct {
 func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
+	br := &breaker{rt: rt, now: cfg.Now}
 	m := &Manager{
 		store:   st,
-		runtime: rt,
+		runtime: br,
+		raw:     rt,
+		breaker: br,
 		cfg:     cfg,
 		log:     cfg.Logger,
 		ctx:     ctx,
 		cancel:  cancel,
 		states:  make(map[string]State),
 	}
+	m.activity.clock = cfg.Now
 	recs, err := st.List(nil)
 	if err != nil {
 		cancel()
@@ -107,6 +162,18 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 	if cfg.ActivityFlush > 0 {
 		m.wg.Add(1)
 		go m.runActivityFlush(cfg.ActivityFlush)
+	}
+	if cfg.ReapInterval > 0 {
+		m.wg.Add(1)
+		go m.runReaper(cfg.ReapInterval)
+	}
+	if cfg.ReconcileInterval > 0 {
+		m.wg.Add(1)
+		go m.runReconcile(cfg.ReconcileInterval)
+	}
+	if src, ok := rt.(EventSource); ok && cfg.WatchEvents {
+		m.wg.Add(1)
+		go m.runEvents(src)
 	}
 	return m, nil
 }
@@ -143,7 +210,10 @@ func (m *Manager) track() (done func(), err error) {
 func (m *Manager) Store() *store.Store { return m.store }
 
 // Runtime returns the container engine the manager drives.
-func (m *Manager) Runtime() Runtime { return m.runtime }
+func (m *Manager) Runtime() Runtime { return m.raw }
+
+// Ping checks the engine through the circuit breaker (a success closes it).
+func (m *Manager) Ping(ctx context.Context) error { return m.runtime.Ping(ctx) }
 
 // Now returns the manager's clock reading.
 func (m *Manager) Now() time.Time { return m.cfg.Now() }
@@ -161,24 +231,50 @@ func (m *Manager) publish(ev Event) {
 	m.bus.publish(ev)
 }
 
-// Reconfigure changes the settings a config reload may change.
-func (m *Manager) Reconfigure(wakeTimeout time.Duration, maxResident int, keepaliveMax time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if wakeTimeout > 0 {
-		m.cfg.WakeTimeout = wakeTimeout
-	}
-	if keepaliveMax > 0 {
-		m.cfg.KeepaliveMax = keepaliveMax
-	}
-	m.cfg.MaxResident = maxResident
+// Settings are the values a config reload may change on a running manager.
+type Settings struct {
+	WakeTimeout   time.Duration
+	KeepaliveMax  time.Duration
+	MaxResident   int
+	IdlePause     time.Duration
+	IdleStop      time.Duration
+	MaxLifetime   time.Duration
+	ExpiredWake   string
+	MinFreeMemory uint64
 }
 
-// limits reads the settings Reconfigure changes.
-func (m *Manager) limits() (wakeTimeout, keepaliveMax time.Duration) {
+// Reconfigure applies new settings; zero durations for WakeTimeout and
+// KeepaliveMax keep the current ones.
+func (m *Manager) Reconfigure(s Settings) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.cfg.WakeTimeout, m.cfg.KeepaliveMax
+	if s.WakeTimeout > 0 {
+		m.cfg.WakeTimeout = s.WakeTimeout
+	}
+	if s.KeepaliveMax > 0 {
+		m.cfg.KeepaliveMax = s.KeepaliveMax
+	}
+	if s.ExpiredWake != "" {
+		m.cfg.ExpiredWake = s.ExpiredWake
+	}
+	m.cfg.MaxResident = s.MaxResident
+	m.cfg.IdlePause = s.IdlePause
+	m.cfg.IdleStop = s.IdleStop
+	m.cfg.MaxLifetime = s.MaxLifetime
+	m.cfg.MinFreeMemory = s.MinFreeMemory
+}
+
+// config returns a copy of the current configuration.
+func (m *Manager) config() Config {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cfg
+}
+
+// limits reads the settings Reconfigure changes that wakes use.
+func (m *Manager) limits() (wakeTimeout, keepaliveMax time.Duration) {
+	c := m.config()
+	return c.WakeTimeout, c.KeepaliveMax
 }
 
 // Subscribe returns a subscription to every event committed from now on.
@@ -221,24 +317,42 @@ func (m *Manager) Resident() (resident, reserved int) {
 	return m.resident, m.reserved
 }
 
-// admit reserves room for one more resident sandbox, or fails with
-// ErrCapacity. The returned function releases the reservation; call it once
-// the sandbox is resident (or failed).
-func (m *Manager) admit(id string) (release func(), err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if max := m.cfg.MaxResident; max > 0 && m.resident+m.reserved >= max {
-		return nil, fmt.Errorf("waking sandbox %s: %w: %d of %d resident (%d waking)", id, ErrCapacity, m.resident, max, m.reserved)
+// admit reserves room for one more resident sandbox, evicting idle ones to
+// make it (see evictOne), or fails with ErrCapacity when nothing can be
+// evicted. Reservations count wakes in flight, so concurrent wakes never
+// overshoot max_resident. The returned function releases the reservation;
+// call it once the sandbox is resident (or failed).
+func (m *Manager) admit(ctx context.Context, id string) (release func(), err error) {
+	cfg := m.config()
+	if cfg.MinFreeMemory > 0 {
+		if avail, err := cfg.MemAvailable(); err == nil && avail < cfg.MinFreeMemory {
+			if _, err := m.evictOne(ctx, id, "evicted_memory"); err != nil {
+				return nil, fmt.Errorf("waking sandbox %s: %w: %d MiB available, %d MiB to keep free", id, ErrCapacity, avail>>20, cfg.MinFreeMemory>>20)
+			}
+		}
 	}
-	m.reserved++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			m.mu.Lock()
-			m.reserved--
+	for range 20 {
+		m.mu.Lock()
+		max := m.cfg.MaxResident
+		if max <= 0 || m.resident+m.reserved < max {
+			m.reserved++
 			m.mu.Unlock()
-		})
-	}, nil
+			var once sync.Once
+			return func() {
+				once.Do(func() {
+					m.mu.Lock()
+					m.reserved--
+					m.mu.Unlock()
+				})
+			}, nil
+		}
+		resident, reserved := m.resident, m.reserved
+		m.mu.Unlock()
+		if _, err := m.evictOne(ctx, id, "evicted"); err != nil {
+			return nil, fmt.Errorf("waking sandbox %s: %w: %d of %d resident (%d waking): %v", id, ErrCapacity, resident, max, reserved, err)
+		}
+	}
+	return nil, fmt.Errorf("waking sandbox %s: %w: room made was taken by other wakes", id, ErrCapacity)
 }
 
 // transition moves id to state to through the store (compare-and-set against
@@ -325,7 +439,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 	if err := NormalizeSpec(&spec); err != nil {
 		return Record{}, err
 	}
-	release, err := m.admit(id)
+	release, err := m.admit(m.ctx, id)
 	if err != nil {
 		return Record{}, err
 	}
@@ -435,17 +549,22 @@ func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) 
 	if err != nil {
 		return Record{}, err
 	}
+	return m.pauseLocked(ctx, rec, reason)
+}
+
+// pauseLocked pauses rec's sandbox; the caller holds its lock.
+func (m *Manager) pauseLocked(ctx context.Context, rec Record, reason string) (Record, error) {
 	switch rec.State {
 	case Paused:
 		return rec, nil
 	case Running:
 	default:
-		return Record{}, fmt.Errorf("pausing sandbox %s: %w: it is %s", id, ErrConflict, rec.State)
+		return Record{}, fmt.Errorf("pausing sandbox %s: %w: it is %s", rec.ID, ErrConflict, rec.State)
 	}
-	if err := m.runtime.Pause(ctx, id); err != nil {
-		return Record{}, fmt.Errorf("pausing sandbox %s: %w", id, err)
+	if err := m.runtime.Pause(ctx, rec.ID); err != nil {
+		return Record{}, fmt.Errorf("pausing sandbox %s: %w", rec.ID, err)
 	}
-	return m.transition(id, Paused, reason, func(r *Record) error {
+	return m.transition(rec.ID, Paused, reason, func(r *Record) error {
 		r.VerifiedAt = m.cfg.Now().UTC()
 		return nil
 	})
@@ -465,20 +584,39 @@ func (m *Manager) Stop(ctx context.Context, id, reason string) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
+	return m.stopLocked(ctx, rec, reason)
+}
+
+// stopLocked stops rec's sandbox; the caller holds its lock.
+func (m *Manager) stopLocked(ctx context.Context, rec Record, reason string) (Record, error) {
 	switch rec.State {
 	case Stopped:
 		return rec, nil
 	case Running, Paused:
 	default:
-		return Record{}, fmt.Errorf("stopping sandbox %s: %w: it is %s", id, ErrConflict, rec.State)
+		return Record{}, fmt.Errorf("stopping sandbox %s: %w: it is %s", rec.ID, ErrConflict, rec.State)
 	}
-	if err := m.runtime.Stop(ctx, id); err != nil && !errors.Is(err, ErrContainerNotFound) {
-		return Record{}, fmt.Errorf("stopping sandbox %s: %w", id, err)
+	if err := m.runtime.Stop(ctx, rec.ID); err != nil && !errors.Is(err, ErrContainerNotFound) {
+		return Record{}, fmt.Errorf("stopping sandbox %s: %w", rec.ID, err)
 	}
-	return m.transition(id, Stopped, reason, func(r *Record) error {
+	return m.transition(rec.ID, Stopped, reason, func(r *Record) error {
 		now := m.cfg.Now().UTC()
 		r.StoppedAt = now
 		r.VerifiedAt = now
+		return nil
+	})
+}
+
+// expireLocked removes rec's container at the end of its lifetime, keeping
+// the volume; the caller holds its lock.
+func (m *Manager) expireLocked(ctx context.Context, rec Record) (Record, error) {
+	if err := m.runtime.Remove(ctx, rec.ID); err != nil {
+		return Record{}, fmt.Errorf("expiring sandbox %s: %w", rec.ID, err)
+	}
+	return m.transition(rec.ID, Expired, "max_lifetime", func(r *Record) error {
+		r.ContainerID = ""
+		r.Upstreams = nil
+		r.VerifiedAt = m.cfg.Now().UTC()
 		return nil
 	})
 }

@@ -47,7 +47,7 @@ func TestTransitionTable(t *testing.T) {
 		{Creating, Stopped, false},
 		{Running, Paused, true},
 		{Running, Stopped, true},
-		{Running, Running, false},
+		{Running, Running, true}, // records new upstreams
 		{Running, Creating, false},
 		{Paused, Running, true},
 		{Paused, Stopped, true},
@@ -607,23 +607,33 @@ func TestAdmission(t *testing.T) {
 	tests := []struct {
 		name      string
 		others    []State // states of the other sandboxes
+		busy      bool    // the others have open connections
 		target    State
 		wantErr   error
 		wantCalls map[string]int
+		evicted   string // the other sandbox that must have been stopped
 	}{
-		{"stopped at capacity", []State{Running, Running}, Stopped, ErrCapacity, nil},
-		{"stopped at capacity with a paused one", []State{Running, Paused}, Stopped, ErrCapacity, nil},
-		{"killed at capacity", []State{Running, Running}, Killed, ErrCapacity, nil},
-		{"paused at capacity", []State{Running}, Paused, nil, map[string]int{"Unpause": 1}},
-		{"stopped below capacity", []State{Running, Stopped}, Stopped, nil, map[string]int{"Start": 1}},
-		{"running at capacity", []State{Running}, Running, nil, nil},
+		{"stopped at capacity, others busy", []State{Running, Running}, true, Stopped, ErrCapacity, nil, ""},
+		{"stopped at capacity, paused one busy", []State{Running, Paused}, true, Stopped, ErrCapacity, nil, ""},
+		{"killed at capacity, others busy", []State{Running, Running}, true, Killed, ErrCapacity, nil, ""},
+		{"stopped at capacity evicts the least recently active", []State{Running, Running}, false, Stopped, nil, map[string]int{"Stop": 1, "Start": 1}, "other0"},
+		{"paused evicted before running", []State{Running, Paused}, false, Stopped, nil, map[string]int{"Stop": 1, "Start": 1}, "other1"},
+		{"paused at capacity", []State{Running}, false, Paused, nil, map[string]int{"Unpause": 1}, ""},
+		{"stopped below capacity", []State{Running, Stopped}, false, Stopped, nil, map[string]int{"Start": 1}, ""},
+		{"running at capacity", []State{Running}, false, Running, nil, nil, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newTestEnv(t, Config{MaxResident: 2})
 			for i, s := range tt.others {
-				e.seed(t, fmt.Sprintf("other%d", i), s)
+				id := fmt.Sprintf("other%d", i)
+				e.seed(t, id, s)
+				if tt.busy {
+					e.m.Activity(id).Open()
+				}
 			}
+			// other1 was active more recently than other0.
+			e.m.Activity("other1").Touch()
 			e.seed(t, "app1", tt.target)
 			resBefore, _ := e.m.Resident()
 			_, err := e.m.Wake(context.Background(), "app1")
@@ -650,12 +660,18 @@ func TestAdmission(t *testing.T) {
 			if res > 2 {
 				t.Fatalf("resident = %d, above max_resident 2", res)
 			}
+			if tt.evicted != "" {
+				if got := e.state(t, tt.evicted); got != Stopped {
+					t.Fatalf("%s is %s, want stopped (evicted)", tt.evicted, got)
+				}
+			}
 		})
 	}
 
 	t.Run("create at capacity", func(t *testing.T) {
 		e := newTestEnv(t, Config{MaxResident: 1})
 		e.seed(t, "other", Running)
+		e.m.Activity("other").Open()
 		_, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: testSpec()})
 		if !errors.Is(err, ErrCapacity) {
 			t.Fatalf("err = %v, want ErrCapacity", err)

@@ -36,7 +36,8 @@ var States = []State{Creating, Running, Paused, Stopped, Killed, Expired, Error}
 // against it (store.Transition compares and sets atomically).
 var allowedFrom = map[State][]State{
 	Creating: {},
-	Running:  {Creating, Paused, Stopped, Killed, Expired, Error},
+	// running → running records new upstreams (a restart outside sandwake).
+	Running: {Creating, Running, Paused, Stopped, Killed, Expired, Error},
 	// stopped → paused only when reconcile adopts a container that was
 	// started and paused outside sandwake.
 	Paused:  {Running, Stopped},

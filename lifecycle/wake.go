@@ -75,6 +75,10 @@ func (m *Manager) wake(id string) (Record, error) {
 		return rec, nil
 	case Creating:
 		return Record{}, fmt.Errorf("waking sandbox %s: %w: it is still being created", id, ErrConflict)
+	case Expired:
+		if m.config().ExpiredWake == ExpiredWakeRefuse {
+			return Record{}, fmt.Errorf("waking sandbox %s: %w: it expired (expired_wake refuse)", id, ErrConflict)
+		}
 	}
 
 	start := m.cfg.Now()
@@ -103,7 +107,7 @@ func (m *Manager) bringUp(rec Record) (Record, error) {
 	id := rec.ID
 	if rec.State != Paused {
 		// Paused sandboxes are resident already; everything else needs room.
-		release, err := m.admit(id)
+		release, err := m.admit(m.ctx, id)
 		if err != nil {
 			return Record{}, err
 		}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -339,6 +340,47 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Container, error) {
 	return out, nil
 }
 
+// Events implements lifecycle.EventSource: the engine's container events
+// (die, oom, destroy, pause, unpause, start, health_status) for this
+// runtime's containers. health_status actions carry a suffix (": healthy"),
+// which is cut.
+func (r *Runtime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-chan error) {
+	f := client.Filters{}.Add("type", "container").Add("label", LabelManaged+"=true")
+	for k, v := range r.opts.Labels {
+		f.Add("label", k+"="+v)
+	}
+	for _, a := range []string{"die", "oom", "destroy", "pause", "unpause", "start", "health_status"} {
+		f.Add("event", a)
+	}
+	res := r.cli.Events(ctx, client.EventsListOptions{Filters: f})
+	out := make(chan lifecycle.RuntimeEvent)
+	errs := make(chan error, 1)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case err := <-res.Err:
+				if err == nil {
+					err = errors.New("docker event stream ended")
+				}
+				errs <- classify("following docker events", err, lifecycle.ErrUnavailable)
+				return
+			case msg := <-res.Messages:
+				action, _, _ := strings.Cut(string(msg.Action), ":")
+				ev := lifecycle.RuntimeEvent{SandboxID: msg.Actor.Attributes[LabelID], Action: action}
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, errs
+}
+
 // Ping implements lifecycle.Runtime.
 func (r *Runtime) Ping(ctx context.Context) error {
 	_, err := r.cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
@@ -370,4 +412,8 @@ func classify(doing string, err, notFound error) error {
 	}
 }
 
-var _ lifecycle.Runtime = (*Runtime)(nil)
+// Interface guards.
+var (
+	_ lifecycle.Runtime     = (*Runtime)(nil)
+	_ lifecycle.EventSource = (*Runtime)(nil)
+)

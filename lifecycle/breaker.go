@@ -1,0 +1,117 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sandwake/sandwake/store"
+)
+
+// Circuit breaker settings: after breakerThreshold consecutive transient
+// engine failures, calls fail fast for breakerCooldown instead of each
+// waiting for a dead daemon's timeout.
+const (
+	breakerThreshold = 5
+	breakerCooldown  = 30 * time.Second
+)
+
+// breaker is a Runtime that stops calling the engine after repeated
+// transient failures. Only ErrUnavailable counts; an answer of any kind
+// (success, not found, a refused start) closes it again.
+type breaker struct {
+	rt  Runtime
+	now func() time.Time
+
+	mu        sync.Mutex
+	failures  int
+	openUntil time.Time
+}
+
+// BreakerOpen reports whether engine calls currently fail fast, and until when.
+func (m *Manager) BreakerOpen() (bool, time.Time) {
+	b := m.breaker
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.now().Before(b.openUntil), b.openUntil
+}
+
+func (b *breaker) do(fn func() error) error {
+	b.mu.Lock()
+	if until := b.openUntil; b.now().Before(until) {
+		b.mu.Unlock()
+		return fmt.Errorf("%w: circuit open after %d consecutive engine failures, retrying after %s",
+			ErrUnavailable, breakerThreshold, until.UTC().Format(time.RFC3339))
+	}
+	b.mu.Unlock()
+	err := fn()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if errors.Is(err, ErrUnavailable) && !errors.Is(err, context.Canceled) {
+		b.failures++
+		if b.failures >= breakerThreshold {
+			b.openUntil = b.now().Add(breakerCooldown)
+			b.failures = 0
+		}
+	} else {
+		b.failures = 0
+	}
+	return err
+}
+
+func (b *breaker) Create(ctx context.Context, id string, spec store.Spec) (c Container, err error) {
+	err = b.do(func() error { c, err = b.rt.Create(ctx, id, spec); return err })
+	return c, err
+}
+
+func (b *breaker) Start(ctx context.Context, id string) (c Container, err error) {
+	err = b.do(func() error { c, err = b.rt.Start(ctx, id); return err })
+	return c, err
+}
+
+func (b *breaker) Pause(ctx context.Context, id string) error {
+	return b.do(func() error { return b.rt.Pause(ctx, id) })
+}
+
+func (b *breaker) Unpause(ctx context.Context, id string) error {
+	return b.do(func() error { return b.rt.Unpause(ctx, id) })
+}
+
+func (b *breaker) Stop(ctx context.Context, id string) error {
+	return b.do(func() error { return b.rt.Stop(ctx, id) })
+}
+
+func (b *breaker) Remove(ctx context.Context, id string) error {
+	return b.do(func() error { return b.rt.Remove(ctx, id) })
+}
+
+func (b *breaker) RemoveVolume(ctx context.Context, id string) (n int64, err error) {
+	err = b.do(func() error { n, err = b.rt.RemoveVolume(ctx, id); return err })
+	return n, err
+}
+
+func (b *breaker) Inspect(ctx context.Context, id string) (c Container, err error) {
+	err = b.do(func() error { c, err = b.rt.Inspect(ctx, id); return err })
+	return c, err
+}
+
+func (b *breaker) List(ctx context.Context) (cs []Container, err error) {
+	err = b.do(func() error { cs, err = b.rt.List(ctx); return err })
+	return cs, err
+}
+
+// Ping always reaches the engine: it is how readiness learns the daemon is
+// back, and a success closes the circuit.
+func (b *breaker) Ping(ctx context.Context) error {
+	err := b.rt.Ping(ctx)
+	if err == nil {
+		b.mu.Lock()
+		b.failures, b.openUntil = 0, time.Time{}
+		b.mu.Unlock()
+	}
+	return err
+}
+
+var _ Runtime = (*breaker)(nil)

@@ -1,0 +1,188 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Reaper actions, as counted in ReapStats and metrics.
+const (
+	ActionPause  = "pause"
+	ActionStop   = "stop"
+	ActionExpire = "expire"
+)
+
+// ReapStats counts what one reaper pass did.
+type ReapStats struct {
+	// Scanned is the number of records looked at.
+	Scanned int
+	// Actions counts actions taken, by reaper ("idle", "expiry",
+	// "pressure") and action (pause, stop, expire).
+	Actions map[string]map[string]int
+	// Errors counts actions that failed.
+	Errors int
+}
+
+func (s *ReapStats) count(reaper, action string) {
+	if s.Actions == nil {
+		s.Actions = map[string]map[string]int{}
+	}
+	if s.Actions[reaper] == nil {
+		s.Actions[reaper] = map[string]int{}
+	}
+	s.Actions[reaper][action]++
+}
+
+// Total is the number of actions taken.
+func (s *ReapStats) Total() int {
+	n := 0
+	for _, byAction := range s.Actions {
+		for _, c := range byAction {
+			n += c
+		}
+	}
+	return n
+}
+
+// lastActive is the most recent activity of a sandbox: the stored time or
+// what the request path saw since the last flush.
+func (m *Manager) lastActive(r *Record) time.Time {
+	t := r.LastActiveAt
+	if a := m.activity.get(r.ID).LastActive(); a.After(t) {
+		t = a
+	}
+	return t
+}
+
+// busy reports whether a sandbox must not be put to sleep: it has an open
+// proxied exchange or a keepalive in the future.
+func (m *Manager) busy(r *Record, now time.Time) bool {
+	return m.activity.get(r.ID).OpenConnections() > 0 || r.KeepaliveUntil.After(now)
+}
+
+func durationOr(override *time.Duration, global time.Duration) time.Duration {
+	if override != nil {
+		return *override
+	}
+	return global
+}
+
+// reapDecision is what the reaper would do to one record now.
+func (m *Manager) reapDecision(r *Record, cfg *Config, now time.Time) (reaper, action string) {
+	if life := durationOr(r.Spec.MaxLifetime, cfg.MaxLifetime); life > 0 && now.Sub(r.CreatedAt) >= life {
+		switch r.State {
+		case Running, Paused, Stopped, Killed, Error:
+			return "expiry", ActionExpire
+		}
+	}
+	if r.State != Running && r.State != Paused {
+		return "", ""
+	}
+	if m.busy(r, now) {
+		return "", ""
+	}
+	idle := now.Sub(m.lastActive(r))
+	if stop := durationOr(r.Spec.IdleStop, cfg.IdleStop); stop > 0 && idle >= stop {
+		return "idle", ActionStop
+	}
+	if pause := durationOr(r.Spec.IdlePause, cfg.IdlePause); r.State == Running && pause > 0 && idle >= pause {
+		return "idle", ActionPause
+	}
+	return "", ""
+}
+
+// ReapOnce runs one pass of the idle tiers and expiry over every record, then
+// relieves memory and residency pressure. Each candidate is decided again
+// under its lock just before acting, so a request that arrived after the scan
+// wins.
+func (m *Manager) ReapOnce(ctx context.Context) (ReapStats, error) {
+	var stats ReapStats
+	cfg := m.config()
+	now := cfg.Now()
+	var candidates []string
+	recs, err := m.store.List(func(r *Record) bool {
+		stats.Scanned++
+		_, action := m.reapDecision(r, &cfg, now)
+		return action != ""
+	})
+	if err != nil {
+		return stats, err
+	}
+	for i := range recs {
+		candidates = append(candidates, recs[i].ID)
+	}
+	for _, id := range candidates {
+		if ctx.Err() != nil {
+			return stats, ctx.Err()
+		}
+		reaper, action, err := m.reapOne(ctx, id)
+		switch {
+		case err != nil:
+			stats.Errors++
+			m.log.Warn("reaper", zap.String("id", id), zap.String("action", action), zap.Error(err))
+		case action != "":
+			stats.count(reaper, action)
+		}
+	}
+	m.relievePressure(ctx, &stats)
+	return stats, nil
+}
+
+// reapOne re-decides and acts on one sandbox under its lock.
+func (m *Manager) reapOne(ctx context.Context, id string) (reaper, action string, err error) {
+	done, err := m.track()
+	if err != nil {
+		return "", "", err
+	}
+	defer done()
+	unlock, ok := m.locks.tryLock(id)
+	if !ok {
+		return "", "", nil // a wake or an API call is on it: not idle
+	}
+	defer unlock()
+	rec, err := m.store.Get(id)
+	if errors.Is(err, ErrNotFound) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", err
+	}
+	cfg := m.config()
+	reaper, action = m.reapDecision(&rec, &cfg, cfg.Now())
+	switch action {
+	case ActionPause:
+		_, err = m.pauseLocked(ctx, rec, "idle")
+	case ActionStop:
+		_, err = m.stopLocked(ctx, rec, "idle")
+	case ActionExpire:
+		_, err = m.expireLocked(ctx, rec)
+	}
+	return reaper, action, err
+}
+
+// runReaper runs ReapOnce every interval until the manager closes.
+func (m *Manager) runReaper(every time.Duration) {
+	defer m.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+			stats, err := m.ReapOnce(m.ctx)
+			if err != nil && m.ctx.Err() == nil {
+				m.log.Warn("reaper pass", zap.Error(err))
+			}
+			if fn := m.onReap; fn != nil {
+				fn(stats)
+			}
+		}
+	}
+}
+
+// OnReap sets a function called after every reaper pass of the loop.
+func (m *Manager) OnReap(fn func(ReapStats)) { m.onReap = fn }

@@ -1,0 +1,362 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// StuckCreating is how long a record may stay creating before reconcile
+// calls it failed (a crash in the middle of a create leaves it there).
+const StuckCreating = 5 * time.Minute
+
+// Correction kinds.
+const (
+	CorrectionMissing       = "missing"        // container gone → killed
+	CorrectionExited        = "exited"         // container exited → stopped
+	CorrectionOOM           = "oom"            // container OOM-killed → stopped
+	CorrectionPaused        = "paused"         // paused outside sandwake → paused
+	CorrectionRunning       = "running"        // started or unpaused outside sandwake → running
+	CorrectionUpstream      = "upstream"       // host port changed (restart outside sandwake)
+	CorrectionStuckCreating = "stuck_creating" // creating too long → error
+	CorrectionOrphanRemoved = "orphan_removed" // labelled container without record removed
+)
+
+// Correction is one change reconcile made to make the store follow the engine.
+type Correction struct {
+	ID     string
+	Kind   string
+	From   State
+	To     State
+	Reason string
+}
+
+// ReconcileStats sums up one full reconcile.
+type ReconcileStats struct {
+	Records     int
+	Containers  int
+	Corrections map[string]int
+	// Orphans are containers labelled as sandwake's with no record.
+	Orphans []string
+}
+
+// RuntimeEvent is a change of a container the engine reports.
+type RuntimeEvent struct {
+	SandboxID string
+	// Action is the engine's word: die, oom, destroy, pause, unpause, start,
+	// health_status.
+	Action string
+}
+
+// EventSource is implemented by runtimes that can stream container changes.
+type EventSource interface {
+	// Events streams changes of the runtime's containers until ctx ends or
+	// the stream breaks (an error is sent, then both channels are done).
+	Events(ctx context.Context) (<-chan RuntimeEvent, <-chan error)
+}
+
+// Reconcile compares every record with the engine's containers and corrects
+// the store where they differ: the store is the intent, the engine the
+// reality. Sandboxes another operation holds are skipped (that operation
+// leaves them consistent).
+func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
+	stats := ReconcileStats{Corrections: map[string]int{}}
+	done, err := m.track()
+	if err != nil {
+		return stats, err
+	}
+	defer done()
+	containers, err := m.runtime.List(ctx)
+	if err != nil {
+		return stats, fmt.Errorf("reconcile: %w", err)
+	}
+	stats.Containers = len(containers)
+	byID := make(map[string]*Container, len(containers))
+	for i := range containers {
+		if id := containers[i].SandboxID; id != "" {
+			byID[id] = &containers[i]
+		}
+	}
+	recs, err := m.store.List(nil)
+	if err != nil {
+		return stats, fmt.Errorf("reconcile: %w", err)
+	}
+	stats.Records = len(recs)
+	known := make(map[string]bool, len(recs))
+	for i := range recs {
+		id := recs[i].ID
+		known[id] = true
+		if ctx.Err() != nil {
+			return stats, ctx.Err()
+		}
+		unlock, ok := m.locks.tryLock(id)
+		if !ok {
+			continue
+		}
+		c, err := m.reconcileLocked(ctx, id, byID[id], false)
+		unlock()
+		if err != nil {
+			if errors.Is(err, ErrUnavailable) {
+				return stats, fmt.Errorf("reconcile: %w", err)
+			}
+			m.log.Warn("reconcile", zap.String("id", id), zap.Error(err))
+			continue
+		}
+		if c != nil {
+			stats.Corrections[c.Kind]++
+		}
+	}
+	cfg := m.config()
+	for _, id := range sortedKeys(byID) {
+		if known[id] {
+			continue
+		}
+		stats.Orphans = append(stats.Orphans, id)
+		if cfg.OrphansRemove {
+			if err := m.runtime.Remove(ctx, id); err != nil {
+				m.log.Warn("removing orphan container", zap.String("id", id), zap.Error(err))
+				continue
+			}
+			stats.Corrections[CorrectionOrphanRemoved]++
+			m.note(Correction{ID: id, Kind: CorrectionOrphanRemoved})
+		}
+	}
+	m.mu.Lock()
+	m.reconciledAt = m.cfg.Now()
+	m.mu.Unlock()
+	if len(stats.Orphans) > 0 {
+		m.log.Warn("containers labelled as sandwake's have no record (orphans)",
+			zap.Strings("ids", stats.Orphans), zap.Bool("removed", cfg.OrphansRemove))
+	}
+	return stats, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// LastReconcile is when a full reconcile last succeeded (zero: never).
+func (m *Manager) LastReconcile() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.reconciledAt
+}
+
+// ReconcileOne reconciles one sandbox against a fresh inspect, waiting for
+// any operation on it to finish first. Used for engine events and when a
+// request to a sandbox believed running fails.
+func (m *Manager) ReconcileOne(ctx context.Context, id string) (*Correction, error) {
+	done, err := m.track()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	unlock := m.locks.lock(id)
+	defer unlock()
+	return m.reconcileLocked(ctx, id, nil, true)
+}
+
+// reconcileLocked brings one record in line with its container. listed is
+// what a container list said (nil: not listed, or not known); inspect forces
+// a fresh inspect. The caller holds the sandbox's lock.
+func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Container, inspect bool) (*Correction, error) {
+	rec, err := m.store.Get(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	now := m.cfg.Now()
+	if rec.State == Creating {
+		if now.Sub(rec.StateSince) < StuckCreating {
+			return nil, nil
+		}
+		return m.correct(rec, Correction{Kind: CorrectionStuckCreating, To: Error, Reason: "stuck_creating"}, nil,
+			"creation did not finish (sandwake stopped during it?)")
+	}
+	c := listed
+	if inspect || (c != nil && !consistent(rec.State, c.State)) {
+		fresh, err := m.runtime.Inspect(ctx, id)
+		switch {
+		case errors.Is(err, ErrContainerNotFound):
+			c = nil
+		case err != nil:
+			return nil, err
+		default:
+			c = &fresh
+		}
+	}
+	if c == nil {
+		switch rec.State {
+		case Running, Paused, Stopped:
+			return m.correct(rec, Correction{Kind: CorrectionMissing, To: Killed, Reason: "container_missing"}, nil, "")
+		}
+		return nil, nil
+	}
+	switch c.State {
+	case ContainerRunning:
+		switch rec.State {
+		case Running:
+			if inspect && len(c.Upstreams) > 0 && !maps.Equal(c.Upstreams, rec.Upstreams) {
+				return m.correct(rec, Correction{Kind: CorrectionUpstream, To: Running, Reason: "upstream_changed"}, c, "")
+			}
+		case Paused, Stopped, Killed, Error:
+			if !inspect {
+				fresh, err := m.runtime.Inspect(ctx, id)
+				if err != nil {
+					return nil, err
+				}
+				c = &fresh
+			}
+			return m.correct(rec, Correction{Kind: CorrectionRunning, To: Running, Reason: "started_outside"}, c, "")
+		}
+	case ContainerPaused:
+		if rec.State == Running || rec.State == Stopped {
+			return m.correct(rec, Correction{Kind: CorrectionPaused, To: Paused, Reason: "paused_outside"}, nil, "")
+		}
+	case ContainerExited, ContainerDead, ContainerCreated:
+		if rec.State == Running || rec.State == Paused {
+			if c.OOMKilled {
+				return m.correct(rec, Correction{Kind: CorrectionOOM, To: Stopped, Reason: "oom"}, nil, "")
+			}
+			return m.correct(rec, Correction{Kind: CorrectionExited, To: Stopped, Reason: fmt.Sprintf("exited(%d)", c.ExitCode)}, nil, "")
+		}
+	}
+	return nil, nil
+}
+
+// consistent reports whether a listed container state agrees with a record's
+// state without a closer look.
+func consistent(s State, c ContainerState) bool {
+	switch s {
+	case Running:
+		return c == ContainerRunning
+	case Paused:
+		return c == ContainerPaused
+	case Stopped:
+		return c == ContainerExited || c == ContainerCreated || c == ContainerDead
+	case Error:
+		return c != ContainerRunning && c != ContainerPaused
+	}
+	return true
+}
+
+// correct applies a correction as a transition and reports it.
+func (m *Manager) correct(rec Record, c Correction, adopt *Container, errText string) (*Correction, error) {
+	c.ID, c.From = rec.ID, rec.State
+	_, err := m.transition(rec.ID, c.To, c.Reason, func(r *Record) error {
+		now := m.cfg.Now().UTC()
+		r.VerifiedAt = now
+		if errText != "" {
+			r.Error = errText
+		}
+		switch c.To {
+		case Stopped:
+			r.StoppedAt = now
+		case Killed:
+			r.ContainerID, r.Upstreams = "", nil
+		case Running:
+			if adopt != nil {
+				r.ContainerID = adopt.ID
+				r.Upstreams = adopt.Upstreams
+				r.Error = ""
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	m.note(c)
+	return &c, nil
+}
+
+func (m *Manager) note(c Correction) {
+	m.log.Info("reconcile correction", zap.String("id", c.ID), zap.String("kind", c.Kind),
+		zap.String("from", string(c.From)), zap.String("to", string(c.To)), zap.String("reason", c.Reason))
+	if fn := m.cfg.OnReconcile; fn != nil {
+		fn(c)
+	}
+}
+
+// runReconcile reconciles every interval until the manager closes.
+func (m *Manager) runReconcile(every time.Duration) {
+	defer m.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+			if _, err := m.Reconcile(m.ctx); err != nil && m.ctx.Err() == nil {
+				m.log.Warn("periodic reconcile", zap.Error(err))
+			}
+		}
+	}
+}
+
+// runEvents follows the engine's event stream and reconciles each sandbox
+// whose container changed, resubscribing with backoff when the stream breaks
+// (and reconciling in full then, for the events it missed).
+func (m *Manager) runEvents(src EventSource) {
+	defer m.wg.Done()
+	backoff := 100 * time.Millisecond
+	for m.ctx.Err() == nil {
+		ctx, cancel := context.WithCancel(m.ctx)
+		evs, errs := src.Events(ctx)
+		received := false
+	stream:
+		for {
+			select {
+			case <-m.ctx.Done():
+				cancel()
+				return
+			case ev, ok := <-evs:
+				if !ok {
+					break stream
+				}
+				if !received {
+					received, backoff = true, 100*time.Millisecond
+				}
+				m.handleRuntimeEvent(ev)
+			case err := <-errs:
+				if err != nil && m.ctx.Err() == nil {
+					m.log.Warn("engine event stream broke; resubscribing", zap.Error(err), zap.Duration("after", backoff))
+				}
+				break stream
+			}
+		}
+		cancel()
+		t := time.NewTimer(backoff)
+		select {
+		case <-m.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 10*time.Second)
+		if _, err := m.Reconcile(m.ctx); err != nil && m.ctx.Err() == nil {
+			m.log.Warn("reconcile after event stream break", zap.Error(err))
+		}
+	}
+}
+
+func (m *Manager) handleRuntimeEvent(ev RuntimeEvent) {
+	if ev.SandboxID == "" || !ValidID(ev.SandboxID) {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		defer cancel()
+		if _, err := m.ReconcileOne(ctx, ev.SandboxID); err != nil && m.ctx.Err() == nil {
+			m.log.Warn("reconcile after engine event", zap.String("id", ev.SandboxID), zap.String("action", ev.Action), zap.Error(err))
+		}
+	}()
+}
