@@ -11,10 +11,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// StuckCreating is how long a record may stay creating before reconcile
-// calls it failed (a crash in the middle of a create leaves it there).
-const StuckCreating = 5 * time.Minute
-
 // Correction kinds.
 const (
 	CorrectionMissing       = "missing"        // container gone → killed
@@ -170,13 +166,13 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 	if err != nil {
 		return nil, err
 	}
-	now := m.cfg.Now()
 	if rec.State == Creating {
-		if now.Sub(rec.StateSince) < StuckCreating {
-			return nil, nil
-		}
+		// Create holds the sandbox's lock from its record's birth to its
+		// end, and only this process writes the store: a creating record
+		// seen under the lock is a create that died with an earlier
+		// process. Its container, if any, is replaced by the next wake.
 		return m.correct(rec, Correction{Kind: CorrectionStuckCreating, To: Error, Reason: "stuck_creating"}, nil,
-			"creation did not finish (sandwake stopped during it?)")
+			"creation did not finish (sandwake stopped during it)")
 	}
 	c := listed
 	if inspect || (c != nil && !consistent(rec.State, c.State)) {
@@ -212,6 +208,14 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 				}
 				c = &fresh
 			}
+			// Running is a promise that the port answers. A container
+			// started by a wake that died with an earlier process may
+			// still be starting its app: leave the record, and the next
+			// wake (a start of a running container is a no-op) waits for
+			// readiness as usual.
+			if !m.answers(ctx, &rec.Spec, c.Upstreams) {
+				return nil, nil
+			}
 			return m.correct(rec, Correction{Kind: CorrectionRunning, To: Running, Reason: "started_outside"}, c, "")
 		}
 	case ContainerPaused:
@@ -227,6 +231,21 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 		}
 	}
 	return nil, nil
+}
+
+// reconcileProbe bounds the readiness check of a container reconcile finds
+// running against its record.
+const reconcileProbe = 500 * time.Millisecond
+
+// answers reports whether a sandbox's first port is ready now.
+func (m *Manager) answers(ctx context.Context, spec *Spec, upstreams map[int]string) bool {
+	addr, ok := upstreams[spec.Ports[0]]
+	if !ok {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, reconcileProbe)
+	defer cancel()
+	return WaitReady(ctx, addr, spec) == nil
 }
 
 // consistent reports whether a listed container state agrees with a record's
