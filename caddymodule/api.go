@@ -81,6 +81,7 @@ func (api *API) Provision(ctx caddy.Context) error {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", api.authed(api.keepalive))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/purge", api.authed(api.purge))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(api.history))
+	mux.HandleFunc("GET /v1/events", api.authed(api.events))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path), 0)
 	})
@@ -358,6 +359,111 @@ func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+}
+
+// eventsReplayPage is how many logged events one replay read returns.
+const eventsReplayPage = 500
+
+// events streams transitions as server-sent events (GET /v1/events,
+// ?sandbox=<id> to follow one sandbox). Each message carries the event's id,
+// so a client that reconnects with Last-Event-ID (header, or ?last_event_id=)
+// receives exactly what it missed, from the event log. Live events come from a
+// bounded subscription; a client too slow for it is not dropped: the stream
+// goes back to the log from its last id and carries on, so slow readers never
+// hold up transitions and never miss an event.
+func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
+	filter := strings.ToLower(r.URL.Query().Get("sandbox"))
+	if filter != "" && !lifecycle.ValidID(filter) {
+		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("sandbox %q is not a sandbox id", filter), 0)
+		return
+	}
+	resume := r.Header.Get("Last-Event-ID")
+	if resume == "" {
+		resume = r.URL.Query().Get("last_event_id")
+	}
+	sub := e.mgr.Subscribe()
+	defer func() { sub.Cancel() }()
+	var last uint64
+	if resume != "" {
+		n, err := strconv.ParseUint(resume, 10, 64)
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("Last-Event-ID %q is not an event id", resume), 0)
+			return
+		}
+		last = n
+	} else {
+		// No resume point: only what happens from now on.
+		n, err := e.store.LastEventID()
+		if err != nil {
+			writeEngineError(w, err)
+			return
+		}
+		last = n
+	}
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if _, err := io.WriteString(w, ": sandwake events\n\n"); err != nil || rc.Flush() != nil {
+		return
+	}
+	send := func(ev lifecycle.Event) error {
+		last = ev.ID
+		if filter != "" && ev.SandboxID != filter {
+			return nil
+		}
+		return writeSSE(w, ev)
+	}
+	tick := time.NewTicker(sseHeartbeat)
+	defer tick.Stop()
+	for {
+		// Replay from the log everything after last: on connect, and
+		// after the live subscription dropped us for being slow.
+		for {
+			evs, err := e.store.EventsAfter(last, eventsReplayPage)
+			if err != nil {
+				return
+			}
+			for _, ev := range evs {
+				if send(ev) != nil {
+					return
+				}
+			}
+			if rc.Flush() != nil {
+				return
+			}
+			if len(evs) < eventsReplayPage {
+				break
+			}
+		}
+	live:
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case ev, ok := <-sub.C:
+				if !ok {
+					if !sub.Lagged() {
+						return // shutting down
+					}
+					sub = e.mgr.Subscribe()
+					break live
+				}
+				if ev.ID <= last {
+					continue
+				}
+				if send(ev) != nil || rc.Flush() != nil {
+					return
+				}
+			case <-tick.C:
+				if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil || rc.Flush() != nil {
+					return
+				}
+			}
+		}
+	}
 }
 
 // recordView is a sandbox as the API shows it: env values are never shown.

@@ -114,19 +114,26 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
+	// The engine's event handler may have recorded the exit first; either
+	// way, after this the record follows Docker.
 	corr, verr := e.mgr.ReconcileOne(ctx, rt.id)
-	if verr != nil || corr == nil {
-		return err // Docker agrees it runs: the app itself failed
+	if verr != nil {
+		return err
 	}
-	g.logger.Info("upstream unreachable; sandbox was not running after all",
-		zap.String("id", rt.id), zap.String("now", string(corr.To)), zap.String("reason", corr.Reason))
 	fresh, ferr := e.routes.get(rt.id)
 	if ferr != nil {
 		return err
 	}
+	if corr != nil {
+		g.logger.Info("upstream unreachable; sandbox was not running after all",
+			zap.String("id", rt.id), zap.String("now", string(corr.To)), zap.String("reason", corr.Reason))
+	}
 	switch fresh.state {
-	case lifecycle.Running: // new upstream (restarted outside sandwake)
-		return g.proxy(w, r, next, fresh, port)
+	case lifecycle.Running:
+		if up := fresh.upstreams[port]; up == nil || rt.upstreams[port] == nil || up.dial == rt.upstreams[port].dial {
+			return err // Docker agrees it runs where we sent it: the app itself failed
+		}
+		return g.proxy(w, r, next, fresh, port) // restarted outside sandwake on a new port
 	case lifecycle.Creating:
 		return err
 	default:

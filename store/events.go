@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
 )
@@ -95,3 +96,53 @@ func (s *Store) History(sandbox string) ([]Event, error) {
 	}
 	return out, nil
 }
+
+// PruneEvents deletes events older than before from the log and the
+// per-sandbox history (outbox entries are removed by delivery). Ids are
+// never reused. It returns how many events were removed.
+func (s *Store) PruneEvents(before time.Time) (int, error) {
+	removed := 0
+	for {
+		var keys [][]byte
+		err := s.db.View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixEvent, PrefetchValues: true, PrefetchSize: 100})
+			defer it.Close()
+			for it.Rewind(); it.Valid() && len(keys) < 2*pruneBatch; it.Next() {
+				var ev Event
+				err := it.Item().Value(func(v []byte) error {
+					var err error
+					ev, err = decodeEvent(v)
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				if !ev.At.Before(before) {
+					break
+				}
+				keys = append(keys, it.Item().KeyCopy(nil), historyKey(ev.SandboxID, ev.ID))
+			}
+			return nil
+		})
+		if err != nil {
+			return removed, fmt.Errorf("pruning events: %w", err)
+		}
+		if len(keys) == 0 {
+			return removed, nil
+		}
+		wb := s.db.NewWriteBatch()
+		for _, k := range keys {
+			if err := wb.Delete(k); err != nil {
+				wb.Cancel()
+				return removed, fmt.Errorf("pruning events: %w", err)
+			}
+		}
+		if err := wb.Flush(); err != nil {
+			return removed, fmt.Errorf("pruning events: %w", err)
+		}
+		removed += len(keys) / 2
+	}
+}
+
+// pruneBatch is how many events one pruning transaction removes.
+const pruneBatch = 1000

@@ -65,7 +65,7 @@ type Options struct {
 	Logger badger.Logger
 	// OutboxTargets, when set, names the webhook targets an event must be
 	// delivered to; one outbox entry per target is written in the same
-	// transaction as the event.
+	// transaction as the event. SetOutboxTargets changes it later.
 	OutboxTargets func(Event) []string
 }
 
@@ -84,6 +84,8 @@ type Store struct {
 	// onCommit is called with each committed event, in id order, while the
 	// write lock is still held (see OnCommit).
 	onCommit atomic.Pointer[func(Event)]
+	// outboxTargets names the webhook targets of an event (see Options).
+	outboxTargets atomic.Pointer[func(Event) []string]
 
 	gcStop chan struct{}
 	gcDone chan struct{}
@@ -139,6 +141,9 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("opening store in %s: %w", opts.Dir, err)
 	}
 	s := &Store{db: db, now: opts.Now, opts: opts}
+	if opts.OutboxTargets != nil {
+		s.SetOutboxTargets(opts.OutboxTargets)
+	}
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, err
@@ -225,6 +230,16 @@ func (s *Store) Close() error {
 // or call back into the store; it is how the event bus publishes transitions
 // in exactly the order of the log.
 func (s *Store) OnCommit(fn func(Event)) { s.onCommit.Store(&fn) }
+
+// SetOutboxTargets sets the function that names the webhook targets each new
+// event is queued for (nil: none). Like OnCommit it runs under the write lock.
+func (s *Store) SetOutboxTargets(fn func(Event) []string) {
+	if fn == nil {
+		s.outboxTargets.Store(nil)
+		return
+	}
+	s.outboxTargets.Store(&fn)
+}
 
 // Dir is the directory the store lives in ("" in memory).
 func (s *Store) Dir() string { return s.opts.Dir }

@@ -46,8 +46,8 @@ func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, e
 		if err := txn.Set(historyKey(ev.SandboxID, ev.ID), nil); err != nil {
 			return Event{}, err
 		}
-		if s.opts.OutboxTargets != nil {
-			for _, target := range s.opts.OutboxTargets(ev) {
+		if fn := s.outboxTargets.Load(); fn != nil {
+			for _, target := range (*fn)(ev) {
 				if err := txn.Set(outboxKey(target, ev.ID), b); err != nil {
 					return Event{}, err
 				}

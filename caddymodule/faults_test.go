@@ -1,0 +1,503 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+// apiHeader is what an API client (fetch, curl, an SDK) sends: never a page
+// load, so sandwake holds it instead of showing the warming page.
+func apiHeader() http.Header {
+	return http.Header{"Accept": {"application/json"}}
+}
+
+// historyOf returns sandbox id's events as the API lists them.
+func (h *harness) historyOf(id string) []map[string]any {
+	h.t.Helper()
+	var out struct {
+		Events []map[string]any `json:"events"`
+	}
+	if status := h.api("GET", "/v1/sandboxes/"+id+"/history", nil, &out); status != http.StatusOK {
+		h.t.Fatalf("history of %s: %d", id, status)
+	}
+	return out.Events
+}
+
+// TestAppExitIsHeldThroughRestart: the app's process exits while sandwake
+// believes the sandbox runs. The next API request must be held through the
+// restart and answered by the app, never with a bare 502, whichever comes
+// first: Docker's die event (the record is already stopped) or the request
+// (the route still says running and the dial fails).
+func TestAppExitIsHeldThroughRestart(t *testing.T) {
+	h := newHarness(t, "")
+	rec := h.create(nil)
+	host := h.host(rec.ID, 8080)
+	name := docker.ContainerName(rec.ID)
+	since := time.Now()
+
+	for i := range 3 {
+		// Subscribe to the container's next exit before causing it, so the
+		// exit cannot be missed.
+		waitCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		exited := h.cli.ContainerWait(waitCtx, name, client.ContainerWaitOptions{Condition: container.WaitConditionNextExit})
+
+		resp, body := h.preview("GET", host, "/exit?code=0", nil, apiHeader())
+		if resp.StatusCode != http.StatusOK || body != "exiting\n" {
+			cancel()
+			t.Fatalf("round %d: /exit: %d %q", i, resp.StatusCode, body)
+		}
+		// The app exits 10 ms after answering: a request sent at once would
+		// still reach the live process. Wait for Docker (not sandwake) to see
+		// the exit, then send the request with no further wait, racing
+		// sandwake's handling of the die event.
+		select {
+		case res := <-exited.Result:
+			if res.StatusCode != 0 {
+				t.Errorf("round %d: exit code %d, want 0", i, res.StatusCode)
+			}
+		case err := <-exited.Error:
+			cancel()
+			t.Fatalf("round %d: waiting for the container to exit: %v", i, err)
+		}
+		cancel()
+		if i == 1 {
+			// One round with a fixed order: the event first.
+			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+				s := h.state(rec.ID)
+				return s == "stopped", "state " + s
+			})
+		}
+		proxiedBefore := testutil.ToFloat64(requestsProxied)
+		start := time.Now()
+		resp, body = h.preview("GET", host, "/healthz", nil, apiHeader())
+		took := time.Since(start)
+		order := "event first (record already stopped)"
+		if testutil.ToFloat64(requestsProxied) > proxiedBefore {
+			order = "request first (route still running, dial failed)"
+		}
+		t.Logf("round %d: %s: %d %q in %s", i, order, resp.StatusCode, body, took)
+		if resp.StatusCode != http.StatusOK || body != "ok\n" {
+			// Errorf, not Fatalf: the next rounds still show which orders fail.
+			t.Errorf("round %d (%s): request after the app exited: %d %.300q, want 200 \"ok\\n\" held through the restart",
+				i, order, resp.StatusCode, body)
+		}
+	}
+
+	found := false
+	for _, ev := range h.historyOf(rec.ID) {
+		if ev["to"] == "stopped" && ev["reason"] == "exited(0)" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("history has no stopped event with reason exited(0): %v", h.historyOf(rec.ID))
+	}
+	if t.Failed() {
+		return // a round got a 502: the sandbox was left stopped
+	}
+	if s := h.state(rec.ID); s != "running" {
+		t.Fatalf("final state %s, want running", s)
+	}
+	if n := h.startEvents(rec.ID, since); n < 1 {
+		t.Fatalf("%d docker starts since the first exit, want at least 1", n)
+	} else {
+		t.Logf("%d docker starts for 3 exits", n)
+	}
+}
+
+// socketProxy stands between sandwake and the Docker daemon on a Unix socket
+// of its own, so a test can cut the daemon off (listener closed, every open
+// connection dropped) and bring it back at the same address.
+type socketProxy struct {
+	t      testing.TB
+	path   string // where sandwake dials
+	target string // the real daemon's socket
+
+	mu    sync.Mutex
+	ln    net.Listener // nil while cut
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// dockerSocket is the real daemon's Unix socket: DOCKER_HOST's when that is a
+// unix:// address, else the default.
+func dockerSocket(t testing.TB) string {
+	host := os.Getenv("DOCKER_HOST")
+	if host == "" {
+		return "/var/run/docker.sock"
+	}
+	path, ok := strings.CutPrefix(host, "unix://")
+	if !ok {
+		t.Skipf("DOCKER_HOST %q is not a unix socket; the socket-cut test needs one", host)
+	}
+	return path
+}
+
+func newSocketProxy(t testing.TB) *socketProxy {
+	t.Helper()
+	p := &socketProxy{
+		t:      t,
+		path:   filepath.Join(t.TempDir(), "docker.sock"),
+		target: dockerSocket(t),
+		conns:  make(map[net.Conn]struct{}),
+	}
+	p.restore()
+	t.Cleanup(func() {
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// restore listens again on the proxy's path.
+func (p *socketProxy) restore() {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		return
+	}
+	os.Remove(p.path) // a stale socket file would make Listen fail
+	ln, err := net.Listen("unix", p.path)
+	if err != nil {
+		p.t.Fatalf("socket proxy: %v", err)
+	}
+	p.ln = ln
+	p.wg.Add(1)
+	go p.accept(ln)
+}
+
+// cut closes the listener and every open connection, both ways.
+func (p *socketProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// track registers conns for cut; false (and the conns closed) when ln was
+// cut meanwhile.
+func (p *socketProxy) track(ln net.Listener, conns ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != ln {
+		for _, c := range conns {
+			c.Close()
+		}
+		return false
+	}
+	for _, c := range conns {
+		p.conns[c] = struct{}{}
+	}
+	return true
+}
+
+func (p *socketProxy) untrack(conns ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+		delete(p.conns, c)
+	}
+}
+
+func (p *socketProxy) accept(ln net.Listener) {
+	defer p.wg.Done()
+	for {
+		down, err := ln.Accept()
+		if err != nil {
+			return // closed by cut
+		}
+		up, err := net.Dial("unix", p.target)
+		if err != nil {
+			down.Close()
+			continue
+		}
+		if !p.track(ln, down, up) {
+			continue
+		}
+		p.wg.Add(2)
+		pipe := func(dst, src net.Conn) {
+			defer p.wg.Done()
+			io.Copy(dst, src)
+			// One direction ending ends the exchange: close both, which
+			// ends the other copy too.
+			p.untrack(down, up)
+		}
+		go pipe(up, down)
+		go pipe(down, up)
+	}
+}
+
+// quiescentGoroutines counts goroutines after dropping the test's own idle
+// keep-alive connections, which would otherwise be counted.
+func quiescentGoroutines(h *harness) int {
+	h.client.CloseIdleConnections()
+	http.DefaultClient.CloseIdleConnections()
+	return runtime.NumGoroutine()
+}
+
+// TestDockerSocketCut: with the Docker daemon unreachable, requests to a
+// stopped sandbox fail fast with 503 + Retry-After + JSON, the circuit
+// breaker opens, readiness says so, and nothing is written; once the daemon
+// is back, readiness recovers, the same request wakes the sandbox, and no
+// goroutine is left behind.
+func TestDockerSocketCut(t *testing.T) {
+	proxy := newSocketProxy(t)
+	h := newHarness(t, "docker_host unix://"+proxy.path)
+	rec := h.create(nil)
+	host := h.host(rec.ID, 8080)
+	h.stop(rec.ID)
+	e := engineFor(t, h)
+
+	histBefore := len(h.historyOf(rec.ID))
+	lastBefore, err := e.store.LastEventID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	baseline := quiescentGoroutines(h)
+	t.Logf("goroutines before the cut: %d", baseline)
+
+	proxy.cut()
+
+	// A bounded client: a request that hung on the dead daemon would fail
+	// here instead of hanging the test.
+	bounded := &http.Client{Transport: h.client.Transport, Timeout: 5 * time.Second}
+	var circuitOpenSeen int
+	for i := range 8 {
+		req, _ := http.NewRequest("GET", "http://"+host+"/healthz", nil)
+		req.Header = apiHeader()
+		start := time.Now()
+		resp, err := bounded.Do(req)
+		if err != nil {
+			t.Fatalf("request %d with docker cut: %v (after %s)", i, err, time.Since(start))
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		took := time.Since(start)
+		var body apiError
+		jerr := json.Unmarshal(b, &body)
+		t.Logf("request %d with docker cut: %d Retry-After=%q in %s: %s", i, resp.StatusCode, resp.Header.Get("Retry-After"), took, strings.TrimSpace(string(b)))
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("request %d: status %d, want 503: %s", i, resp.StatusCode, b)
+		}
+		if resp.Header.Get("Retry-After") == "" {
+			t.Errorf("request %d: no Retry-After: %v", i, resp.Header)
+		}
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+			t.Errorf("request %d: Content-Type %q, want JSON", i, ct)
+		}
+		if jerr != nil || body.Error.Code == "" || body.Error.Message == "" {
+			t.Errorf("request %d: body is not a JSON error: %q (%v)", i, b, jerr)
+		}
+		if strings.Contains(body.Error.Message, "circuit open") {
+			circuitOpenSeen++
+		}
+	}
+	if open, until := e.mgr.BreakerOpen(); !open {
+		t.Errorf("circuit breaker closed after 8 failed wakes with docker cut")
+	} else {
+		t.Logf("circuit open until %s; %d of 8 requests failed fast on it", until.Format(time.RFC3339), circuitOpenSeen)
+	}
+	if circuitOpenSeen == 0 {
+		t.Errorf("no request was refused by the open circuit")
+	}
+
+	// Readiness tells the truth while the daemon is gone.
+	resp, err := http.Get(h.apiURL("/v1/readyz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	t.Logf("readyz with docker cut: %d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), `"ready": false`) {
+		t.Fatalf("readyz with docker cut: %d %s, want 503 not ready", resp.StatusCode, b)
+	}
+
+	// The store is local: the API still answers, and nothing was written.
+	var got recordView
+	if status := h.api("GET", "/v1/sandboxes/"+rec.ID, nil, &got); status != http.StatusOK || got.State != "stopped" {
+		t.Fatalf("record with docker cut: %d %+v, want 200 stopped", status, got)
+	}
+	if n := len(h.historyOf(rec.ID)); n != histBefore {
+		t.Fatalf("history grew from %d to %d events while docker was cut", histBefore, n)
+	}
+	if last, _ := e.store.LastEventID(); last != lastBefore {
+		t.Fatalf("event log moved from %d to %d while docker was cut", lastBefore, last)
+	}
+
+	proxy.restore()
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		resp, err := http.Get(h.apiURL("/v1/readyz"))
+		if err != nil {
+			return false, err.Error()
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Sprintf("%d %s", resp.StatusCode, b)
+	})
+	if open, _ := e.mgr.BreakerOpen(); open {
+		t.Fatal("readyz is 200 but the circuit is still open")
+	}
+	start := time.Now()
+	resp2, body := h.preview("GET", host, "/healthz", nil, apiHeader())
+	t.Logf("first request after restore: %d %q in %s", resp2.StatusCode, body, time.Since(start))
+	if resp2.StatusCode != http.StatusOK || body != "ok\n" {
+		t.Fatalf("after restore: %d %.300q, want the app's 200", resp2.StatusCode, body)
+	}
+	if s := h.state(rec.ID); s != "running" {
+		t.Fatalf("after restore: state %s, want running", s)
+	}
+
+	var now int
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		now = quiescentGoroutines(h)
+		return now <= baseline+10, fmt.Sprintf("%d goroutines, baseline %d", now, baseline)
+	})
+	t.Logf("goroutines after recovery: %d (baseline %d)", now, baseline)
+}
+
+// previewCode sends one request to a preview host and returns its status;
+// safe to call from any goroutine.
+func (h *harness) previewCode(host string, header http.Header) (int, error) {
+	req, err := http.NewRequest("GET", "http://"+host+"/", nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header = header
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
+// randomID is a well-formed sandbox id (1-40 of [0-9a-z]) that no test makes:
+// test ids start with a letter other than u.
+func randomID() string {
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+	b := make([]byte, 1+rand.IntN(39))
+	b[0] = 'u'
+	for i := 1; i < len(b); i++ {
+		b[i] = alphabet[rand.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+// TestUnknownIDsNeverWakeOrGrow: a flood of requests to well-formed but
+// unknown ids gets 404s and leaves no trace: no record, no event, no cached
+// route.
+func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
+	h := newHarness(t, "")
+	rec := h.create(nil)
+	e := engineFor(t, h)
+
+	var list struct {
+		Sandboxes []recordView `json:"sandboxes"`
+	}
+	if status := h.api("GET", "/v1/sandboxes", nil, &list); status != http.StatusOK {
+		t.Fatalf("list: %d", status)
+	}
+	recordsBefore := len(list.Sandboxes)
+	lastBefore, err := e.store.LastEventID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cachedBefore := e.routes.cache.Len()
+	notFoundBefore := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeNotFound))
+
+	const n, workers = 2000, 16
+	jobs := make(chan int)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		failures []string
+		ok       int
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				host := h.host(randomID(), 8080)
+				header := apiHeader()
+				if i%2 == 1 {
+					header = browserHeader()
+				}
+				status, err := h.previewCode(host, header)
+				mu.Lock()
+				switch {
+				case err != nil:
+					failures = append(failures, fmt.Sprintf("%s: %v", host, err))
+				case status != http.StatusNotFound:
+					failures = append(failures, fmt.Sprintf("%s: %d, want 404", host, status))
+				default:
+					ok++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for i := range n {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	for i, f := range failures {
+		if i == 20 {
+			t.Errorf("… and %d more", len(failures)-20)
+			break
+		}
+		t.Error(f)
+	}
+	if ok != n {
+		t.Fatalf("%d of %d requests to unknown ids got 404", ok, n)
+	}
+
+	if status := h.api("GET", "/v1/sandboxes", nil, &list); status != http.StatusOK {
+		t.Fatalf("list: %d", status)
+	}
+	if len(list.Sandboxes) != recordsBefore {
+		t.Fatalf("%d records after the flood, %d before", len(list.Sandboxes), recordsBefore)
+	}
+	if last, _ := e.store.LastEventID(); last != lastBefore {
+		t.Fatalf("event log moved from %d to %d during the flood", lastBefore, last)
+	}
+	if c := e.routes.cache.Len(); c != cachedBefore {
+		t.Fatalf("route cache grew from %d to %d entries during the flood", cachedBefore, c)
+	}
+	if got := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeNotFound)) - notFoundBefore; got < n {
+		t.Fatalf("not_found counter grew by %v for %d requests", got, n)
+	}
+	if s := h.state(rec.ID); s != "running" {
+		t.Fatalf("the one real sandbox is %s, want running", s)
+	}
+}
