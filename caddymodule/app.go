@@ -79,6 +79,15 @@ type App struct {
 	// Orphans is what to do with containers labelled as sandwake's that
 	// have no record: "keep" (count and log) or "remove". Default: keep.
 	Orphans string `json:"orphans,omitempty"`
+	// Webhooks receive events as signed POSTs, from a durable outbox
+	// (at least once, in order, retried with backoff, across restarts).
+	Webhooks []WebhookConfig `json:"webhooks,omitempty"`
+	// WebhookMaxAge: an event still undelivered this long after it happened
+	// is dropped and logged. Default: 24h.
+	WebhookMaxAge caddy.Duration `json:"webhook_max_age,omitempty"`
+	// EventRetention is how long the event log (API history, resumable
+	// event stream) keeps events. Default: 7 days.
+	EventRetention caddy.Duration `json:"event_retention,omitempty"`
 	// WakeTimeout bounds one wake: start plus readiness. Default: 60s.
 	WakeTimeout caddy.Duration `json:"wake_timeout,omitempty"`
 	// HoldTimeout is how long a non-browser request to a sleeping sandbox is
@@ -107,11 +116,27 @@ type App struct {
 
 	storageDir   string
 	minFreeBytes uint64
+	hooks        []lifecycle.Webhook
 	started      bool
 	// eng is set by Start; a pointer so that App stays copyable (Caddy
 	// copies module values).
 	eng    *atomic.Pointer[engine]
 	logger *zap.Logger
+}
+
+// WebhookConfig is one webhook receiver.
+type WebhookConfig struct {
+	// URL receives one POST per event.
+	URL string `json:"url"`
+	// Secret signs deliveries (Sandwake-Signature); placeholders such as
+	// {env.SANDWAKE_WEBHOOK_SECRET} are replaced. Required.
+	Secret string `json:"secret,omitempty"`
+	// Events limits deliveries to these types (sandbox.killed, …); empty
+	// means all.
+	Events []string `json:"events,omitempty"`
+	// RetryMin is the first retry delay, doubled (with jitter) up to 5m.
+	// Default: 1s.
+	RetryMin caddy.Duration `json:"retry_min,omitempty"`
 }
 
 // Defaults of the App.
@@ -128,6 +153,8 @@ const (
 	DefaultReapInterval      = 10 * time.Second
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultMinFreeMemory     = "10%"
+	DefaultWebhookMaxAge     = 24 * time.Hour
+	DefaultEventRetention    = 7 * 24 * time.Hour
 )
 
 // parseMemory reads a size ("512MiB", "2GB") or a share of the host's total
@@ -180,6 +207,20 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.IdleStop = &d
 	}
 	setDuration(&a.ReapInterval, DefaultReapInterval)
+	setDuration(&a.WebhookMaxAge, DefaultWebhookMaxAge)
+	setDuration(&a.EventRetention, DefaultEventRetention)
+	repl := caddy.NewReplacer()
+	a.hooks = a.hooks[:0]
+	for _, w := range a.Webhooks {
+		secret := repl.ReplaceKnown(w.Secret, "")
+		if secret == "" {
+			return fmt.Errorf("sandwake: webhook %s: secret is empty (set it; placeholders must resolve)", w.URL)
+		}
+		a.hooks = append(a.hooks, lifecycle.Webhook{
+			URL: w.URL, Secret: []byte(secret), Events: w.Events,
+			RetryMin: time.Duration(w.RetryMin), MaxAge: time.Duration(a.WebhookMaxAge),
+		})
+	}
 	setDuration(&a.ReconcileInterval, DefaultReconcileInterval)
 	if a.ExpiredWake == "" {
 		a.ExpiredWake = lifecycle.ExpiredWakeRecreate
@@ -272,6 +313,22 @@ func (a *App) Validate() error {
 	}
 	if *a.MaxResident < 0 {
 		return errors.New("sandwake: max_resident must not be negative")
+	}
+	seen := map[string]bool{}
+	for _, w := range a.Webhooks {
+		u, err := url.Parse(w.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("sandwake: webhook %q is not an http(s) URL", w.URL)
+		}
+		if seen[w.URL] {
+			return fmt.Errorf("sandwake: webhook %s is configured twice", w.URL)
+		}
+		seen[w.URL] = true
+		for _, typ := range w.Events {
+			if !validEventType(typ) {
+				return fmt.Errorf("sandwake: webhook %s: %q is not an event type (sandbox.<state>, sandbox.destroyed, sandbox.purged)", w.URL, typ)
+			}
+		}
 	}
 	return nil
 }
@@ -382,6 +439,7 @@ func openEngine(a *App) (*engine, error) {
 		WatchEvents:       true,
 		OrphansRemove:     a.Orphans == "remove",
 		OnReconcile:       observeCorrection,
+		EventRetention:    time.Duration(a.EventRetention),
 		Logger:            log,
 	})
 	if err != nil {
@@ -397,6 +455,7 @@ func openEngine(a *App) (*engine, error) {
 	mgr.OnEvent(e.routes.invalidate)
 	mgr.OnWake(observeWake)
 	mgr.OnReap(observeReap)
+	mgr.OnDelivery(observeDelivery)
 	// The boot reconcile runs before the gate serves, so that no request
 	// is routed on a record Docker contradicts. With Docker down it is not
 	// fatal: pages and the API work, wakes answer 503 until it is back, and
@@ -419,15 +478,26 @@ func openEngine(a *App) (*engine, error) {
 func (e *engine) apply(a *App) {
 	e.current.Store(&settings{domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), previewURL: a.PreviewURL})
 	e.mgr.Reconfigure(lifecycle.Settings{
-		WakeTimeout:   time.Duration(a.WakeTimeout),
-		KeepaliveMax:  time.Duration(a.KeepaliveMax),
-		MaxResident:   *a.MaxResident,
-		IdlePause:     time.Duration(*a.IdlePause),
-		IdleStop:      time.Duration(*a.IdleStop),
-		MaxLifetime:   time.Duration(a.MaxLifetime),
-		ExpiredWake:   a.ExpiredWake,
-		MinFreeMemory: a.minFreeBytes,
+		WakeTimeout:    time.Duration(a.WakeTimeout),
+		KeepaliveMax:   time.Duration(a.KeepaliveMax),
+		MaxResident:    *a.MaxResident,
+		IdlePause:      time.Duration(*a.IdlePause),
+		IdleStop:       time.Duration(*a.IdleStop),
+		MaxLifetime:    time.Duration(a.MaxLifetime),
+		ExpiredWake:    a.ExpiredWake,
+		MinFreeMemory:  a.minFreeBytes,
+		EventRetention: time.Duration(a.EventRetention),
 	})
+	e.mgr.SetWebhooks(a.hooks)
+}
+
+// validEventType reports whether typ names an event sandwake emits.
+func validEventType(typ string) bool {
+	if typ == store.EventDestroyed || typ == store.EventPurged {
+		return true
+	}
+	state, ok := strings.CutPrefix(typ, "sandbox.")
+	return ok && lifecycle.ValidState(lifecycle.State(state))
 }
 
 // Destruct closes the engine: wakes in flight are cancelled and awaited,

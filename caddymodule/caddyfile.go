@@ -45,6 +45,13 @@ func init() {
 //		activity_flush <duration>
 //		stop_timeout   <duration>
 //		label          <key> <value>
+//		webhook        <url> {
+//			secret    <secret>
+//			events    <type>...
+//			retry_min <duration>
+//		}
+//		webhook_max_age <duration>
+//		event_retention <duration>
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	app := new(App)
@@ -126,7 +133,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 		case "wake_timeout", "hold_timeout", "keepalive_max", "activity_flush", "stop_timeout",
-			"max_lifetime", "reap_interval", "reconcile_interval":
+			"max_lifetime", "reap_interval", "reconcile_interval", "webhook_max_age", "event_retention":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -142,8 +149,44 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				"wake_timeout": &a.WakeTimeout, "hold_timeout": &a.HoldTimeout, "keepalive_max": &a.KeepaliveMax,
 				"activity_flush": &a.ActivityFlush, "stop_timeout": &a.StopTimeout,
 				"max_lifetime": &a.MaxLifetime, "reap_interval": &a.ReapInterval, "reconcile_interval": &a.ReconcileInterval,
+				"webhook_max_age": &a.WebhookMaxAge, "event_retention": &a.EventRetention,
 			}[opt]
 			*target = caddy.Duration(dur)
+		case "webhook":
+			var w WebhookConfig
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			w.URL = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				switch d.Val() {
+				case "secret":
+					if !d.AllArgs(&w.Secret) {
+						return d.ArgErr()
+					}
+				case "events":
+					w.Events = d.RemainingArgs()
+					if len(w.Events) == 0 {
+						return d.ArgErr()
+					}
+				case "retry_min":
+					var v string
+					if !d.AllArgs(&v) {
+						return d.ArgErr()
+					}
+					dur, err := caddy.ParseDuration(v)
+					if err != nil || dur <= 0 {
+						return d.Errf("retry_min %q: want a positive duration", v)
+					}
+					w.RetryMin = caddy.Duration(dur)
+				default:
+					return d.Errf("unknown webhook option %q", d.Val())
+				}
+			}
+			a.Webhooks = append(a.Webhooks, w)
 		case "label":
 			var k, v string
 			if !d.AllArgs(&k, &v) {

@@ -57,6 +57,10 @@ var (
 		Namespace: "caddy", Subsystem: "sandwake", Name: "reaper_actions_total",
 		Help: "Sandboxes paused, stopped or expired by the background loops, by reaper (idle, expiry, pressure) and action.",
 	}, []string{"reaper", "action"})
+	metricDeliveries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "webhook_deliveries_total",
+		Help: "Webhook delivery attempts, by result (ok, failed, dropped).",
+	}, []string{"result"})
 	metricCorrections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sandwake", Name: "reconcile_corrections_total",
 		Help: "Changes reconcile made so the store follows Docker, by kind.",
@@ -104,7 +108,7 @@ func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 
 var collectors = []prometheus.Collector{
 	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, statesCollector{},
-	metricReaperActions, metricCorrections,
+	metricReaperActions, metricCorrections, metricDeliveries,
 }
 
 // registerMetrics registers the collectors on reg; a collector already there
@@ -147,6 +151,18 @@ func observeReap(s lifecycle.ReapStats) {
 			metricReaperActions.WithLabelValues(reaper, action).Add(float64(n))
 		}
 	}
+}
+
+// observeDelivery counts a webhook delivery attempt.
+func observeDelivery(d lifecycle.DeliveryResult) {
+	result := "ok"
+	switch {
+	case d.Dropped:
+		result = "dropped"
+	case d.Err != nil:
+		result = "failed"
+	}
+	metricDeliveries.WithLabelValues(result).Inc()
 }
 
 // observeCorrection counts a reconcile correction.

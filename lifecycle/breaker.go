@@ -49,14 +49,18 @@ func (b *breaker) do(fn func() error) error {
 	err := fn()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if errors.Is(err, ErrUnavailable) && !errors.Is(err, context.Canceled) {
+	switch {
+	case errors.Is(err, context.Canceled):
+		// The caller gave up: nothing learnt about the engine.
+	case errors.Is(err, ErrUnavailable):
 		b.failures++
 		if b.failures >= breakerThreshold {
 			b.openUntil = b.now().Add(breakerCooldown)
 			b.failures = 0
 		}
-	} else {
-		b.failures = 0
+	default:
+		// The engine answered: it is back.
+		b.failures, b.openUntil = 0, time.Time{}
 	}
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,6 +99,16 @@ func (f *fakeRuntime) put(id string, s ContainerState) {
 	}
 	f.created++
 	f.containers[id] = &Container{ID: fmt.Sprintf("c%d", f.created), SandboxID: id, State: s, Upstreams: maps.Clone(f.upstreams)}
+}
+
+// edit changes sandbox id's container in place (exit code, upstreams, …) as
+// the engine would see it change behind sandwake's back.
+func (f *fakeRuntime) edit(id string, fn func(*Container)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.containers[id]; c != nil {
+		fn(c)
+	}
 }
 
 // containerState is what the fake engine holds for id ("" when no container).
@@ -312,25 +323,64 @@ func testSpec() Spec {
 // cfg.Now is set), closed at the end of the test.
 func newTestEnv(t *testing.T, cfg Config) *testEnv {
 	t.Helper()
+	return newTestEnvWith(t, cfg, nil)
+}
+
+// newTestEnvWith is newTestEnv for tests and benchmarks, with the manager
+// driving wrap(fake) instead of the fake itself when wrap is not nil (to give
+// the fake more interfaces, such as EventSource).
+func newTestEnvWith(tb testing.TB, cfg Config, wrap func(*fakeRuntime) Runtime) *testEnv {
+	tb.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	}))
-	t.Cleanup(srv.Close)
+	tb.Cleanup(srv.Close)
 	if cfg.Now == nil {
 		cfg.Now = func() time.Time { return testClock }
 	}
 	st, err := store.Open(store.Options{InMemory: true, Now: cfg.Now})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
+	tb.Cleanup(func() { st.Close() })
 	rt := newFakeRuntime(map[int]string{testPort: srv.Listener.Addr().String()})
-	m, err := NewManager(st, rt, cfg)
-	if err != nil {
-		t.Fatal(err)
+	var engine Runtime = rt
+	if wrap != nil {
+		engine = wrap(rt)
 	}
-	t.Cleanup(func() { m.Close() })
+	m, err := NewManager(st, engine, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { m.Close() })
 	return &testEnv{m: m, st: st, rt: rt, srv: srv}
+}
+
+// fakeClock is a clock the test moves by hand. It starts at testClock, so
+// records made by seed are as old as the clock has been moved.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(testClock.UnixNano())
+	return c
+}
+
+// Now is the clock's reading; pass it as Config.Now.
+func (c *fakeClock) Now() time.Time { return time.Unix(0, c.ns.Load()).UTC() }
+
+// advance moves the clock forward by d.
+func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// at sets the clock to d after testClock.
+func (c *fakeClock) at(d time.Duration) { c.ns.Store(testClock.Add(d).UnixNano()) }
+
+// newClockEnv is newTestEnv with a movable clock (cfg.Now is replaced).
+func newClockEnv(t *testing.T, cfg Config) (*testEnv, *fakeClock) {
+	t.Helper()
+	clock := newFakeClock()
+	cfg.Now = clock.Now
+	return newTestEnv(t, cfg), clock
 }
 
 // containerFor is the container state the engine holds for a sandbox in s.
@@ -353,6 +403,13 @@ func containerFor(s State) ContainerState {
 // gives the fake engine the matching container. It resets no call counts.
 func (e *testEnv) seed(t *testing.T, id string, s State) Record {
 	t.Helper()
+	return e.seedWith(t, id, s, nil)
+}
+
+// seedWith is seed with the record changed by mutate (when not nil) before
+// it is stored: per-sandbox overrides, keepalives, timestamps.
+func (e *testEnv) seedWith(t *testing.T, id string, s State, mutate func(*Record)) Record {
+	t.Helper()
 	spec := testSpec()
 	if err := NormalizeSpec(&spec); err != nil {
 		t.Fatal(err)
@@ -361,6 +418,9 @@ func (e *testEnv) seed(t *testing.T, id string, s State) Record {
 	if Resident(s) {
 		rec.ContainerID = "seeded-" + id
 		rec.Upstreams = map[int]string{testPort: e.srv.Listener.Addr().String()}
+	}
+	if mutate != nil {
+		mutate(&rec)
 	}
 	rec, _, err := e.st.Create(rec, "seed")
 	if err != nil {

@@ -65,6 +65,9 @@ type Config struct {
 	OrphansRemove bool
 	// OnReconcile, when set, is called with every correction made.
 	OnReconcile func(Correction)
+	// EventRetention: events older than this are pruned from the log by
+	// the reaper loop; 0 keeps them forever.
+	EventRetention time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -128,6 +131,8 @@ type Manager struct {
 	onEvent []func(Event)
 	onReap  func(ReapStats)
 
+	webhookState
+
 	memoryRelief bool      // memory pressure seen: relieve with hysteresis
 	reconciledAt time.Time // last successful full reconcile
 }
@@ -159,6 +164,7 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 		m.setState(recs[i].ID, recs[i].State)
 	}
 	st.OnCommit(m.publish)
+	st.SetOutboxTargets(m.webhookTargets)
 	if cfg.ActivityFlush > 0 {
 		m.wg.Add(1)
 		go m.runActivityFlush(cfg.ActivityFlush)
@@ -229,6 +235,7 @@ func (m *Manager) publish(ev Event) {
 		fn(ev)
 	}
 	m.bus.publish(ev)
+	m.nudgeWebhooks()
 }
 
 // Settings are the values a config reload may change on a running manager.
@@ -241,6 +248,8 @@ type Settings struct {
 	MaxLifetime   time.Duration
 	ExpiredWake   string
 	MinFreeMemory uint64
+	// EventRetention: 0 keeps the current value.
+	EventRetention time.Duration
 }
 
 // Reconfigure applies new settings; zero durations for WakeTimeout and
@@ -262,6 +271,9 @@ func (m *Manager) Reconfigure(s Settings) {
 	m.cfg.IdleStop = s.IdleStop
 	m.cfg.MaxLifetime = s.MaxLifetime
 	m.cfg.MinFreeMemory = s.MinFreeMemory
+	if s.EventRetention > 0 {
+		m.cfg.EventRetention = s.EventRetention
+	}
 }
 
 // config returns a copy of the current configuration.
@@ -449,8 +461,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 	defer unlock()
 	now := m.cfg.Now().UTC()
 	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now}
-	if spec.MaxLifetime != nil && *spec.MaxLifetime > 0 {
-		rec.ExpiresAt = now.Add(*spec.MaxLifetime)
+	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
+		rec.ExpiresAt = now.Add(life)
 	}
 	if _, _, err := m.store.Create(rec, "create"); err != nil {
 		return Record{}, err

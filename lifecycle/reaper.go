@@ -70,9 +70,19 @@ func durationOr(override *time.Duration, global time.Duration) time.Duration {
 	return global
 }
 
+// expiry is when a sandbox with lifetime life expires: its lifetime counts
+// from creation, or from its last recreation after expiring (ExpiresAt).
+func expiry(r *Record, life time.Duration) time.Time {
+	deadline := r.CreatedAt.Add(life)
+	if r.ExpiresAt.After(deadline) {
+		deadline = r.ExpiresAt
+	}
+	return deadline
+}
+
 // reapDecision is what the reaper would do to one record now.
 func (m *Manager) reapDecision(r *Record, cfg *Config, now time.Time) (reaper, action string) {
-	if life := durationOr(r.Spec.MaxLifetime, cfg.MaxLifetime); life > 0 && now.Sub(r.CreatedAt) >= life {
+	if life := durationOr(r.Spec.MaxLifetime, cfg.MaxLifetime); life > 0 && !now.Before(expiry(r, life)) {
 		switch r.State {
 		case Running, Paused, Stopped, Killed, Error:
 			return "expiry", ActionExpire
@@ -176,6 +186,13 @@ func (m *Manager) runReaper(every time.Duration) {
 			stats, err := m.ReapOnce(m.ctx)
 			if err != nil && m.ctx.Err() == nil {
 				m.log.Warn("reaper pass", zap.Error(err))
+			}
+			if cfg := m.config(); cfg.EventRetention > 0 {
+				if n, err := m.store.PruneEvents(cfg.Now().Add(-cfg.EventRetention)); err != nil {
+					m.log.Warn("pruning events", zap.Error(err))
+				} else if n > 0 {
+					m.log.Info("pruned old events", zap.Int("events", n), zap.Duration("retention", cfg.EventRetention))
+				}
 			}
 			if fn := m.onReap; fn != nil {
 				fn(stats)

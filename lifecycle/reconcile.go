@@ -176,6 +176,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 	}
 	c := listed
 	if inspect || (c != nil && !consistent(rec.State, c.State)) {
+		inspect = true
 		fresh, err := m.runtime.Inspect(ctx, id)
 		switch {
 		case errors.Is(err, ErrContainerNotFound):
@@ -283,6 +284,11 @@ func (m *Manager) correct(rec Record, c Correction, adopt *Container, errText st
 				r.ContainerID = adopt.ID
 				r.Upstreams = adopt.Upstreams
 				r.Error = ""
+				if r.State != Running {
+					// Adopted now: its idle time starts now, not at the
+					// last request sandwake saw.
+					r.LastActiveAt = now
+				}
 			}
 		}
 		return nil

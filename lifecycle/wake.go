@@ -127,6 +127,12 @@ func (m *Manager) bringUp(rec Record) (Record, error) {
 	}
 	return m.transition(id, Running, reason, func(r *Record) error {
 		m.adopt(r, c)
+		if r.State == Expired {
+			// A recreated sandbox starts a new lifetime.
+			if life := durationOr(r.Spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
+				r.ExpiresAt = r.LastActiveAt.Add(life)
+			}
+		}
 		return nil
 	})
 }

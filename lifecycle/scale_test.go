@@ -1,0 +1,101 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// benchSizes are the record counts the scale benchmarks run at; the design's
+// target is 10,000 sandboxes on one host.
+var benchSizes = []int{1000, 10000}
+
+// benchStates cycles through the states a large farm mostly holds.
+var benchStates = []State{Running, Paused, Stopped, Stopped, Stopped, Stopped, Killed, Expired}
+
+// seedRecords stores n records directly (no manager, no admission) and gives
+// the fake engine the containers that match them, so that neither a reaper
+// pass nor a reconcile has anything to correct.
+func seedRecords(b *testing.B, e *testEnv, n int) {
+	b.Helper()
+	spec := testSpec()
+	if err := NormalizeSpec(&spec); err != nil {
+		b.Fatal(err)
+	}
+	up := map[int]string{testPort: e.srv.Listener.Addr().String()}
+	for i := range n {
+		id := fmt.Sprintf("sb%05d", i)
+		s := benchStates[i%len(benchStates)]
+		rec := Record{ID: id, Spec: spec, State: s, CreatedAt: testClock, LastActiveAt: testClock, StateSince: testClock}
+		if Resident(s) {
+			rec.ContainerID = "seeded-" + id
+			rec.Upstreams = up
+		}
+		if _, _, err := e.st.Create(rec, "seed"); err != nil {
+			b.Fatal(err)
+		}
+		e.rt.put(id, containerFor(s))
+	}
+}
+
+// BenchmarkReapPass is one reaper pass (idle tiers, expiry, pressure) over n
+// records of which none is due: the steady-state cost of the reaper loop.
+func BenchmarkReapPass(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			cfg := Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour, MaxResident: n,
+				Now: func() time.Time { return testClock.Add(time.Minute) }}
+			e := newTestEnvWith(b, cfg, nil)
+			seedRecords(b, e, n)
+			// A new manager reads the records, as one started over them would.
+			m, err := NewManager(e.st, e.rt, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				stats, err := m.ReapOnce(ctx)
+				if err != nil || stats.Scanned != n || stats.Total() != 0 || stats.Errors != 0 {
+					b.Fatalf("reap pass: %+v, %v", stats, err)
+				}
+			}
+			elapsed := time.Since(start)
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
+		})
+	}
+}
+
+// BenchmarkBootReconcile is what a start over n records costs before the
+// gateway serves: loading the records (NewManager) and one full reconcile
+// against the engine's container list.
+func BenchmarkBootReconcile(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			cfg := Config{Now: func() time.Time { return testClock.Add(time.Minute) }}
+			e := newTestEnvWith(b, cfg, nil)
+			seedRecords(b, e, n)
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				m, err := NewManager(e.st, e.rt, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				stats, err := m.Reconcile(ctx)
+				if err != nil || stats.Records != n || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
+					b.Fatalf("reconcile: records %d, corrections %v, orphans %d, %v", stats.Records, stats.Corrections, len(stats.Orphans), err)
+				}
+				m.Close()
+			}
+			elapsed := time.Since(start)
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
+		})
+	}
+}
