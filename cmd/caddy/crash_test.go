@@ -8,10 +8,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/webhook"
 )
 
 // gateway is the built Caddy running as its own process, killable with
@@ -305,5 +308,61 @@ func TestCrashRecovery(t *testing.T) {
 				t.Errorf("%s: record %s, docker %s", id, after[id], ds[id])
 			}
 		}
+	})
+
+	t.Run("pending-webhooks", func(t *testing.T) {
+		var (
+			mu       sync.Mutex
+			failing  = true
+			attempts int
+			accepted []string // event types of accepted deliveries, deduplicated by delivery id
+			seen     = map[string]bool{}
+		)
+		recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			defer mu.Unlock()
+			attempts++
+			if failing {
+				http.Error(w, "down", http.StatusInternalServerError)
+				return
+			}
+			if err := webhook.Verify([]byte("crash-secret"), r.Header.Get(webhook.HeaderSignature), body, time.Minute); err != nil {
+				http.Error(w, err.Error(), http.StatusUnauthorized)
+				return
+			}
+			id := r.Header.Get(webhook.HeaderDelivery)
+			if !seen[id] {
+				seen[id] = true
+				var ev struct{ Type string }
+				json.Unmarshal(body, &ev)
+				accepted = append(accepted, ev.Type)
+			}
+		}))
+		defer recv.Close()
+		g := newGateway(t, bin, fmt.Sprintf("webhook %s {\n\t\t\tsecret crash-secret\n\t\t\tretry_min 100ms\n\t\t}", recv.URL))
+		g.start()
+		id := testenv.UniqueID("h")
+		g.create(cli, image, id, nil)
+		if code, body := g.api("POST", "/v1/sandboxes/"+id+"/stop", nil, nil); code != 200 {
+			t.Fatalf("stop: %d %s", code, body)
+		}
+		testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			return attempts >= 2, fmt.Sprintf("%d attempts", attempts)
+		})
+		g.kill() // deliveries pending in the outbox
+		mu.Lock()
+		failing = false
+		mu.Unlock()
+		g.start()
+		want := "sandbox.creating sandbox.running sandbox.stopped"
+		testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			got := strings.Join(accepted, " ")
+			return got == want, got
+		})
 	})
 }
