@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,6 +83,9 @@ func (api *API) Provision(ctx caddy.Context) error {
 	mux.HandleFunc("POST /v1/sandboxes/{id}/purge", api.authed(api.purge))
 	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(api.history))
 	mux.HandleFunc("GET /v1/events", api.authed(api.events))
+	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(api.patch))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(api.createToken))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(api.revokeTokens))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path), 0)
 	})
@@ -293,7 +297,95 @@ func (api *API) get(w http.ResponseWriter, r *http.Request, e *engine) {
 }
 
 func (api *API) wake(w http.ResponseWriter, r *http.Request, e *engine) {
-	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Wake(r.Context(), id) })
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) {
+		e.guard.reset(id) // an explicit wake ends a failure backoff
+		return e.mgr.Wake(r.Context(), id)
+	})
+}
+
+// patchBody is the body of PATCH /v1/sandboxes/{id}.
+type patchBody struct {
+	Access      *string `json:"access"`
+	IdlePause   *string `json:"idle_pause"`
+	IdleStop    *string `json:"idle_stop"`
+	MaxLifetime *string `json:"max_lifetime"`
+}
+
+func (api *API) patch(w http.ResponseWriter, r *http.Request, e *engine) {
+	var body patchBody
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	var (
+		p   lifecycle.Patch
+		err error
+	)
+	p.Access = body.Access
+	if p.IdlePause, err = parseOptionalDuration("idle_pause", body.IdlePause); err == nil {
+		if p.IdleStop, err = parseOptionalDuration("idle_stop", body.IdleStop); err == nil {
+			p.MaxLifetime, err = parseOptionalDuration("max_lifetime", body.MaxLifetime)
+		}
+	}
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Update(id, p) })
+}
+
+// Preview token lifetimes.
+const (
+	defaultTokenTTL = time.Hour
+	maxTokenTTL     = 90 * 24 * time.Hour
+)
+
+func (api *API) createToken(w http.ResponseWriter, r *http.Request, e *engine) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	var body struct {
+		TTL     string `json:"ttl"`
+		Subject string `json:"subject"`
+	}
+	if r.ContentLength != 0 && !decodeBody(w, r, &body) {
+		return
+	}
+	ttl := defaultTokenTTL
+	if body.TTL != "" {
+		d, err := caddy.ParseDuration(body.TTL)
+		if err != nil || d <= 0 || d > maxTokenTTL {
+			writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("ttl: %q is not a duration between 1s and %s", body.TTL, maxTokenTTL), 0)
+			return
+		}
+		ttl = d
+	}
+	if len(body.Subject) > 200 || strings.ContainsAny(body.Subject, "|\x00") {
+		writeJSONError(w, http.StatusBadRequest, "invalid", "subject: at most 200 characters, without | or NUL", 0)
+		return
+	}
+	rec, err := e.mgr.Get(id)
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	s := e.current.Load()
+	exp := time.Now().Add(ttl).Truncate(time.Second)
+	token := signToken(s.previewSecret, id, rec.TokenGeneration, exp, body.Subject)
+	link := s.previewURLOf(id, rec.Spec.Ports[0]) + "?" + tokenQueryParam + "=" + url.QueryEscape(token)
+	writeJSON(w, http.StatusCreated, map[string]any{"token": token, "url": link, "expires_at": exp.UTC()})
+}
+
+func (api *API) revokeTokens(w http.ResponseWriter, r *http.Request, e *engine) {
+	id, ok := sandboxID(w, r)
+	if !ok {
+		return
+	}
+	if _, err := e.mgr.RotateTokens(id); err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (api *API) pause(w http.ResponseWriter, r *http.Request, e *engine) {

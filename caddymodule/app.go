@@ -5,6 +5,7 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net/url"
@@ -88,6 +89,26 @@ type App struct {
 	// EventRetention is how long the event log (API history, resumable
 	// event stream) keeps events. Default: 7 days.
 	EventRetention caddy.Duration `json:"event_retention,omitempty"`
+	// PreviewSecret signs preview tokens of private sandboxes; placeholders
+	// are replaced. Default: a random secret generated once and kept in the
+	// store. Changing it revokes every token.
+	PreviewSecret string `json:"preview_secret,omitempty"`
+	// RobotsTxt answers /robots.txt on every preview host with
+	// "Disallow: /" (no wake). Default: true.
+	RobotsTxt *bool `json:"robots_txt,omitempty"`
+	// XRobotsTag is sent on every preview response; "off" sends none.
+	// Default: noindex.
+	XRobotsTag string `json:"x_robots_tag,omitempty"`
+	// NoWakeUserAgents are case-insensitive substrings of User-Agents that
+	// never wake a sandbox (they get the page, status 503). Default: common
+	// crawlers, link previewers and uptime monitors. ["off"] turns it off.
+	NoWakeUserAgents []string `json:"no_wake_user_agents,omitempty"`
+	// WakeRate caps request-triggered wakes per second, across all
+	// sandboxes; past it, 503 + Retry-After. 0 means no cap. Default: 20.
+	WakeRate *float64 `json:"wake_rate,omitempty"`
+	// WakeBurst is how many wakes may start at once above WakeRate.
+	// Default: 2×WakeRate.
+	WakeBurst int `json:"wake_burst,omitempty"`
 	// WakeTimeout bounds one wake: start plus readiness. Default: 60s.
 	WakeTimeout caddy.Duration `json:"wake_timeout,omitempty"`
 	// HoldTimeout is how long a non-browser request to a sleeping sandbox is
@@ -114,10 +135,11 @@ type App struct {
 	// before Docker kills it. Default: 10s.
 	StopTimeout caddy.Duration `json:"stop_timeout,omitempty"`
 
-	storageDir   string
-	minFreeBytes uint64
-	hooks        []lifecycle.Webhook
-	started      bool
+	storageDir    string
+	minFreeBytes  uint64
+	hooks         []lifecycle.Webhook
+	previewSecret string
+	started       bool
 	// eng is set by Start; a pointer so that App stays copyable (Caddy
 	// copies module values).
 	eng    *atomic.Pointer[engine]
@@ -155,6 +177,7 @@ const (
 	DefaultMinFreeMemory     = "10%"
 	DefaultWebhookMaxAge     = 24 * time.Hour
 	DefaultEventRetention    = 7 * 24 * time.Hour
+	DefaultWakeRate          = 20.0
 )
 
 // parseMemory reads a size ("512MiB", "2GB") or a share of the host's total
@@ -205,6 +228,29 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.IdleStop == nil {
 		d := caddy.Duration(DefaultIdleStop)
 		a.IdleStop = &d
+	}
+	if a.RobotsTxt == nil {
+		on := true
+		a.RobotsTxt = &on
+	}
+	if a.XRobotsTag == "" {
+		a.XRobotsTag = "noindex"
+	}
+	if a.NoWakeUserAgents == nil {
+		a.NoWakeUserAgents = defaultNoWakeUserAgents
+	} else if len(a.NoWakeUserAgents) == 1 && a.NoWakeUserAgents[0] == "off" {
+		a.NoWakeUserAgents = []string{}
+	}
+	if a.WakeRate == nil {
+		r := DefaultWakeRate
+		a.WakeRate = &r
+	}
+	if a.WakeBurst == 0 {
+		a.WakeBurst = int(2 * *a.WakeRate)
+	}
+	a.previewSecret = caddy.NewReplacer().ReplaceKnown(a.PreviewSecret, "")
+	if a.PreviewSecret != "" && len(a.previewSecret) < 16 {
+		return errors.New("sandwake: preview_secret must be at least 16 characters once placeholders are replaced")
 	}
 	setDuration(&a.ReapInterval, DefaultReapInterval)
 	setDuration(&a.WebhookMaxAge, DefaultWebhookMaxAge)
@@ -384,6 +430,12 @@ type settings struct {
 	domain      string
 	holdTimeout time.Duration
 	previewURL  string
+	// previewSecret signs preview tokens (configured, or the stored one).
+	previewSecret []byte
+	robotsTxt     bool
+	// xRobotsTag is the X-Robots-Tag header value (nil: none), a full
+	// slice (len == cap) shared by every response.
+	xRobotsTag []string
 }
 
 // previewURL is the user-facing URL of sandbox id's port.
@@ -394,15 +446,17 @@ func (s *settings) previewURLOf(id string, port int) string {
 // engine is the long-lived runtime shared by every config with the same
 // storage directory.
 type engine struct {
-	store  *store.Store
-	docker *docker.Runtime
-	mgr    *lifecycle.Manager
-	routes *routeCache
-	log    *zap.Logger
-	ready  atomic.Bool
-	// reconciled is set once a full reconcile has succeeded.
-	reconciled atomic.Bool
-	current    atomic.Pointer[settings]
+	store   *store.Store
+	docker  *docker.Runtime
+	mgr     *lifecycle.Manager
+	routes  *routeCache
+	log     *zap.Logger
+	ready   atomic.Bool
+	current atomic.Pointer[settings]
+	guard   *wakeGuard
+	// storedSecret is the preview secret kept in the store, used when no
+	// preview_secret is configured.
+	storedSecret []byte
 
 	dockerHost, upstreamMode, network string
 }
@@ -452,8 +506,30 @@ func openEngine(a *App) (*engine, error) {
 		dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
 	}
 	e.routes = newRouteCache(mgr)
-	mgr.OnEvent(e.routes.invalidate)
-	mgr.OnWake(observeWake)
+	e.guard = newWakeGuard()
+	e.storedSecret, err = st.Secret("preview", func() ([]byte, error) {
+		b := make([]byte, 32)
+		_, err := rand.Read(b)
+		return b, err
+	})
+	if err != nil {
+		mgr.Close()
+		rt.Close()
+		st.Close()
+		return nil, fmt.Errorf("sandwake: %w", err)
+	}
+	mgr.OnChange(e.routes.invalidate)
+	mgr.OnWake(func(w lifecycle.WakeResult) {
+		observeWake(w)
+		switch {
+		case w.Err == nil:
+			e.guard.reset(w.ID)
+		case errors.Is(w.Err, lifecycle.ErrCapacity), errors.Is(w.Err, lifecycle.ErrUnavailable):
+			// The host, not the sandbox: no backoff for it.
+		default:
+			e.guard.failed(w.ID, time.Now())
+		}
+	})
 	mgr.OnReap(observeReap)
 	mgr.OnDelivery(observeDelivery)
 	// The boot reconcile runs before the gate serves, so that no request
@@ -476,7 +552,20 @@ func openEngine(a *App) (*engine, error) {
 
 // apply publishes a config's settings to the running engine.
 func (e *engine) apply(a *App) {
-	e.current.Store(&settings{domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), previewURL: a.PreviewURL})
+	secret := []byte(a.previewSecret)
+	if len(secret) == 0 {
+		secret = e.storedSecret
+	}
+	var xrt []string
+	if a.XRobotsTag != "off" {
+		xrt = []string{a.XRobotsTag}
+		xrt = xrt[:1:1]
+	}
+	e.current.Store(&settings{
+		domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), previewURL: a.PreviewURL,
+		previewSecret: secret, robotsTxt: *a.RobotsTxt, xRobotsTag: xrt,
+	})
+	e.guard.configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)
 	e.mgr.Reconfigure(lifecycle.Settings{
 		WakeTimeout:    time.Duration(a.WakeTimeout),
 		KeepaliveMax:   time.Duration(a.KeepaliveMax),

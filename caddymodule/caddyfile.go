@@ -50,6 +50,12 @@ func init() {
 //			events    <type>...
 //			retry_min <duration>
 //		}
+//		preview_secret <secret>
+//		robots_txt     on | off
+//		x_robots_tag   <value> | off
+//		no_wake_user_agents <substring>... | off
+//		wake_rate      <per second>
+//		wake_burst     <n>
 //		webhook_max_age <duration>
 //		event_retention <duration>
 //	}
@@ -71,6 +77,48 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		opt := d.Val()
 		switch opt {
+		case "robots_txt":
+			var v string
+			if !d.AllArgs(&v) || (v != "on" && v != "off") {
+				return d.Err("robots_txt: want on or off")
+			}
+			on := v == "on"
+			a.RobotsTxt = &on
+		case "no_wake_user_agents":
+			a.NoWakeUserAgents = d.RemainingArgs()
+			if len(a.NoWakeUserAgents) == 0 {
+				return d.ArgErr()
+			}
+		case "wake_rate":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 0 {
+				return d.Errf("wake_rate %q: want wakes per second >= 0", v)
+			}
+			a.WakeRate = &f
+		case "wake_burst":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return d.Errf("wake_burst %q: want a whole number >= 1", v)
+			}
+			a.WakeBurst = n
+		case "preview_secret", "x_robots_tag":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if opt == "preview_secret" {
+				a.PreviewSecret = v
+			} else {
+				a.XRobotsTag = v
+			}
 		case "expired_wake", "orphans", "min_free_memory":
 			var v string
 			if !d.AllArgs(&v) {

@@ -76,6 +76,18 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if !ok {
 		return g.notFound(w, r, "", 0, "This is not a preview address. Preview addresses look like s-<id>-<port>.preview."+s.domain+".")
 	}
+	if s.xRobotsTag != nil {
+		// Assigned, not Set: the slice is shared and full (len == cap), so
+		// an append by reverse_proxy copies it; no allocation here.
+		w.Header()["X-Robots-Tag"] = s.xRobotsTag
+	}
+	if s.robotsTxt && r.URL.Path == "/robots.txt" {
+		countRequest(outcomeRobots)
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "public, max-age=86400")
+		io.WriteString(w, "User-agent: *\nDisallow: /\n")
+		return nil
+	}
 	rt, err := e.routes.get(id)
 	if errors.Is(err, lifecycle.ErrNotFound) {
 		return g.notFound(w, r, id, port, "There is no sandbox with this id.")
@@ -86,6 +98,9 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	}
 	if !rt.declares(port) {
 		return g.notFound(w, r, id, port, fmt.Sprintf("Sandbox %s does not serve port %d.", id, port))
+	}
+	if rt.access == lifecycle.AccessPrivate && !g.authorize(w, r, s, rt) {
+		return nil
 	}
 	if strings.HasPrefix(r.URL.Path, reservedPrefix) {
 		countRequest(outcomeReserved)
@@ -137,8 +152,88 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 	case lifecycle.Creating:
 		return err
 	default:
+		if g.refuseWake(w, r, e, fresh, port) {
+			return nil
+		}
 		return g.hold(w, r, next, e, s, fresh, port)
 	}
+}
+
+// refuseWake answers a request that must not wake the sandbox now and
+// reports whether it did: a crawler or monitor, a sandbox whose wakes keep
+// failing (backoff), or wakes coming faster than wake_rate. Joining a wake
+// already in flight is always allowed.
+func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt *route, port int) bool {
+	if _, waking := e.mgr.Waking(rt.id); waking {
+		return false
+	}
+	if e.guard.crawler(r.UserAgent()) {
+		countRequest(outcomeCrawler)
+		w.Header().Set("Retry-After", "3600")
+		d := g.page(rt, port, pageAsleep, time.Time{})
+		renderPage(w, r, http.StatusServiceUnavailable, d)
+		return true
+	}
+	if off, left := e.guard.backingOff(rt.id, time.Now()); off {
+		countRequest(outcomeBackoff)
+		retry := int(left.Seconds()) + 1
+		if isPageLoad(r) {
+			d := g.page(rt, port, pageError, time.Time{})
+			d.Error = rt.err
+			d.Message = fmt.Sprintf("Sandbox %s failed to start; it is tried again in %ds.", rt.id, retry)
+			d.RetryAfter = retry
+			renderPage(w, r, http.StatusServiceUnavailable, d)
+			return true
+		}
+		writeJSONError(w, http.StatusServiceUnavailable, "backoff",
+			fmt.Sprintf("sandbox %s failed to start; next attempt in %ds", rt.id, retry), retry)
+		return true
+	}
+	if !e.guard.allowRate() {
+		countRequest(outcomeRateLimited)
+		if isPageLoad(r) {
+			renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageCapacity, Title: "Busy waking sandboxes", RetryAfter: 1,
+				Message: "Too many previews are waking at once. This page retries by itself.", StatusURL: pathStatus, EventsURL: pathEvents})
+			return true
+		}
+		writeJSONError(w, http.StatusServiceUnavailable, "wake_rate", "too many sandboxes are waking at once; retry", 1)
+		return true
+	}
+	return false
+}
+
+// authorize lets a request to a private sandbox through only with a valid
+// preview token, and reports whether it may go on. A token given in the URL
+// becomes a cookie for this host and the browser is sent to the same URL
+// without it. sandwake's credentials are removed before the request reaches
+// the app. Nothing unauthorised ever wakes a sandbox.
+func (g *Gate) authorize(w http.ResponseWriter, r *http.Request, s *settings, rt *route) bool {
+	token, fromQuery := presentedToken(r)
+	if err := verifyToken(s.previewSecret, token, rt.id, rt.tokenGen, time.Now()); err != nil {
+		countRequest(outcomeUnauthorized)
+		if isPageLoad(r) {
+			renderPage(w, r, http.StatusUnauthorized, pageData{Kind: pageUnauthorized, SandboxID: rt.id, Message: capitalize(err.Error()) + "."})
+			return false
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake preview"`)
+		writeJSONError(w, http.StatusUnauthorized, "unauthorized", err.Error(), 0)
+		return false
+	}
+	if fromQuery {
+		setTokenCookie(w, r, token, tokenExpiry(token))
+		w.Header().Set("Referrer-Policy", "no-referrer")
+		http.Redirect(w, r, withoutToken(r), http.StatusSeeOther)
+		return false
+	}
+	stripToken(r)
+	return true
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // unreadBody notes whether any of a request body was read, i.e. whether the
@@ -181,6 +276,9 @@ func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
 	switch rt.state {
 	case lifecycle.Paused, lifecycle.Stopped:
+		if refused := g.refuseWake(w, r, e, rt, port); refused {
+			return nil
+		}
 		if isPageLoad(r) {
 			e.mgr.StartWake(rt.id)
 			countRequest(outcomeWarming)
@@ -276,6 +374,9 @@ func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, 
 		}
 		if rt.state == lifecycle.Creating {
 			writeJSONError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
+			return nil
+		}
+		if refused := g.refuseWake(w, r, e, rt, port); refused {
 			return nil
 		}
 		e.mgr.StartWake(rt.id)

@@ -63,7 +63,7 @@ func hotPathGate(tb testing.TB) (*Gate, *noRuntime) {
 	tb.Cleanup(func() { mgr.Close() })
 	e := &engine{store: st, mgr: mgr, log: zap.NewNop()}
 	e.routes = newRouteCache(mgr)
-	mgr.OnEvent(e.routes.invalidate)
+	mgr.OnChange(e.routes.invalidate)
 	e.current.Store(&settings{domain: "localhost", holdTimeout: time.Second})
 	e.ready.Store(true)
 	app := &App{eng: new(atomic.Pointer[engine])}

@@ -11,16 +11,21 @@ import (
 
 // Request outcomes counted by caddy_sandwake_requests_total.
 const (
-	outcomeProxied     = "proxied"      // sent to a running sandbox
-	outcomeHeldProxied = "held_proxied" // held through a wake, then proxied
-	outcomeWarming     = "warming"      // browser shown the warming page
-	outcomeHoldTimeout = "hold_timeout" // held past hold_timeout: 503
-	outcomeNotFound    = "not_found"    // malformed host, unknown sandbox or port
-	outcomeRefused     = "refused"      // creating, killed, expired, error: state page or JSON
-	outcomeCapacity    = "capacity"     // admission refused
-	outcomeUnavailable = "unavailable"  // gateway not ready or Docker unreachable
-	outcomeWakeFailed  = "wake_failed"  // the wake failed
-	outcomeReserved    = "reserved"     // /.well-known/sandwake/*
+	outcomeProxied      = "proxied"      // sent to a running sandbox
+	outcomeHeldProxied  = "held_proxied" // held through a wake, then proxied
+	outcomeWarming      = "warming"      // browser shown the warming page
+	outcomeHoldTimeout  = "hold_timeout" // held past hold_timeout: 503
+	outcomeNotFound     = "not_found"    // malformed host, unknown sandbox or port
+	outcomeRefused      = "refused"      // creating, killed, expired, error: state page or JSON
+	outcomeCapacity     = "capacity"     // admission refused
+	outcomeUnavailable  = "unavailable"  // gateway not ready or Docker unreachable
+	outcomeWakeFailed   = "wake_failed"  // the wake failed
+	outcomeReserved     = "reserved"     // /.well-known/sandwake/*
+	outcomeRobots       = "robots"       // /robots.txt answered by sandwake
+	outcomeUnauthorized = "unauthorized" // private sandbox without a valid token
+	outcomeCrawler      = "crawler"      // a crawler or monitor, not woken
+	outcomeBackoff      = "backoff"      // wakes of this sandbox keep failing
+	outcomeRateLimited  = "rate_limited" // past wake_rate
 )
 
 // Collectors are created once per process and registered on every config's

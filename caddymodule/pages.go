@@ -31,20 +31,23 @@ type pageData struct {
 
 // page kinds
 const (
-	pageWarming     = "warming"     // sandbox is waking: auto-reloads when running
-	pageNotFound    = "not_found"   // unknown sandbox, undeclared port, malformed host (404)
-	pageCreating    = "creating"    // still being created (auto-reloads like warming)
-	pageKilled      = "killed"      // container gone; Wake button
-	pageExpired     = "expired"     // removed at max lifetime; Wake button if CanWake
-	pageError       = "error"       // failed create/wake; shows Error; Wake button
-	pageCapacity    = "capacity"    // host full (503); auto-retries
-	pageUnavailable = "unavailable" // gateway not ready / docker unreachable (503); auto-retries
+	pageWarming      = "warming"      // sandbox is waking: auto-reloads when running
+	pageNotFound     = "not_found"    // unknown sandbox, undeclared port, malformed host (404)
+	pageCreating     = "creating"     // still being created (auto-reloads like warming)
+	pageKilled       = "killed"       // container gone; Wake button
+	pageExpired      = "expired"      // removed at max lifetime; Wake button if CanWake
+	pageError        = "error"        // failed create/wake; shows Error; Wake button
+	pageCapacity     = "capacity"     // host full (503); auto-retries
+	pageUnavailable  = "unavailable"  // gateway not ready / docker unreachable (503); auto-retries
+	pageUnauthorized = "unauthorized" // private sandbox without a valid token (401)
+	pageAsleep       = "asleep"       // sleeping sandbox shown to a crawler, not woken (503)
 )
 
 // pageKinds lists every kind; each has a pages/<kind>.html.
 var pageKinds = []string{
 	pageWarming, pageNotFound, pageCreating, pageKilled,
 	pageExpired, pageError, pageCapacity, pageUnavailable,
+	pageUnauthorized, pageAsleep,
 }
 
 // The reserved paths a page talks to when the caller leaves them empty.

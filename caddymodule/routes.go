@@ -18,6 +18,7 @@ type route struct {
 	id       string
 	state    lifecycle.State
 	access   string
+	tokenGen uint64
 	ports    []int
 	reason   string
 	err      string
@@ -71,6 +72,7 @@ func (c *routeCache) get(id string) (*route, error) {
 		id:        id,
 		state:     rec.State,
 		access:    rec.Spec.Access,
+		tokenGen:  rec.TokenGeneration,
 		ports:     rec.Spec.Ports,
 		reason:    rec.Reason,
 		err:       rec.Error,
@@ -86,8 +88,8 @@ func (c *routeCache) get(id string) (*route, error) {
 	return rt, nil
 }
 
-// invalidate drops a sandbox's route after an event changed it.
-func (c *routeCache) invalidate(ev lifecycle.Event) {
+// invalidate drops a sandbox's route after its record changed.
+func (c *routeCache) invalidate(id string) {
 	c.gen.Add(1)
-	c.cache.Remove(ev.SandboxID)
+	c.cache.Remove(id)
 }

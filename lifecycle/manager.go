@@ -127,9 +127,10 @@ type Manager struct {
 	reserved int              // admissions granted to wakes and creates in flight
 	waking   map[string]time.Time
 
-	onWake  func(WakeResult)
-	onEvent []func(Event)
-	onReap  func(ReapStats)
+	onWake   func(WakeResult)
+	onEvent  []func(Event)
+	onChange []func(string)
+	onReap   func(ReapStats)
 
 	webhookState
 
@@ -230,7 +231,19 @@ func (m *Manager) Now() time.Time { return m.cfg.Now() }
 // caches stay exactly as fresh as the store. Add hooks before serving.
 func (m *Manager) OnEvent(fn func(Event)) { m.onEvent = append(m.onEvent, fn) }
 
+// OnChange adds a function called with a sandbox's id whenever its record
+// changes: every event (synchronously, in id order, as OnEvent) and every
+// change without an event (settings, token generation). Caches use it.
+func (m *Manager) OnChange(fn func(id string)) { m.onChange = append(m.onChange, fn) }
+
+func (m *Manager) changed(id string) {
+	for _, fn := range m.onChange {
+		fn(id)
+	}
+}
+
 func (m *Manager) publish(ev Event) {
+	m.changed(ev.SandboxID)
 	for _, fn := range m.onEvent {
 		fn(ev)
 	}
@@ -647,6 +660,69 @@ func (m *Manager) Keepalive(id string, d time.Duration) (Record, error) {
 		r.LastActiveAt = now
 		return nil
 	})
+}
+
+// Patch is a change of a sandbox's settings (nil fields stay as they are).
+type Patch struct {
+	Access      *string
+	IdlePause   *time.Duration
+	IdleStop    *time.Duration
+	MaxLifetime *time.Duration
+}
+
+// Update changes sandbox id's settings. A new max_lifetime counts from the
+// sandbox's creation.
+func (m *Manager) Update(id string, p Patch) (Record, error) {
+	if p.Access != nil && *p.Access != AccessPublic && *p.Access != AccessPrivate {
+		return Record{}, invalid("access: %q is not public or private", *p.Access)
+	}
+	for name, d := range map[string]*time.Duration{"idle_pause": p.IdlePause, "idle_stop": p.IdleStop, "max_lifetime": p.MaxLifetime} {
+		if d != nil && *d < 0 {
+			return Record{}, invalid("%s: %s is negative", name, *d)
+		}
+	}
+	unlock := m.locks.lock(id)
+	defer unlock()
+	rec, err := m.store.Update(id, func(r *Record) error {
+		if p.Access != nil {
+			r.Spec.Access = *p.Access
+		}
+		if p.IdlePause != nil {
+			r.Spec.IdlePause = p.IdlePause
+		}
+		if p.IdleStop != nil {
+			r.Spec.IdleStop = p.IdleStop
+		}
+		if p.MaxLifetime != nil {
+			r.Spec.MaxLifetime = p.MaxLifetime
+			r.ExpiresAt = time.Time{}
+			if *p.MaxLifetime > 0 {
+				r.ExpiresAt = r.CreatedAt.Add(*p.MaxLifetime)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	m.changed(id)
+	return rec, nil
+}
+
+// RotateTokens revokes every preview token of sandbox id by moving to a new
+// token generation.
+func (m *Manager) RotateTokens(id string) (Record, error) {
+	unlock := m.locks.lock(id)
+	defer unlock()
+	rec, err := m.store.Update(id, func(r *Record) error {
+		r.TokenGeneration++
+		return nil
+	})
+	if err != nil {
+		return Record{}, err
+	}
+	m.changed(id)
+	return rec, nil
 }
 
 // Destroy removes sandbox id's container and record. The volume is kept (see

@@ -65,6 +65,10 @@ type Record struct {
 	// ContainerID is the Docker id of the sandbox's current container, empty
 	// when it has none.
 	ContainerID string `json:"container_id,omitempty"`
+	// TokenGeneration is the generation of the sandbox's preview tokens;
+	// revoking every token of the sandbox increments it.
+	TokenGeneration uint64 `json:"token_generation,omitempty"`
+
 	// Upstreams maps each declared port to the address it is reachable at
 	// ("127.0.0.1:49153" when published, "s-<id>:8080" on a network). Host
 	// ports can change on every start, so they are re-read each time.

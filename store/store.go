@@ -231,6 +231,31 @@ func (s *Store) Close() error {
 // in exactly the order of the log.
 func (s *Store) OnCommit(fn func(Event)) { s.onCommit.Store(&fn) }
 
+// Secret returns the secret stored under name, creating it with gen on first
+// use (in one transaction, so concurrent callers agree).
+func (s *Store) Secret(name string, gen func() ([]byte, error)) ([]byte, error) {
+	key := []byte("meta/secret/" + name)
+	var out []byte
+	err := s.db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(key)
+		if err == nil {
+			out, err = item.ValueCopy(nil)
+			return err
+		}
+		if !errors.Is(err, badger.ErrKeyNotFound) {
+			return err
+		}
+		if out, err = gen(); err != nil {
+			return err
+		}
+		return txn.Set(key, out)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading secret %s: %w", name, err)
+	}
+	return out, nil
+}
+
 // SetOutboxTargets sets the function that names the webhook targets each new
 // event is queued for (nil: none). Like OnCommit it runs under the write lock.
 func (s *Store) SetOutboxTargets(fn func(Event) []string) {

@@ -1,0 +1,283 @@
+package caddymodule
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Preview tokens.
+//
+// A token is "swt_" + base64url(payload) + "." + base64url(HMAC-SHA256(secret,
+// payload)), payload being "v1|<sandbox id>|<generation>|<expiry unix>|<subject>".
+// It opens one sandbox until its expiry or until the sandbox's token
+// generation is rotated (DELETE /v1/sandboxes/{id}/tokens). Given once as
+// ?sandwake_token=, it becomes a host-only HttpOnly cookie and the URL is
+// redirected without it, so it does not linger in history or Referer.
+const (
+	tokenPrefix     = "swt_"
+	tokenQueryParam = "sandwake_token"
+	tokenCookie     = "sandwake_token"
+)
+
+// Token errors; none of them echoes the token.
+var (
+	errTokenMissing   = errors.New("this preview is private: a preview token is required")
+	errTokenMalformed = errors.New("the preview token is malformed")
+	errTokenInvalid   = errors.New("the preview token is not valid")
+	errTokenOther     = errors.New("the preview token is for another sandbox")
+	errTokenExpired   = errors.New("the preview token has expired")
+	errTokenRevoked   = errors.New("the preview token has been revoked")
+)
+
+func tokenMAC(secret []byte, payload string) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(payload))
+	return h.Sum(nil)
+}
+
+// signToken makes a preview token for sandbox id.
+func signToken(secret []byte, id string, gen uint64, exp time.Time, subject string) string {
+	payload := "v1|" + id + "|" + strconv.FormatUint(gen, 10) + "|" + strconv.FormatInt(exp.Unix(), 10) + "|" + subject
+	enc := base64.RawURLEncoding
+	return tokenPrefix + enc.EncodeToString([]byte(payload)) + "." + enc.EncodeToString(tokenMAC(secret, payload))
+}
+
+// verifyToken checks a token for sandbox id at generation gen.
+func verifyToken(secret []byte, token, id string, gen uint64, now time.Time) error {
+	if token == "" {
+		return errTokenMissing
+	}
+	body, ok := strings.CutPrefix(token, tokenPrefix)
+	if !ok || len(token) > 2048 {
+		return errTokenMalformed
+	}
+	p64, m64, ok := strings.Cut(body, ".")
+	if !ok {
+		return errTokenMalformed
+	}
+	enc := base64.RawURLEncoding
+	payload, err1 := enc.DecodeString(p64)
+	mac, err2 := enc.DecodeString(m64)
+	if err1 != nil || err2 != nil {
+		return errTokenMalformed
+	}
+	if !hmac.Equal(mac, tokenMAC(secret, string(payload))) {
+		return errTokenInvalid
+	}
+	parts := strings.SplitN(string(payload), "|", 5)
+	if len(parts) != 5 || parts[0] != "v1" {
+		return errTokenMalformed
+	}
+	tgen, err1 := strconv.ParseUint(parts[2], 10, 64)
+	exp, err2 := strconv.ParseInt(parts[3], 10, 64)
+	if err1 != nil || err2 != nil {
+		return errTokenMalformed
+	}
+	switch {
+	case parts[1] != id:
+		return errTokenOther
+	case tgen != gen:
+		return errTokenRevoked
+	case !now.Before(time.Unix(exp, 0)):
+		return errTokenExpired
+	}
+	return nil
+}
+
+// presentedToken finds the token a request carries: the query parameter
+// (first visit), a Bearer header with a sandwake token, or the cookie.
+func presentedToken(r *http.Request) (token string, fromQuery bool) {
+	if r.URL.RawQuery != "" {
+		if t := r.URL.Query().Get(tokenQueryParam); t != "" {
+			return t, true
+		}
+	}
+	if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.HasPrefix(b, tokenPrefix) {
+		return b, false
+	}
+	if c, err := r.Cookie(tokenCookie); err == nil {
+		return c.Value, false
+	}
+	return "", false
+}
+
+// stripToken removes sandwake's credentials from a request before it goes to
+// the app: the app never sees preview tokens.
+func stripToken(r *http.Request) {
+	if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.HasPrefix(b, tokenPrefix) {
+		r.Header.Del("Authorization")
+	}
+	cookies := r.Cookies()
+	if len(cookies) == 0 {
+		return
+	}
+	kept := make([]string, 0, len(cookies))
+	found := false
+	for _, c := range cookies {
+		if c.Name == tokenCookie {
+			found = true
+			continue
+		}
+		kept = append(kept, c.String())
+	}
+	if found {
+		r.Header.Del("Cookie")
+		if len(kept) > 0 {
+			r.Header.Set("Cookie", strings.Join(kept, "; "))
+		}
+	}
+}
+
+// withoutToken is r's URL (path and query) with the token parameter removed.
+func withoutToken(r *http.Request) string {
+	q := r.URL.Query()
+	q.Del(tokenQueryParam)
+	u := *r.URL
+	u.RawQuery = q.Encode()
+	u.Scheme, u.Host = "", ""
+	if u.Path == "" {
+		u.Path = "/"
+	}
+	return u.String()
+}
+
+// setTokenCookie turns a valid first-visit token into a cookie for this
+// preview host only (no Domain attribute), HttpOnly, SameSite=Lax, Secure on
+// https, living as long as the token.
+func setTokenCookie(w http.ResponseWriter, r *http.Request, token string, exp time.Time) {
+	http.SetCookie(w, &http.Cookie{
+		Name: tokenCookie, Value: token, Path: "/", Expires: exp,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode,
+	})
+}
+
+// tokenExpiry reads the expiry of an already verified token.
+func tokenExpiry(token string) time.Time {
+	body := strings.TrimPrefix(token, tokenPrefix)
+	p64, _, _ := strings.Cut(body, ".")
+	payload, _ := base64.RawURLEncoding.DecodeString(p64)
+	parts := strings.SplitN(string(payload), "|", 5)
+	if len(parts) < 4 {
+		return time.Time{}
+	}
+	exp, _ := strconv.ParseInt(parts[3], 10, 64)
+	return time.Unix(exp, 0)
+}
+
+// defaultNoWakeUserAgents are substrings (case-insensitive) of User-Agents
+// that never wake a sandbox: search and social crawlers, link previewers and
+// uptime monitors, which would otherwise keep every preview awake.
+var defaultNoWakeUserAgents = []string{
+	"bot", "crawler", "spider", "slurp", "facebookexternalhit", "embedly",
+	"uptimerobot", "pingdom", "statuscake", "site24x7", "kube-probe",
+	"elb-healthchecker", "googlehc",
+}
+
+// wakeGuard decides whether a request may wake a sandbox: not for crawler
+// User-Agents, not faster than a global rate, and not again too soon for a
+// sandbox whose wakes keep failing (exponential backoff, reset by an API
+// wake or a success).
+type wakeGuard struct {
+	userAgents []string
+	limiter    *rate.Limiter
+
+	mu      sync.Mutex
+	backoff map[string]*wakeBackoff
+}
+
+type wakeBackoff struct {
+	failures int
+	until    time.Time
+}
+
+// Backoff of failing wakes: 2s, 4s, … capped at 5 minutes.
+const (
+	wakeBackoffBase = 2 * time.Second
+	wakeBackoffMax  = 5 * time.Minute
+)
+
+func newWakeGuard() *wakeGuard { return &wakeGuard{backoff: map[string]*wakeBackoff{}} }
+
+// configure applies a config's settings; backoff state is kept across
+// reloads.
+func (g *wakeGuard) configure(userAgents []string, perSecond float64, burst int) {
+	uas := make([]string, len(userAgents))
+	for i, ua := range userAgents {
+		uas[i] = strings.ToLower(ua)
+	}
+	var lim *rate.Limiter
+	if perSecond > 0 {
+		lim = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1))
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.userAgents, g.limiter = uas, lim
+}
+
+// crawler reports whether a User-Agent must not wake sandboxes.
+func (g *wakeGuard) crawler(ua string) bool {
+	g.mu.Lock()
+	uas := g.userAgents
+	g.mu.Unlock()
+	if ua == "" || len(uas) == 0 {
+		return false
+	}
+	ua = strings.ToLower(ua)
+	for _, s := range uas {
+		if strings.Contains(ua, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// backingOff reports whether sandbox id's wakes are paused after failures,
+// and for how long still.
+func (g *wakeGuard) backingOff(id string, now time.Time) (bool, time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.backoff[id]
+	if b == nil || !now.Before(b.until) {
+		return false, 0
+	}
+	return true, b.until.Sub(now)
+}
+
+// failed notes a failed wake of id.
+func (g *wakeGuard) failed(id string, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.backoff[id]
+	if b == nil {
+		b = &wakeBackoff{}
+		g.backoff[id] = b
+	}
+	b.failures++
+	d := wakeBackoffBase << min(b.failures-1, 16)
+	b.until = now.Add(min(d, wakeBackoffMax))
+}
+
+// reset clears id's backoff (a success, or an explicit API wake).
+func (g *wakeGuard) reset(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.backoff, id)
+}
+
+// allowRate takes a token from the global wake rate, reporting false when
+// wakes come faster than configured.
+func (g *wakeGuard) allowRate() bool {
+	g.mu.Lock()
+	lim := g.limiter
+	g.mu.Unlock()
+	return lim == nil || lim.Allow()
+}
