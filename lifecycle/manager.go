@@ -514,14 +514,51 @@ func (m *Manager) adopt(r *Record, c Container) {
 	r.LastActiveAt = now
 }
 
-// waitReady waits for the sandbox's first declared port.
+// waitReady waits for the sandbox's first declared port. Meanwhile it
+// watches the container: one that exits while its app should be coming up
+// (a bad command, a crash at start) fails the wake at once with its exit
+// code instead of after wake_timeout.
 func (m *Manager) waitReady(ctx context.Context, id string, spec *Spec, upstreams map[int]string) error {
 	addr, ok := upstreams[spec.Ports[0]]
 	if !ok {
 		return fmt.Errorf("sandbox %s: no upstream for port %d", id, spec.Ports[0])
 	}
-	return WaitReady(ctx, addr, spec)
+	ctx, cancel := context.WithCancelCause(ctx)
+	watched := make(chan struct{})
+	defer func() {
+		cancel(nil)
+		<-watched
+	}()
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(exitWatch)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				c, err := m.runtime.Inspect(ctx, id)
+				if err == nil && (c.State == ContainerExited || c.State == ContainerDead) {
+					cause := fmt.Errorf("%w: the container exited with code %d while starting", ErrNotReady, c.ExitCode)
+					if c.OOMKilled {
+						cause = fmt.Errorf("%w: the container ran out of memory while starting", ErrNotReady)
+					}
+					cancel(cause)
+					return
+				}
+			}
+		}
+	}()
+	err := WaitReady(ctx, addr, spec)
+	if err != nil && context.Cause(ctx) != nil && !errors.Is(context.Cause(ctx), context.Canceled) && !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return context.Cause(ctx)
+	}
+	return err
 }
+
+// exitWatch is how often a starting container is checked for an early exit.
+const exitWatch = 500 * time.Millisecond
 
 // fail records a failed create or wake as state error. A failed wake whose
 // cause was a transient engine error or the manager shutting down leaves the
