@@ -1,0 +1,690 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "sandwake",
+		Usage: "<ls|get|create|wake|pause|stop|keepalive|destroy|purge|events> [--api <url>] [--token <token>] [--json]",
+		Short: "Manages sandwake sandboxes through the management API",
+		Long: `
+Manages sandboxes through sandwake's management API (the sandwake_api
+handler) of a running Caddy.
+
+The API is found at --api, else $SANDWAKE_API, else http://localhost:8081;
+the bearer token is --token, else $SANDWAKE_TOKEN. Output is a table for
+people; --json prints the API's JSON as it answered.
+
+  caddy sandwake ls [--state running]
+  caddy sandwake create --image app:latest --port 8080 [--id myapp]
+  caddy sandwake wake myapp
+  caddy sandwake events --sandbox myapp
+`,
+		CobraFunc: sandwakeCommand,
+	})
+}
+
+// defaultAPI is where the management API is looked for when neither --api
+// nor $SANDWAKE_API says.
+const defaultAPI = "http://localhost:8081"
+
+// spinEvery is how often the wake spinner polls the sandbox's state.
+const spinEvery = 200 * time.Millisecond
+
+// cli is one run of `caddy sandwake`: its global flags and where it writes.
+type cli struct {
+	api, token string
+	json       bool
+	now        func() time.Time
+}
+
+// sandwakeCommand builds `caddy sandwake` and its subcommands on cmd.
+func sandwakeCommand(cmd *cobra.Command) {
+	c := &cli{now: time.Now}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&c.api, "api", "", "management API URL (default $SANDWAKE_API, else "+defaultAPI+")")
+	pf.StringVar(&c.token, "token", "", "API bearer token (default $SANDWAKE_TOKEN)")
+	pf.BoolVar(&c.json, "json", false, "print the API's JSON instead of a table")
+
+	// Errors are printed once, as one line, by c.run and by the flag error
+	// function; usage is for --help, not for a failed call.
+	cmd.SilenceErrors, cmd.SilenceUsage = true, true
+	cmd.SuggestionsMinimumDistance = 2
+	cmd.SetFlagErrorFunc(func(sub *cobra.Command, err error) error {
+		if sub != cmd {
+			err = fmt.Errorf("%s: %w", sub.Name(), err)
+		}
+		return c.fail(sub, err)
+	})
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 || args[0] == "help" {
+			return cmd.Help()
+		}
+		err := fmt.Errorf("unknown command %q (commands: %s)", args[0], strings.Join(subcommandNames(cmd), ", "))
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			err = fmt.Errorf("unknown command %q; did you mean %q?", args[0], s[0])
+		}
+		return c.fail(cmd, err)
+	}
+
+	for _, sub := range []*cobra.Command{
+		c.lsCommand(), c.getCommand(), c.createCommand(),
+		c.actionCommand("wake", "Wakes a sandbox and waits until it is running"),
+		c.actionCommand("pause", "Pauses a sandbox (it keeps its memory)"),
+		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)"),
+		c.keepaliveCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
+	} {
+		sub.SilenceErrors, sub.SilenceUsage = true, true
+		cmd.AddCommand(sub)
+	}
+}
+
+func subcommandNames(cmd *cobra.Command) []string {
+	var names []string
+	for _, s := range cmd.Commands() {
+		if s.IsAvailableCommand() {
+			names = append(names, s.Name())
+		}
+	}
+	return names
+}
+
+// fail prints err as the command's one line on stderr and returns it, so
+// that the process exits with caddy.ExitCodeFailedStartup (1).
+func (c *cli) fail(cmd *cobra.Command, err error) error {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	fmt.Fprintf(cmd.ErrOrStderr(), "sandwake: %s\n", msg)
+	return err
+}
+
+// run wraps a subcommand's body: it builds the API client, cancels the
+// context on Ctrl-C and prints a failure as one line.
+func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		api, err := newAPIClient(c.apiURL(), c.tokenValue())
+		if err == nil {
+			err = body(ctx, cmd, api, args)
+		}
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+			err = errors.New("interrupted")
+		}
+		return c.fail(cmd, err)
+	}
+}
+
+func (c *cli) apiURL() string {
+	if c.api != "" {
+		return c.api
+	}
+	if v := os.Getenv("SANDWAKE_API"); v != "" {
+		return v
+	}
+	return defaultAPI
+}
+
+func (c *cli) tokenValue() string {
+	if c.token != "" {
+		return c.token
+	}
+	return os.Getenv("SANDWAKE_TOKEN")
+}
+
+// wantArgs checks a subcommand's positional arguments.
+func wantArgs(cmd *cobra.Command, args []string, names ...string) error {
+	if len(args) == len(names) {
+		for i, a := range args {
+			if a == "" {
+				return fmt.Errorf("%s: %s is empty", cmd.Name(), names[i])
+			}
+		}
+		return nil
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("%s: takes no arguments, got %q", cmd.Name(), args)
+	}
+	want := "<" + strings.Join(names, "> <") + ">"
+	return fmt.Errorf("%s: want %s, got %d argument(s) (usage: %s)", cmd.Name(), want, len(args), cmd.UseLine())
+}
+
+// printRaw prints a JSON answer as the API gave it.
+func printRaw(w io.Writer, raw []byte) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	_, err := fmt.Fprintln(w, strings.TrimRight(string(raw), "\n"))
+	return err
+}
+
+func (c *cli) lsCommand() *cobra.Command {
+	var state string
+	cmd := &cobra.Command{
+		Use:   "ls [--state <state>]",
+		Short: "Lists sandboxes",
+	}
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state ("+statesList()+")")
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		if err := wantArgs(cmd, args); err != nil {
+			return err
+		}
+		if state != "" && !lifecycle.ValidState(lifecycle.State(state)) {
+			return fmt.Errorf("ls: --state %q is not one of %s", state, statesList())
+		}
+		recs, raw, err := api.List(ctx, state)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printRaw(cmd.OutOrStdout(), raw)
+		}
+		return writeTable(cmd.OutOrStdout(), recs, c.now())
+	})
+	return cmd
+}
+
+func statesList() string {
+	s := make([]string, len(lifecycle.States))
+	for i, st := range lifecycle.States {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
+}
+
+// writeTable prints sandboxes as an aligned table.
+func writeTable(w io.Writer, recs []recordView, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tPORTS\tLAST ACTIVE\tURL")
+	for i := range recs {
+		r := &recs[i]
+		ports := make([]string, len(r.Ports))
+		for j, p := range r.Ports {
+			ports[j] = strconv.Itoa(p)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, orDash(strings.Join(ports, ",")),
+			relTime(r.LastActiveAt, now), orDash(firstURL(r)))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// firstURL is the preview URL of a sandbox's first port.
+func firstURL(r *recordView) string {
+	if len(r.Ports) == 0 {
+		return ""
+	}
+	return r.URLs[strconv.Itoa(r.Ports[0])]
+}
+
+// relTime renders t relative to now: "12s ago", "in 3m", "-" for none.
+func relTime(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	suffix := " ago"
+	if d < 0 {
+		d, suffix = -d, ""
+	}
+	var s string
+	switch {
+	case d < time.Second:
+		return "just now"
+	case d < time.Minute:
+		s = fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		s = fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 48*time.Hour:
+		s = fmt.Sprintf("%dh", int(d/time.Hour))
+	default:
+		s = fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+	}
+	if suffix == "" {
+		return "in " + s
+	}
+	return s + suffix
+}
+
+func (c *cli) getCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "get <id>",
+		Short: "Shows one sandbox",
+	}
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		if err := wantArgs(cmd, args, "id"); err != nil {
+			return err
+		}
+		rec, raw, err := api.Get(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printRaw(cmd.OutOrStdout(), raw)
+		}
+		return writeRecord(cmd.OutOrStdout(), &rec, c.now())
+	})
+	return cmd
+}
+
+// writeRecord prints a sandbox as aligned "key: value" lines, leaving out
+// what is not set.
+func writeRecord(w io.Writer, r *recordView, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	line := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+		}
+	}
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.Local().Format(time.RFC3339) + " (" + relTime(t, now) + ")"
+	}
+	optAt := func(t *time.Time) string {
+		if t == nil {
+			return ""
+		}
+		return at(*t)
+	}
+	line("id", r.ID)
+	line("state", r.State)
+	line("reason", r.Reason)
+	line("error", r.Error)
+	line("image", r.Image)
+	if len(r.Cmd) > 0 {
+		line("cmd", strings.Join(r.Cmd, " "))
+	}
+	for _, p := range r.Ports {
+		line("url "+strconv.Itoa(p), orDash(r.URLs[strconv.Itoa(p)]))
+	}
+	line("env", strings.Join(r.EnvKeys, ", "))
+	if r.MemoryMB > 0 {
+		line("memory", fmt.Sprintf("%d MiB", r.MemoryMB))
+	}
+	if r.CPUs > 0 {
+		line("cpus", strconv.FormatFloat(r.CPUs, 'f', -1, 64))
+	}
+	line("workspace", r.WorkspacePath)
+	line("ready path", r.ReadyPath)
+	line("idle pause", r.IdlePause)
+	line("idle stop", r.IdleStop)
+	line("max lifetime", r.MaxLifetime)
+	labels := make([]string, 0, len(r.Labels))
+	for _, k := range slices.Sorted(maps.Keys(r.Labels)) {
+		labels = append(labels, k+"="+r.Labels[k])
+	}
+	line("labels", strings.Join(labels, ", "))
+	line("access", r.Access)
+	line("created", at(r.CreatedAt))
+	line("last active", at(r.LastActiveAt))
+	line("state since", at(r.StateSince))
+	line("expires", optAt(r.ExpiresAt))
+	line("keepalive until", optAt(r.KeepaliveUntil))
+	line("verified", optAt(r.VerifiedAt))
+	line("open connections", strconv.FormatInt(r.OpenConnections, 10))
+	return tw.Flush()
+}
+
+// writeSummary prints the one line an operation answers with:
+// "sandbox <id> <state>  <url>".
+func writeSummary(w io.Writer, r *recordView, extra string) error {
+	s := fmt.Sprintf("sandbox %s %s", r.ID, r.State)
+	if u := firstURL(r); u != "" {
+		s += "  " + u
+	}
+	if extra != "" {
+		s += "  " + extra
+	}
+	_, err := fmt.Fprintln(w, s)
+	return err
+}
+
+// createFlags are the flags of `caddy sandwake create`.
+type createFlags struct {
+	image, id, readyPath             string
+	idlePause, idleStop, maxLifetime string
+	ports                            []int
+	env, labels                      []string
+	memoryMB                         int64
+	cpus                             float64
+}
+
+func (c *cli) createCommand() *cobra.Command {
+	var f createFlags
+	cmd := &cobra.Command{
+		Use:   "create --image <image> --port <port> [flags] [-- <cmd> <arg>...]",
+		Short: "Creates a sandbox and waits until it is running",
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.image, "image", "", "container image (required)")
+	fl.IntSliceVar(&f.ports, "port", nil, "container port to serve (repeatable; at least one)")
+	fl.StringVar(&f.id, "id", "", "sandbox id, 1-40 characters of [0-9a-z] (default: a new ULID)")
+	fl.StringArrayVar(&f.env, "env", nil, "environment variable KEY=VALUE (repeatable)")
+	fl.Int64Var(&f.memoryMB, "memory-mb", 0, "memory limit in MiB")
+	fl.Float64Var(&f.cpus, "cpus", 0, "CPU limit, in cores")
+	fl.StringVar(&f.readyPath, "ready-path", "", "HTTP path that answers once the app is ready, like /healthz")
+	fl.StringVar(&f.idlePause, "idle-pause", "", "pause after this long idle, like 3m (0: never)")
+	fl.StringVar(&f.idleStop, "idle-stop", "", "stop after this long idle, like 30m (0: never)")
+	fl.StringVar(&f.maxLifetime, "max-lifetime", "", "remove the container this long after creation (0: never)")
+	fl.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		body, err := f.body(cmd, args)
+		if err != nil {
+			return err
+		}
+		rec, raw, err := api.Create(ctx, body)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printRaw(cmd.OutOrStdout(), raw)
+		}
+		return writeSummary(cmd.OutOrStdout(), &rec, "")
+	})
+	return cmd
+}
+
+// body checks the create flags and builds the request body; arguments after
+// "--" are the container's command.
+func (f *createFlags) body(cmd *cobra.Command, args []string) (createBody, error) {
+	b := createBody{ID: f.id, Image: f.image, Ports: f.ports, MemoryMB: f.memoryMB, CPUs: f.cpus, ReadyPath: f.readyPath}
+	if dash := cmd.ArgsLenAtDash(); len(args) > 0 && dash != 0 {
+		return b, fmt.Errorf("create: unexpected argument %q (the container's command goes after --)", args[0])
+	}
+	b.Cmd = args
+	if f.image == "" {
+		return b, errors.New("create: --image is required")
+	}
+	if len(f.ports) == 0 {
+		return b, errors.New("create: --port is required")
+	}
+	var err error
+	if b.Env, err = keyValues("env", f.env); err != nil {
+		return b, err
+	}
+	if b.Labels, err = keyValues("label", f.labels); err != nil {
+		return b, err
+	}
+	for _, d := range []struct {
+		name string
+		val  string
+		dst  **string
+	}{{"idle-pause", f.idlePause, &b.IdlePause}, {"idle-stop", f.idleStop, &b.IdleStop}, {"max-lifetime", f.maxLifetime, &b.MaxLifetime}} {
+		if !cmd.Flags().Changed(d.name) {
+			continue
+		}
+		if _, err := caddy.ParseDuration(d.val); err != nil {
+			return b, fmt.Errorf("create: --%s: %q is not a duration like 90s or 30m", d.name, d.val)
+		}
+		*d.dst = &d.val
+	}
+	return b, nil
+}
+
+// keyValues parses repeated KEY=VALUE flags.
+func keyValues(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("create: --%s %q is not KEY=VALUE", flag, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+// actionCommand builds wake, pause and stop: POST /v1/sandboxes/{id}/<op>.
+func (c *cli) actionCommand(op, short string) *cobra.Command {
+	cmd := &cobra.Command{Use: op + " <id>", Short: short}
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		if err := wantArgs(cmd, args, "id"); err != nil {
+			return err
+		}
+		var rec recordView
+		var raw []byte
+		var err error
+		if op == "wake" && !c.json && isTerminal(cmd.ErrOrStderr()) {
+			rec, raw, err = wakeWithSpinner(ctx, api, args[0], cmd.ErrOrStderr())
+		} else {
+			rec, raw, err = api.Act(ctx, args[0], op)
+		}
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printRaw(cmd.OutOrStdout(), raw)
+		}
+		return writeSummary(cmd.OutOrStdout(), &rec, "")
+	})
+	return cmd
+}
+
+// isTerminal reports whether w is a terminal (the spinner is for people).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// wakeWithSpinner wakes sandbox id while a spinner on w shows its state.
+func wakeWithSpinner(ctx context.Context, api *apiClient, id string, w io.Writer) (recordView, []byte, error) {
+	spinCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		spin(spinCtx, w, "waking "+id, spinEvery, func(ctx context.Context) (string, error) {
+			rec, _, err := api.Get(ctx, id)
+			return rec.State, err
+		})
+	})
+	rec, raw, err := api.Act(ctx, id, "wake")
+	stop()
+	wg.Wait()
+	return rec, raw, err
+}
+
+// spin draws a spinner with what poll answers and the time spent on one
+// line of w every interval until ctx ends, then clears the line. The first poll is made at
+// once. A failed poll keeps the last state.
+func spin(ctx context.Context, w io.Writer, what string, every time.Duration, poll func(context.Context) (string, error)) {
+	frames := []rune("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
+	state := "…"
+	start := time.Now()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		pctx, cancel := context.WithTimeout(ctx, 2*every)
+		if s, err := poll(pctx); err == nil && s != "" {
+			state = s
+		}
+		cancel()
+		if ctx.Err() == nil {
+			fmt.Fprintf(w, "\r\x1b[K%c %s: %s (%.1fs)", frames[i%len(frames)], what, state, time.Since(start).Seconds())
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprint(w, "\r\x1b[K")
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (c *cli) keepaliveCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "keepalive <id> <duration>",
+		Short: "Keeps a sandbox from idling out for a while (capped by keepalive_max)",
+	}
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		if err := wantArgs(cmd, args, "id", "duration"); err != nil {
+			return err
+		}
+		if d, err := caddy.ParseDuration(args[1]); err != nil || d <= 0 {
+			return fmt.Errorf("keepalive: %q is not a positive duration like 10m or 2h", args[1])
+		}
+		rec, raw, err := api.Keepalive(ctx, args[0], args[1])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printRaw(cmd.OutOrStdout(), raw)
+		}
+		extra := ""
+		if rec.KeepaliveUntil != nil {
+			extra = "kept alive until " + rec.KeepaliveUntil.Local().Format(time.RFC3339)
+		}
+		return writeSummary(cmd.OutOrStdout(), &rec, extra)
+	})
+	return cmd
+}
+
+func (c *cli) destroyCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "destroy <id>",
+		Short: "Removes a sandbox's container and record; its volume is kept (see purge)",
+	}
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		if err := wantArgs(cmd, args, "id"); err != nil {
+			return err
+		}
+		raw, err := api.Destroy(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			// The API answers 204 with no body: there is nothing to print.
+			return printRaw(cmd.OutOrStdout(), raw)
+		}
+		_, err = fmt.Fprintf(cmd.OutOrStdout(), "destroyed %s\n", args[0])
+		return err
+	})
+	return cmd
+}
+
+func (c *cli) purgeCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "purge <id>",
+		Short: "Removes a sandbox with its volume (also the volume of a destroyed one)",
+	}
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		if err := wantArgs(cmd, args, "id"); err != nil {
+			return err
+		}
+		freed, raw, err := api.Purge(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printRaw(cmd.OutOrStdout(), raw)
+		}
+		_, err = fmt.Fprintf(cmd.OutOrStdout(), "purged %s: freed %s\n", args[0], formatBytes(freed))
+		return err
+	})
+	return cmd
+}
+
+// formatBytes renders n in binary units: "512 B", "1.2 MiB".
+func formatBytes(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	f := float64(n) / 1024
+	units := "KMGTPE"
+	i := 0
+	for f >= 1024 && i < len(units)-1 {
+		f /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f %ciB", f, units[i])
+}
+
+func (c *cli) eventsCommand() *cobra.Command {
+	var sandbox string
+	cmd := &cobra.Command{
+		Use:   "events [--sandbox <id>]",
+		Short: "Follows sandbox state changes until interrupted",
+	}
+	cmd.Flags().StringVar(&sandbox, "sandbox", "", "only this sandbox's events")
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+		if err := wantArgs(cmd, args); err != nil {
+			return err
+		}
+		out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
+		return api.FollowEvents(ctx, sandbox, func(ev sseEvent) error {
+			if c.json {
+				_, err := fmt.Fprintln(out, ev.Data)
+				return err
+			}
+			return writeEvent(out, ev.Data)
+		}, func(err error, delay time.Duration) {
+			fmt.Fprintf(errw, "sandwake: events: %s; reconnecting in %s\n", strings.Join(strings.Fields(err.Error()), " "), delay)
+		})
+	})
+	return cmd
+}
+
+// eventView is an event as /v1/events sends it.
+type eventView struct {
+	ID        uint64    `json:"id"`
+	Type      string    `json:"type"`
+	SandboxID string    `json:"sandbox_id"`
+	From      string    `json:"from"`
+	To        string    `json:"to"`
+	Reason    string    `json:"reason"`
+	At        time.Time `json:"at"`
+}
+
+// writeEvent prints an event as "<at> <sandbox> <from> → <to> (<reason>)".
+// An event that is not a transition (destroyed, purged) shows its type as
+// the target.
+func writeEvent(w io.Writer, data string) error {
+	var ev eventView
+	if err := json.Unmarshal([]byte(data), &ev); err != nil {
+		return fmt.Errorf("events: an event is not the expected JSON (%v): %.200s", err, data)
+	}
+	to := ev.To
+	if to == "" {
+		to = strings.TrimPrefix(ev.Type, "sandbox.")
+	}
+	s := fmt.Sprintf("%s %s %s → %s", ev.At.Format(time.RFC3339), ev.SandboxID, orDash(ev.From), orDash(to))
+	if ev.Reason != "" {
+		s += " (" + ev.Reason + ")"
+	}
+	_, err := fmt.Fprintln(w, s)
+	return err
+}
