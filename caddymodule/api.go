@@ -86,6 +86,8 @@ func (api *API) Provision(ctx caddy.Context) error {
 	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(api.patch))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(api.createToken))
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(api.revokeTokens))
+	mux.HandleFunc("GET /{$}", serveDashboard)
+	mux.HandleFunc("GET /index.html", serveDashboard)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path), 0)
 	})
@@ -483,6 +485,11 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 			return
 		}
 		last = n
+		// A resume point beyond the log (a wiped store restarts ids) would
+		// silently skip live events: start from now instead.
+		if newest, err := e.store.LastEventID(); err == nil && last > newest {
+			last = newest
+		}
 	} else {
 		// No resume point: only what happens from now on.
 		n, err := e.store.LastEventID()

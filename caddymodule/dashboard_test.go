@@ -1,0 +1,555 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+func TestDashboardHandler(t *testing.T) {
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		t.Run(method, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			serveDashboard(rec, httptest.NewRequest(method, "/", nil))
+			res := rec.Result()
+			if res.StatusCode != http.StatusOK {
+				t.Fatalf("status %d, want 200", res.StatusCode)
+			}
+			for k, want := range map[string]string{
+				"Content-Type":           "text/html; charset=utf-8",
+				"Cache-Control":          "no-store",
+				"X-Frame-Options":        "DENY",
+				"X-Content-Type-Options": "nosniff",
+				"Referrer-Policy":        "no-referrer",
+			} {
+				if got := res.Header.Get(k); got != want {
+					t.Errorf("%s: %q, want %q", k, got, want)
+				}
+			}
+			if method == http.MethodHead && rec.Body.Len() != 0 {
+				t.Errorf("HEAD answered a body of %d bytes", rec.Body.Len())
+			}
+			if method == http.MethodGet && rec.Body.String() != string(dashboardHTML) {
+				t.Errorf("GET body is not the embedded page")
+			}
+		})
+	}
+
+	t.Run("csp", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		serveDashboard(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		csp := rec.Result().Header.Get("Content-Security-Policy")
+		directives := map[string]string{}
+		for d := range strings.SplitSeq(csp, ";") {
+			name, value, _ := strings.Cut(strings.TrimSpace(d), " ")
+			directives[name] = value
+		}
+		for name, want := range map[string]string{
+			"default-src":     "'none'",
+			"connect-src":     "'self'",
+			"base-uri":        "'none'",
+			"form-action":     "'none'",
+			"frame-ancestors": "'none'",
+		} {
+			if got := directives[name]; got != want {
+				t.Errorf("CSP %s: %q, want %q (policy %q)", name, got, want, csp)
+			}
+		}
+		if strings.Contains(csp, "unsafe-") || strings.Contains(csp, "*") {
+			t.Errorf("CSP is not strict: %q", csp)
+		}
+		// Exactly the page's own inline script and style, by hash.
+		html := string(dashboardHTML)
+		for _, tag := range []string{"script", "style"} {
+			blocks := regexp.MustCompile(`(?s)<`+tag+`>(.*?)</`+tag+`>`).FindAllStringSubmatch(html, -1)
+			if len(blocks) != 1 {
+				t.Fatalf("page has %d <%s> blocks, want 1", len(blocks), tag)
+			}
+			sum := sha256.Sum256([]byte(blocks[0][1]))
+			want := "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+			if got := directives[tag+"-src"]; got != want {
+				t.Errorf("CSP %s-src: %q, want %q", tag, got, want)
+			}
+		}
+	})
+
+	t.Run("page", func(t *testing.T) {
+		html := string(dashboardHTML)
+		for _, want := range []string{
+			`id="token-form"`, `id="token-input"`, `id="message"`, `id="live"`, `data-status="offline"`,
+			`id="state-filter"`, `"data-id"`, `"data-state"`, `"data-action"`, `el("td", "state")`,
+			`name: "wake"`, `name: "pause"`, `name: "stop"`, `name: "keepalive"`, `name: "destroy"`,
+			`"Last-Event-ID"`, `sessionStorage`,
+		} {
+			if !strings.Contains(html, want) {
+				t.Errorf("page lacks %s", want)
+			}
+		}
+		// Offline and under the CSP: nothing loaded from elsewhere, no
+		// inline handlers or style attributes (the CSP would block them).
+		for _, bad := range []*regexp.Regexp{
+			regexp.MustCompile(`(?i)\b(src|href|action)\s*=\s*["']?(https?:)?//`),
+			regexp.MustCompile(`(?i)<[a-z][^>]*\sstyle\s*=`),
+			regexp.MustCompile(`(?i)<[a-z][^>]*\son[a-z]+\s*=`),
+			regexp.MustCompile(`(?i)\binnerHTML\b|\beval\(`),
+		} {
+			if m := bad.FindString(html); m != "" {
+				t.Errorf("page contains %q", m)
+			}
+		}
+	})
+}
+
+func TestDashboardInlineHashes(t *testing.T) {
+	for _, tc := range []struct {
+		page, tag string
+		n         int
+	}{
+		{"<p>no script</p>", "script", 0},
+		{"<script>a</script>", "script", 1},
+		{"<script>a</script><script>b</script>", "script", 2},
+		{"<script>unterminated", "script", 0},
+	} {
+		got := inlineHashes([]byte(tc.page), tc.tag)
+		if tc.n == 0 {
+			if len(got) != 1 || got[0] != "'none'" {
+				t.Errorf("%q: %v, want ['none']", tc.page, got)
+			}
+			continue
+		}
+		if len(got) != tc.n {
+			t.Errorf("%q: %d hashes, want %d", tc.page, len(got), tc.n)
+		}
+	}
+}
+
+// dashboardServer serves the dashboard at / and proxies /v1/ to the
+// harness's API, so the page runs against the real API whether or not the
+// API serves the page itself. Streams are passed on at once. Without
+// withEvents, GET /v1/events answers 404 as an API without it would.
+type dashboardServer struct {
+	*httptest.Server
+	mu       sync.Mutex
+	resumes  []string             // Last-Event-ID of each GET /v1/events
+	dropping []context.CancelFunc // ends the event streams open now
+}
+
+// resumedFrom returns the Last-Event-ID headers of the event stream
+// requests so far, in order.
+func (d *dashboardServer) resumedFrom() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.resumes...)
+}
+
+// dropStreams breaks the event streams open now, as a lost connection would.
+func (d *dashboardServer) dropStreams() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, cancel := range d.dropping {
+		cancel()
+	}
+	d.dropping = nil
+}
+
+func newDashboardServer(t *testing.T, h *harness, withEvents bool) *dashboardServer {
+	t.Helper()
+	target, err := url.Parse(h.apiURL(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		FlushInterval: -1,
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", serveDashboard)
+	mux.HandleFunc("GET /index.html", serveDashboard)
+	mux.Handle("/v1/", proxy)
+	d := &dashboardServer{}
+	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
+		if !withEvents {
+			writeJSONError(w, http.StatusNotFound, "not_found", "no API route GET /v1/events", 0)
+			return
+		}
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		d.mu.Lock()
+		d.resumes = append(d.resumes, r.Header.Get("Last-Event-ID"))
+		d.dropping = append(d.dropping, cancel)
+		d.mu.Unlock()
+		proxy.ServeHTTP(w, r.WithContext(ctx))
+	})
+	d.Server = httptest.NewServer(mux)
+	t.Cleanup(d.Server.Close)
+	return d
+}
+
+// eventsAvailable reports whether the API serves GET /v1/events.
+func eventsAvailable(t *testing.T, h *harness) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.apiURL("/v1/events"), nil)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("probing /v1/events: %v", err)
+	}
+	res.Body.Close()
+	return res.StatusCode == http.StatusOK
+}
+
+// dialogs answers the page's prompt() and confirm() dialogs: a prompt gets
+// the text set with answer, a confirm is accepted.
+type dialogs struct {
+	mu     sync.Mutex
+	text   string
+	opened []string
+}
+
+func (d *dialogs) answer(text string) {
+	d.mu.Lock()
+	d.text = text
+	d.mu.Unlock()
+}
+
+func (d *dialogs) seen() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.opened...)
+}
+
+func handleDialogs(t *testing.T, ctx context.Context) *dialogs {
+	t.Helper()
+	d := &dialogs{}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	opening := chromedp.Events(ctx, page.JavascriptDialogOpening)
+	go func() {
+		defer close(done)
+		for ev, err := range opening {
+			if err != nil {
+				return
+			}
+			d.mu.Lock()
+			d.opened = append(d.opened, string(ev.Type))
+			text := d.text
+			d.mu.Unlock()
+			// Not from the goroutine that reads the events (see chromedp.Events).
+			go func() {
+				_, err := chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true, PromptText: text})
+				if err != nil && ctx.Err() == nil {
+					t.Errorf("answering the %s dialog: %v", ev.Type, err)
+				}
+			}()
+		}
+	}()
+	return d
+}
+
+// rowSel is a CSS selector inside the dashboard row of sandbox id.
+func rowSel(id, inner string) chromedp.CSS {
+	return chromedp.CSS(fmt.Sprintf(`tr[data-id=%q] %s`, id, inner))
+}
+
+// darkMode makes the tab prefer a dark color scheme, or not.
+func darkMode(t *testing.T, ctx context.Context, on bool) {
+	t.Helper()
+	p := emulation.SetEmulatedMediaParams{}
+	if on {
+		p.Features = []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}}
+	}
+	if _, err := chromedp.Call(ctx, emulation.SetEmulatedMedia, p); err != nil {
+		t.Fatalf("emulating dark mode: %v", err)
+	}
+}
+
+// selectState picks a state in the filter as a person would. (SetValue cannot
+// select the empty value "all": chromedp sends the empty string as undefined.)
+func selectState(state string) chromedp.Action[chromedp.Void] {
+	return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`(function (s) {
+		s.value = %q;
+		s.dispatchEvent(new Event("change", { bubbles: true }));
+	})(document.getElementById("state-filter"))`, state))
+}
+
+// TestDashboardInBrowser runs the dashboard in chromium against the real API:
+// sign in, see the sandboxes, follow a change made elsewhere without a
+// reload, and act on sandboxes with the row buttons.
+func TestDashboardInBrowser(t *testing.T) {
+	h := newHarness(t, "")
+	a := h.create(nil)
+	b := h.create(nil)
+	var paused recordView
+	if status := h.api("POST", "/v1/sandboxes/"+b.ID+"/pause", nil, &paused); status != 200 || paused.State != "paused" {
+		t.Fatalf("pause: %d %+v", status, paused)
+	}
+	live := eventsAvailable(t, h)
+	t.Logf("GET /v1/events available: %v", live)
+	srv := newDashboardServer(t, h, true)
+	ctx := newBrowser(t, chromedp.WindowSize(1280, 800))
+	dlg := handleDialogs(t, ctx)
+
+	browse(t, ctx, "signing in",
+		chromedp.EmulateViewport(1280, 800),
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(chromedp.ID("token-form")),
+		chromedp.SendKeys(chromedp.ID("token-input"), testToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
+		chromedp.WaitVisible(rowSel(b.ID, `td.state[data-state="paused"]`)),
+	)
+	if live {
+		browse(t, ctx, "waiting for the live stream", chromedp.WaitVisible(chromedp.CSS(`#live[data-status="live"]`)))
+	} else {
+		browse(t, ctx, "waiting for the live indicator to give up", chromedp.WaitVisible(chromedp.CSS(`#live[data-status="offline"]`)))
+	}
+	screenshot(t, ctx, "dashboard.png")
+
+	type rowFacts struct {
+		Token    string `json:"token"`
+		CSP      string `json:"csp"`
+		FormOpen bool   `json:"formOpen"`
+		Href     string `json:"href"`
+		Target   string `json:"target"`
+		Rel      string `json:"rel"`
+		Conns    string `json:"conns"`
+		Age      string `json:"age"`
+		Active   string `json:"active"`
+		Buttons  string `json:"buttons"`
+		Bg       string `json:"bg"`
+	}
+	facts := evaluate[rowFacts](t, ctx, fmt.Sprintf(`(function () {
+		var tr = document.querySelector('tr[data-id=%q]'), link = tr.querySelector("td.links a");
+		return {
+			token: sessionStorage.getItem("sandwake.api_token") || "",
+			csp: document.documentElement.getAttribute("data-csp-violations") || "",
+			bg: getComputedStyle(document.body).backgroundColor,
+			formOpen: !document.getElementById("token-form").hidden,
+			href: link ? link.href : "", target: link ? link.target : "", rel: link ? link.rel : "",
+			conns: tr.querySelector("td.conns").textContent,
+			age: tr.querySelector("td.age").textContent,
+			active: tr.querySelector("td.active .when").textContent,
+			buttons: Array.prototype.map.call(tr.querySelectorAll("button[data-action]"), function (b) {
+				return b.getAttribute("data-action") + (b.disabled ? "-" : "+");
+			}).join(" ")
+		};
+	})()`, a.ID))
+	if facts.Token != testToken {
+		t.Errorf("sessionStorage token %q, want the one entered", facts.Token)
+	}
+	if facts.CSP != "" {
+		t.Errorf("%s Content-Security-Policy violations", facts.CSP)
+	}
+	// The style sheet ran under the CSP (a blocked one would leave the
+	// browser's white background; its violation fires before the script
+	// can count it).
+	if facts.Bg != "rgb(245, 246, 248)" {
+		t.Errorf("body background %q, want the page's rgb(245, 246, 248): style blocked?", facts.Bg)
+	}
+	if facts.FormOpen {
+		t.Errorf("token form still shown after signing in")
+	}
+	if facts.Href != a.URLs["8080"] || facts.Target != "_blank" || !strings.Contains(" "+facts.Rel+" ", " noopener ") {
+		t.Errorf("preview link: href %q target %q rel %q, want %q _blank noopener", facts.Href, facts.Target, facts.Rel, a.URLs["8080"])
+	}
+	if facts.Conns != "0" || facts.Age == "" || facts.Active == "" {
+		t.Errorf("row cells: conns %q age %q last active %q", facts.Conns, facts.Age, facts.Active)
+	}
+	if want := "wake- pause+ stop+ keepalive+ destroy+"; facts.Buttons != want {
+		t.Errorf("buttons of a running sandbox: %q, want %q", facts.Buttons, want)
+	}
+
+	browse(t, ctx, "filtering by state",
+		selectState("paused"),
+		chromedp.WaitNotVisible(rowSel(a.ID, "td.state")),
+		chromedp.WaitVisible(rowSel(b.ID, "td.state")),
+		selectState(""),
+		chromedp.WaitVisible(rowSel(a.ID, "td.state")),
+	)
+
+	// A change made elsewhere shows without a reload: by the event stream
+	// when the API has one, else by the periodic list refresh (15 s).
+	h.stop(a.ID)
+	func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := chromedp.Do(wctx, chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="stopped"]`))); err != nil {
+			t.Fatalf("row of %s did not turn stopped within 30 s: %v", a.ID, err)
+		}
+	}()
+	source := evaluate[string](t, ctx, fmt.Sprintf(`document.querySelector('tr[data-id=%q]').getAttribute("data-state-source")`, a.ID))
+	status := evaluate[string](t, ctx, `document.getElementById("live").getAttribute("data-status")`)
+	t.Logf("row turned stopped by: %s (live indicator %s)", source, status)
+	if live && source != "event" {
+		t.Errorf("with /v1/events the row changed by %q, want event", source)
+	}
+	if !live && source != "list" {
+		t.Errorf("without /v1/events the row changed by %q, want list", source)
+	}
+	screenshot(t, ctx, "dashboard-stopped.png")
+
+	if live {
+		// A broken stream is reopened, resuming after the last event seen.
+		var hist struct {
+			Events []struct {
+				ID uint64 `json:"id"`
+			} `json:"events"`
+		}
+		h.api("GET", "/v1/sandboxes/"+a.ID+"/history", nil, &hist)
+		if len(hist.Events) == 0 {
+			t.Fatalf("no history for %s", a.ID)
+		}
+		stopEvent := hist.Events[len(hist.Events)-1].ID
+		before := len(srv.resumedFrom())
+		srv.dropStreams()
+		testenv.Eventually(t, 15*time.Second, func() (bool, string) {
+			n := len(srv.resumedFrom())
+			return n > before, fmt.Sprintf("%d event stream requests, want more than %d", n, before)
+		})
+		browse(t, ctx, "waiting for the stream to be back", chromedp.WaitVisible(chromedp.CSS(`#live[data-status="live"]`)))
+		resumes := srv.resumedFrom()
+		got := resumes[len(resumes)-1]
+		if n, err := strconv.ParseUint(got, 10, 64); err != nil || n < stopEvent {
+			t.Errorf("reconnected with Last-Event-ID %q, want at least %d (the stop event); all: %q", got, stopEvent, resumes)
+		}
+		t.Logf("event stream requests, by Last-Event-ID: %q", resumes)
+	}
+
+	browse(t, ctx, "waking from the row",
+		chromedp.Click(rowSel(a.ID, `button[data-action="wake"]`)),
+		chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#message[data-kind="info"]`)),
+	)
+	if s := h.state(a.ID); s != "running" {
+		t.Fatalf("API says %s after Wake, want running", s)
+	}
+
+	// Keepalive asks for a duration; an invalid one shows the API's error.
+	dlg.answer("soon")
+	browse(t, ctx, "keepalive with a bad duration",
+		chromedp.Click(rowSel(a.ID, `button[data-action="keepalive"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#message[data-kind="error"]`)),
+	)
+	if msg := evaluate[string](t, ctx, `document.getElementById("message").textContent`); !strings.Contains(msg, `"soon" is not a duration`) {
+		t.Errorf("message after a bad keepalive: %q, want the API's error", msg)
+	}
+	dlg.answer("5m")
+	browse(t, ctx, "keepalive",
+		chromedp.Click(rowSel(a.ID, `button[data-action="keepalive"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#message[data-kind="info"]`)),
+	)
+	var kept recordView
+	h.api("GET", "/v1/sandboxes/"+a.ID, nil, &kept)
+	if kept.KeepaliveUntil == nil || !kept.KeepaliveUntil.After(time.Now()) {
+		t.Errorf("keepalive_until %v after Keepalive 5m, want in the future", kept.KeepaliveUntil)
+	}
+	browse(t, ctx, "showing the keepalive", chromedp.WaitVisible(rowSel(a.ID, "td.active .keepalive")))
+	darkMode(t, ctx, true)
+	screenshot(t, ctx, "dashboard-dark.png")
+	darkMode(t, ctx, false)
+
+	browse(t, ctx, "destroying from the row",
+		chromedp.Click(rowSel(b.ID, `button[data-action="destroy"]`)),
+		chromedp.WaitNotPresent(chromedp.CSS(fmt.Sprintf(`tr[data-id=%q]`, b.ID))),
+	)
+	if status := h.api("GET", "/v1/sandboxes/"+b.ID, nil, nil); status != http.StatusNotFound {
+		t.Errorf("GET of the destroyed sandbox: %d, want 404", status)
+	}
+	if got := fmt.Sprint(dlg.seen()); got != "[prompt prompt confirm]" {
+		t.Errorf("dialogs %s, want [prompt prompt confirm]", got)
+	}
+
+	// A phone: the page fits the width; only the table scrolls, inside its card.
+	const width = 390
+	browse(t, ctx, "opening on a phone",
+		chromedp.EmulateViewport(width, 844, chromedp.EmulateMobile, chromedp.EmulatePortrait),
+		chromedp.Reload(),
+		chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
+	)
+	screenshot(t, ctx, "dashboard-phone.png")
+	type layout struct {
+		ScrollWidth int     `json:"scrollWidth"`
+		WrapRight   float64 `json:"wrapRight"`
+		LiveRight   float64 `json:"liveRight"`
+	}
+	got := evaluate[layout](t, ctx, `({
+		scrollWidth: document.documentElement.scrollWidth,
+		wrapRight: document.querySelector(".table-wrap").getBoundingClientRect().right,
+		liveRight: document.getElementById("live").getBoundingClientRect().right
+	})`)
+	if got.ScrollWidth > width || got.WrapRight > width || got.LiveRight > width {
+		t.Errorf("dashboard overflows a %d px phone: %+v", width, got)
+	}
+
+	// A token the API refuses: back to the form, with a message.
+	browse(t, ctx, "using a wrong token",
+		chromedp.Evaluate[chromedp.Void](`sessionStorage.setItem("sandwake.api_token", "wrong-token")`),
+		chromedp.Reload(),
+		chromedp.WaitVisible(chromedp.ID("token-form")),
+		chromedp.WaitVisible(chromedp.CSS(`#message[data-kind="error"]`)),
+	)
+	screenshot(t, ctx, "dashboard-token.png")
+	if tok := evaluate[string](t, ctx, `sessionStorage.getItem("sandwake.api_token") || ""`); tok != "" {
+		t.Errorf("token %q kept after a 401", tok)
+	}
+	if msg := evaluate[string](t, ctx, `document.getElementById("message").textContent`); !strings.Contains(msg, "401") {
+		t.Errorf("message after a 401: %q", msg)
+	}
+}
+
+// TestDashboardWithoutEventsInBrowser runs the dashboard against an API
+// without GET /v1/events: the indicator says offline and the periodic list
+// refresh still shows a change made elsewhere, without a reload.
+func TestDashboardWithoutEventsInBrowser(t *testing.T) {
+	h := newHarness(t, "")
+	a := h.create(nil)
+	srv := newDashboardServer(t, h, false)
+	ctx := newBrowser(t)
+	browse(t, ctx, "signing in",
+		chromedp.EmulateViewport(1280, 800),
+		chromedp.Navigate(srv.URL+"/index.html"),
+		chromedp.WaitVisible(chromedp.ID("token-form")),
+		chromedp.SendKeys(chromedp.ID("token-input"), testToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#live[data-status="offline"]`)),
+	)
+	if msg := evaluate[string](t, ctx, `document.getElementById("message").hidden ? "" : document.getElementById("message").textContent`); msg != "" {
+		t.Errorf("message %q: a missing event stream is not an error to show", msg)
+	}
+	h.stop(a.ID)
+	func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := chromedp.Do(wctx, chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="stopped"]`))); err != nil {
+			t.Fatalf("row of %s did not turn stopped within 30 s: %v", a.ID, err)
+		}
+	}()
+	if source := evaluate[string](t, ctx, fmt.Sprintf(`document.querySelector('tr[data-id=%q]').getAttribute("data-state-source")`, a.ID)); source != "list" {
+		t.Errorf("row changed by %q, want list", source)
+	}
+	if status := evaluate[string](t, ctx, `document.getElementById("live").getAttribute("data-status")`); status != "offline" {
+		t.Errorf("live indicator %q, want offline", status)
+	}
+	screenshot(t, ctx, "dashboard-offline.png")
+}
