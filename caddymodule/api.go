@@ -58,11 +58,11 @@ func (API) CaddyModule() caddy.ModuleInfo {
 // Provision resolves the token and builds the routes.
 func (api *API) Provision(ctx caddy.Context) error {
 	api.logger = ctx.Logger()
-	app, err := ctx.App("sandwake")
+	app, err := sandwakeApp(ctx, "sandwake_api")
 	if err != nil {
-		return fmt.Errorf("sandwake_api: loading sandwake app: %w", err)
+		return err
 	}
-	api.app = app.(*App)
+	api.app = app
 	token := caddy.NewReplacer().ReplaceKnown(api.Token, "")
 	if api.Token != "" && token == "" {
 		return fmt.Errorf("sandwake_api: token %q is empty once placeholders are replaced (is the variable set?)", api.Token)

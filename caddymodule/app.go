@@ -416,6 +416,16 @@ func (a *App) Cleanup() error {
 	return err
 }
 
+// sandwakeApp finds the sandwake app for a module of the same config (the
+// app is created with defaults when the config has no sandwake option).
+func sandwakeApp(ctx caddy.Context, module string) (*App, error) {
+	app, err := ctx.App("sandwake")
+	if err != nil {
+		return nil, fmt.Errorf("%s: loading sandwake app: %w", module, err)
+	}
+	return app.(*App), nil
+}
+
 // engine returns the running engine, nil before Start.
 func (a *App) engine() *engine {
 	if a.eng == nil {

@@ -57,11 +57,11 @@ func (Gate) CaddyModule() caddy.ModuleInfo {
 // has no sandwake global option) and registers the metrics.
 func (g *Gate) Provision(ctx caddy.Context) error {
 	g.logger = ctx.Logger()
-	app, err := ctx.App("sandwake")
+	app, err := sandwakeApp(ctx, "sandwake gate")
 	if err != nil {
-		return fmt.Errorf("sandwake gate: loading sandwake app: %w", err)
+		return err
 	}
-	g.app = app.(*App)
+	g.app = app
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 

@@ -42,11 +42,11 @@ func (Permission) CaddyModule() caddy.ModuleInfo {
 
 // Provision finds the sandwake app.
 func (p *Permission) Provision(ctx caddy.Context) error {
-	app, err := ctx.App("sandwake")
+	app, err := sandwakeApp(ctx, "tls.permission.sandwake")
 	if err != nil {
-		return fmt.Errorf("tls.permission.sandwake: loading sandwake app: %w", err)
+		return err
 	}
-	p.app = app.(*App)
+	p.app = app
 	return nil
 }
 

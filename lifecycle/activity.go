@@ -117,23 +117,9 @@ func (m *Manager) FlushActivity() error {
 	return nil
 }
 
-// runActivityFlush flushes every interval until the manager closes, and once
-// more on the way out.
-func (m *Manager) runActivityFlush(every time.Duration) {
-	defer m.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			if err := m.FlushActivity(); err != nil {
-				m.log.Warn("flushing activity", zap.Error(err))
-			}
-			return
-		case <-t.C:
-			if err := m.FlushActivity(); err != nil {
-				m.log.Warn("flushing activity", zap.Error(err))
-			}
-		}
+// flushActivityLogged is the activity-flush loop's step.
+func (m *Manager) flushActivityLogged() {
+	if err := m.FlushActivity(); err != nil {
+		m.log.Warn("flushing activity", zap.Error(err))
 	}
 }

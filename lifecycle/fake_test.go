@@ -369,9 +369,6 @@ func newFakeClock() *fakeClock {
 // Now is the clock's reading; pass it as Config.Now.
 func (c *fakeClock) Now() time.Time { return time.Unix(0, c.ns.Load()).UTC() }
 
-// advance moves the clock forward by d.
-func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
-
 // at sets the clock to d after testClock.
 func (c *fakeClock) at(d time.Duration) { c.ns.Store(testClock.Add(d).UnixNano()) }
 

@@ -29,15 +29,18 @@ func (l *idLocks) lock(id string) (unlock func()) {
 	e.refs++
 	l.mu.Unlock()
 	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		l.mu.Lock()
-		e.refs--
-		if e.refs == 0 {
-			delete(l.locks, id)
-		}
-		l.mu.Unlock()
+	return func() { l.release(id, e) }
+}
+
+// release unlocks e and forgets it when nobody else waits for it.
+func (l *idLocks) release(id string, e *idLock) {
+	e.mu.Unlock()
+	l.mu.Lock()
+	e.refs--
+	if e.refs == 0 {
+		delete(l.locks, id)
 	}
+	l.mu.Unlock()
 }
 
 // tryLock locks id if nobody holds it, for work that should rather skip a
@@ -61,13 +64,5 @@ func (l *idLocks) tryLock(id string) (unlock func(), ok bool) {
 	}
 	e.refs++
 	l.mu.Unlock()
-	return func() {
-		e.mu.Unlock()
-		l.mu.Lock()
-		e.refs--
-		if e.refs == 0 {
-			delete(l.locks, id)
-		}
-		l.mu.Unlock()
-	}, true
+	return func() { l.release(id, e) }, true
 }

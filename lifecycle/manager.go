@@ -166,18 +166,9 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 	}
 	st.OnCommit(m.publish)
 	st.SetOutboxTargets(m.webhookTargets)
-	if cfg.ActivityFlush > 0 {
-		m.wg.Add(1)
-		go m.runActivityFlush(cfg.ActivityFlush)
-	}
-	if cfg.ReapInterval > 0 {
-		m.wg.Add(1)
-		go m.runReaper(cfg.ReapInterval)
-	}
-	if cfg.ReconcileInterval > 0 {
-		m.wg.Add(1)
-		go m.runReconcile(cfg.ReconcileInterval)
-	}
+	m.every(cfg.ActivityFlush, m.flushActivityLogged, true)
+	m.every(cfg.ReapInterval, m.reapPass, false)
+	m.every(cfg.ReconcileInterval, m.reconcilePass, false)
 	if src, ok := rt.(EventSource); ok && cfg.WatchEvents {
 		m.wg.Add(1)
 		go m.runEvents(src)
@@ -199,6 +190,31 @@ func (m *Manager) Close() error {
 	m.wg.Wait()
 	m.bus.closeAll()
 	return nil
+}
+
+// every runs fn every interval (nothing when interval <= 0) in a goroutine
+// the manager owns, until it closes; with atClose, once more on the way out.
+func (m *Manager) every(interval time.Duration, fn func(), atClose bool) {
+	if interval <= 0 {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-m.ctx.Done():
+				if atClose {
+					fn()
+				}
+				return
+			case <-t.C:
+				fn()
+			}
+		}
+	}()
 }
 
 // track registers a goroutine doing work for the manager, so Close waits for

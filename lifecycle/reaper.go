@@ -173,30 +173,20 @@ func (m *Manager) reapOne(ctx context.Context, id string) (reaper, action string
 	return reaper, action, err
 }
 
-// runReaper runs ReapOnce every interval until the manager closes.
-func (m *Manager) runReaper(every time.Duration) {
-	defer m.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-t.C:
-			stats, err := m.ReapOnce(m.ctx)
-			if err != nil && m.ctx.Err() == nil {
-				m.log.Warn("reaper pass", zap.Error(err))
-			}
-			if cfg := m.config(); cfg.EventRetention > 0 {
-				if n, err := m.store.PruneEvents(cfg.Now().Add(-cfg.EventRetention)); err != nil {
-					m.log.Warn("pruning events", zap.Error(err))
-				} else if n > 0 {
-					m.log.Info("pruned old events", zap.Int("events", n), zap.Duration("retention", cfg.EventRetention))
-				}
-			}
-			if fn := m.onReap; fn != nil {
-				fn(stats)
-			}
+// reapPass is the reaper loop's step: a pass, then event-log pruning.
+func (m *Manager) reapPass() {
+	stats, err := m.ReapOnce(m.ctx)
+	if err != nil && m.ctx.Err() == nil {
+		m.log.Warn("reaper pass", zap.Error(err))
+	}
+	if fn := m.onReap; fn != nil {
+		fn(stats)
+	}
+	if cfg := m.config(); cfg.EventRetention > 0 {
+		if n, err := m.store.PruneEvents(cfg.Now().Add(-cfg.EventRetention)); err != nil {
+			m.log.Warn("pruning events", zap.Error(err))
+		} else if n > 0 {
+			m.log.Info("pruned old events", zap.Int("events", n), zap.Duration("retention", cfg.EventRetention))
 		}
 	}
 }

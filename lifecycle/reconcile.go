@@ -308,20 +308,10 @@ func (m *Manager) note(c Correction) {
 	}
 }
 
-// runReconcile reconciles every interval until the manager closes.
-func (m *Manager) runReconcile(every time.Duration) {
-	defer m.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-t.C:
-			if _, err := m.Reconcile(m.ctx); err != nil && m.ctx.Err() == nil {
-				m.log.Warn("periodic reconcile", zap.Error(err))
-			}
-		}
+// reconcilePass is the periodic reconcile loop's step.
+func (m *Manager) reconcilePass() {
+	if _, err := m.Reconcile(m.ctx); err != nil && m.ctx.Err() == nil {
+		m.log.Warn("periodic reconcile", zap.Error(err))
 	}
 }
 
