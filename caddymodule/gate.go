@@ -169,8 +169,8 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 	}
 	if e.guard.crawler(r.UserAgent()) {
 		countRequest(outcomeCrawler)
-		w.Header().Set("Retry-After", "3600")
 		d := g.page(rt, port, pageAsleep, time.Time{})
+		d.RetryAfter = 3600
 		renderPage(w, r, http.StatusServiceUnavailable, d)
 		return true
 	}

@@ -537,6 +537,10 @@ func (m *Manager) adopt(r *Record, c Container) {
 func (m *Manager) waitReady(ctx context.Context, id string, spec *Spec, upstreams map[int]string) error {
 	addr, ok := upstreams[spec.Ports[0]]
 	if !ok {
+		// Docker reports no port for a container that already exited.
+		if c, err := m.runtime.Inspect(ctx, id); err == nil && (c.State == ContainerExited || c.State == ContainerDead) {
+			return fmt.Errorf("%w: the container exited with code %d while starting", ErrNotReady, c.ExitCode)
+		}
 		return fmt.Errorf("sandbox %s: no upstream for port %d", id, spec.Ports[0])
 	}
 	ctx, cancel := context.WithCancelCause(ctx)

@@ -90,6 +90,9 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 		if ctx.Err() != nil {
 			return stats, ctx.Err()
 		}
+		if settled(recs[i].State, byID[id]) {
+			continue // the common case: nothing to look at closer
+		}
 		unlock, ok := m.locks.tryLock(id)
 		if !ok {
 			continue
@@ -247,6 +250,23 @@ func (m *Manager) answers(ctx context.Context, spec *Spec, upstreams map[int]str
 	ctx, cancel := context.WithTimeout(ctx, reconcileProbe)
 	defer cancel()
 	return WaitReady(ctx, addr, spec) == nil
+}
+
+// settled reports, for a full reconcile, the pairs of record state and listed
+// container that need neither a lock nor a closer look.
+func settled(s State, c *Container) bool {
+	if c == nil {
+		return s == Killed || s == Expired || s == Error
+	}
+	switch s {
+	case Running:
+		return c.State == ContainerRunning
+	case Paused:
+		return c.State == ContainerPaused
+	case Stopped:
+		return c.State == ContainerExited || c.State == ContainerCreated
+	}
+	return false
 }
 
 // consistent reports whether a listed container state agrees with a record's
