@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"path/filepath"
 	"strconv"
@@ -245,8 +246,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		r := DefaultWakeRate
 		a.WakeRate = &r
 	}
+	if r := *a.WakeRate; !(r >= 0) || math.IsInf(r, 0) {
+		return fmt.Errorf("sandwake: wake_rate %v is not a number of wakes per second", r)
+	}
 	if a.WakeBurst == 0 {
-		a.WakeBurst = int(2 * *a.WakeRate)
+		a.WakeBurst = max(1, int(2**a.WakeRate))
 	}
 	a.previewSecret = caddy.NewReplacer().ReplaceKnown(a.PreviewSecret, "")
 	if a.PreviewSecret != "" && len(a.previewSecret) < 16 {

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"math"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -64,7 +65,13 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	if err := app.UnmarshalCaddyfile(d); err != nil {
 		return nil, err
 	}
-	return httpcaddyfile.App{Name: "sandwake", Value: caddyconfig.JSON(app, nil)}, nil
+	// json.Marshal rather than caddyconfig.JSON, which would turn an
+	// encoding error into a silent null app.
+	b, err := json.Marshal(app)
+	if err != nil {
+		return nil, d.Errf("encoding sandwake options: %v", err)
+	}
+	return httpcaddyfile.App{Name: "sandwake", Value: b}, nil
 }
 
 // UnmarshalCaddyfile sets up the app from Caddyfile tokens (see
@@ -95,7 +102,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f < 0 {
+			if err != nil || !(f >= 0) || math.IsInf(f, 0) { // also NaN
 				return d.Errf("wake_rate %q: want wakes per second >= 0", v)
 			}
 			a.WakeRate = &f

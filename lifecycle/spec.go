@@ -5,6 +5,7 @@ import (
 	"path"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/sandwake/sandwake/store"
 )
@@ -47,7 +48,7 @@ func NormalizeSpec(spec *Spec) error {
 	if spec.Image == "" {
 		return invalid("image is required")
 	}
-	if strings.ContainsAny(spec.Image, " \t\n") {
+	if strings.IndexFunc(spec.Image, unicode.IsSpace) >= 0 {
 		return invalid("image %q contains white space", spec.Image)
 	}
 	if len(spec.Ports) == 0 {

@@ -13,10 +13,15 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
 )
+
+// DefaultMinFreeBytes covers what Badger may still write through its
+// mapped files: two memtable logs and two value-log files (see Open).
+const DefaultMinFreeBytes = 64 << 20
 
 // SchemaVersion is the layout version written to every store. Opening a store
 // written by a newer sandwake fails instead of misreading it.
@@ -63,6 +68,12 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives Badger's own log lines. Default: discarded.
 	Logger badger.Logger
+	// MinFreeBytes is the free space the store's file system must keep:
+	// below it, writes fail with an error wrapping syscall.ENOSPC instead
+	// of letting Badger write into its memory-mapped files, which on a full
+	// file system kills the process (SIGBUS). 0 means DefaultMinFreeBytes;
+	// negative turns the check off. Ignored in memory.
+	MinFreeBytes int64
 	// OutboxTargets, when set, names the webhook targets an event must be
 	// delivered to; one outbox entry per target is written in the same
 	// transaction as the event. SetOutboxTargets changes it later.
@@ -105,6 +116,9 @@ func Open(opts Options) (*Store, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.MinFreeBytes == 0 {
+		opts.MinFreeBytes = DefaultMinFreeBytes
+	}
 	bopts := badger.DefaultOptions(opts.Dir).
 		// Durable before reported: every commit is fsynced.
 		WithSyncWrites(true).
@@ -119,7 +133,7 @@ func Open(opts Options) (*Store, error) {
 		WithBaseTableSize(2 << 20).
 		WithBlockCacheSize(8 << 20).
 		WithIndexCacheSize(4 << 20).
-		WithValueLogFileSize(64 << 20).
+		WithValueLogFileSize(16 << 20).
 		WithValueThreshold(1 << 10).
 		WithNumCompactors(2).
 		WithLogger(opts.Logger)
@@ -264,6 +278,22 @@ func (s *Store) SetOutboxTargets(fn func(Event) []string) {
 		return
 	}
 	s.outboxTargets.Store(&fn)
+}
+
+// checkSpace refuses a write when the store's file system is nearly full.
+func (s *Store) checkSpace() error {
+	if s.opts.InMemory || s.opts.MinFreeBytes < 0 {
+		return nil
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(s.opts.Dir, &fs); err != nil {
+		return nil // cannot tell: let the write decide
+	}
+	if free := int64(fs.Bavail) * int64(fs.Bsize); free < s.opts.MinFreeBytes {
+		return fmt.Errorf("%w: %s has %d KiB free, below the %d KiB the store keeps in reserve",
+			syscall.ENOSPC, s.opts.Dir, free>>10, s.opts.MinFreeBytes>>10)
+	}
+	return nil
 }
 
 // Dir is the directory the store lives in ("" in memory).

@@ -27,6 +27,9 @@ func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, e
 	if s.closed {
 		return ErrClosed
 	}
+	if err := s.checkSpace(); err != nil {
+		return err
+	}
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
 	next := s.nextSeq
