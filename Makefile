@@ -3,7 +3,7 @@ GO                  ?= go
 STATICCHECK_VERSION ?= v0.8.2
 XCADDY_VERSION      ?= v0.4.4
 
-.PHONY: run build test vet lint tools bench-engine xcaddy fmt clean
+.PHONY: run build test vet lint tools bench bench-engine xcaddy fmt clean
 
 ## run: build Caddy with sandwake, start it with Caddyfile.example and a demo sandbox
 run: build
@@ -30,6 +30,10 @@ vet:
 
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+## bench: side-by-side benchmarks (hot path, wake latency, wake storm, scale), < 10 min; BENCH_FLAGS=--quick for ~2-3 min
+bench: build
+	$(GO) run ./cmd/sandwake-bench --caddy bin/caddy $(BENCH_FLAGS)
 
 ## bench-engine: wake through the Manager vs the raw Docker calls, side by side
 bench-engine:

@@ -385,6 +385,16 @@ func (m *Manager) handleRuntimeEvent(ev RuntimeEvent) {
 	if ev.SandboxID == "" || !ValidID(ev.SandboxID) {
 		return
 	}
+	// Our own wakes make start and unpause events: nothing to learn from
+	// them, and an inspect per wake is Docker work on the wake's path.
+	if ev.Action == "start" || ev.Action == "unpause" {
+		if _, waking := m.Waking(ev.SandboxID); waking {
+			return
+		}
+		if rec, err := m.store.Get(ev.SandboxID); err == nil && rec.State == Running {
+			return
+		}
+	}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()

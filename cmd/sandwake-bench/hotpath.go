@@ -1,0 +1,255 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// loadResult is what one side of a cell measured.
+type loadResult struct {
+	durs    []time.Duration // one per answered request
+	ok      int             // answers that were 200 with the expected body length
+	bad     int             // transport errors, other statuses, short bodies
+	elapsed time.Duration
+	cpu     time.Duration // Caddy's CPU time meanwhile
+	err     error         // the first failure, for the report
+}
+
+func (r *loadResult) merge(o loadResult) {
+	r.durs = append(r.durs, o.durs...)
+	r.ok += o.ok
+	r.bad += o.bad
+	r.elapsed += o.elapsed
+	r.cpu += o.cpu
+	if r.err == nil {
+		r.err = o.err
+	}
+}
+
+// cpuPerRequest is Caddy's CPU time per answered request, in nanoseconds.
+func (r *loadResult) cpuPerRequest() float64 {
+	if r.ok == 0 {
+		return 0
+	}
+	return float64(r.cpu.Nanoseconds()) / float64(r.ok)
+}
+
+func (r *loadResult) throughput() float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(r.ok) / r.elapsed.Seconds()
+}
+
+// request is one kind of request of the hot path.
+type request struct {
+	name    string
+	method  string
+	path    string
+	body    []byte
+	wantLen int64 // expected response body length
+}
+
+// load runs conc workers sending req to url for d, each request after the
+// previous one's answer was read, and records each request's duration.
+// Requests started before the deadline count; elapsed runs until the last
+// one ends.
+func load(ctx context.Context, c *http.Client, url string, req request, conc int, d time.Duration) loadResult {
+	var (
+		mu  sync.Mutex
+		res loadResult
+		wg  sync.WaitGroup
+	)
+	start := time.Now()
+	deadline := start.Add(d)
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine loadResult
+			mine.durs = make([]time.Duration, 0, 4096)
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				var body io.Reader
+				if req.body != nil {
+					body = bytes.NewReader(req.body)
+				}
+				hr, err := http.NewRequestWithContext(ctx, req.method, url+req.path, body)
+				if err != nil {
+					mine.bad++
+					mine.err = err
+					break
+				}
+				t0 := time.Now()
+				resp, err := c.Do(hr)
+				if err != nil {
+					mine.bad++
+					if mine.err == nil {
+						mine.err = err
+					}
+					continue
+				}
+				n, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				mine.durs = append(mine.durs, time.Since(t0))
+				if err != nil || resp.StatusCode != 200 || n != req.wantLen {
+					mine.bad++
+					if mine.err == nil {
+						mine.err = fmt.Errorf("%s: %d, %d bytes (want %d), %v", req.name, resp.StatusCode, n, req.wantLen, err)
+					}
+					continue
+				}
+				mine.ok++
+			}
+			mu.Lock()
+			res.merge(mine)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	res.elapsed = time.Since(start)
+	return res
+}
+
+// hotPathConfig sets the hot-path scenario's durations.
+type hotPathConfig struct {
+	perSide time.Duration // measured time of each side in each cell
+	warmup  time.Duration // per side, before each cell
+	rounds  int           // the measured time is split in this many alternated slices
+	concs   []int
+}
+
+// hotPath compares, on the same Caddy and the same container, a plain
+// reverse_proxy to the container's published port with sandwake_preview, for
+// a small GET and a 1 MiB POST at each concurrency. The two sides alternate
+// in slices (A B, B A, …) so that they share the machine's noise.
+func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*table, error) {
+	payload := bytes.Repeat([]byte("sandwake"), (1<<20)/8) // 1 MiB
+	reqs := []request{
+		{name: "GET /healthz (3 B)", method: "GET", path: "/healthz", wantLen: 3},
+		{name: "POST /echo 1 MiB", method: "POST", path: "/echo", body: payload, wantLen: int64(len(payload)) + 5}, // "POST\n" + body
+	}
+	maxConc := 0
+	for _, c := range cfg.concs {
+		maxConc = max(maxConc, c)
+	}
+	// One client per side, so that each keeps its own warm connections.
+	baseC, swC := loopbackClient(maxConc), loopbackClient(maxConc)
+	baseURL, swURL := g.baseURL(""), g.previewURL(id, "")
+
+	t := &table{
+		title: "Hot path: plain reverse_proxy (baseline) vs sandwake_preview",
+		note: fmt.Sprintf("same Caddy, same container; %s per side per cell after %s warm-up, alternated in %d slices; ratio = sandwake / baseline",
+			cfg.perSide, cfg.warmup, cfg.rounds),
+	}
+	slice := cfg.perSide / time.Duration(cfg.rounds)
+	// measured runs one slice, noting the CPU time Caddy used meanwhile: a
+	// figure the other load on the machine moves much less than throughput.
+	measured := func(c *http.Client, url string, req request, conc int) loadResult {
+		c0, _ := g.cpuTime()
+		r := load(ctx, c, url, req, conc, slice)
+		c1, _ := g.cpuTime()
+		r.cpu = c1 - c0
+		return r
+	}
+	for _, req := range reqs {
+		for _, conc := range cfg.concs {
+			load(ctx, baseC, baseURL, req, conc, cfg.warmup)
+			load(ctx, swC, swURL, req, conc, cfg.warmup)
+			var base, sw loadResult
+			for r := range cfg.rounds {
+				if r%2 == 0 {
+					base.merge(measured(baseC, baseURL, req, conc))
+					sw.merge(measured(swC, swURL, req, conc))
+				} else {
+					sw.merge(measured(swC, swURL, req, conc))
+					base.merge(measured(baseC, baseURL, req, conc))
+				}
+			}
+			if ctx.Err() != nil {
+				return t, ctx.Err()
+			}
+			for _, side := range []struct {
+				name string
+				r    *loadResult
+			}{{"baseline", &base}, {"sandwake", &sw}} {
+				if side.r.bad > 0 || side.r.ok == 0 {
+					return t, fmt.Errorf("%s, c=%d, %s: %d failed of %d: %v", req.name, conc, side.name, side.r.bad, side.r.bad+side.r.ok, side.r.err)
+				}
+			}
+			bs, ss := sortedCopy(base.durs), sortedCopy(sw.durs)
+			cell := fmt.Sprintf("%s c=%d", req.name, conc)
+			t.add(ratioRow(cell+" throughput", base.throughput(), sw.throughput(), fmtRate, atLeast(0.95)))
+			t.add(ratioRow(cell+" p50", percentile(bs, 50).Seconds(), percentile(ss, 50).Seconds(), fmtSeconds, info))
+			t.add(ratioRow(cell+" p99", percentile(bs, 99).Seconds(), percentile(ss, 99).Seconds(), fmtSeconds, atMost(1.10)))
+			t.add(ratioRow(cell+" Caddy CPU/request", base.cpuPerRequest(), sw.cpuPerRequest(), fmtNanos, info))
+			progress("hot path: %s: %.0f vs %.0f req/s", cell, base.throughput(), sw.throughput())
+		}
+	}
+	return t, nil
+}
+
+// profileHotPath loads the sandwake side (small GET at concurrency 16) for d
+// while taking a CPU profile of Caddy through its admin endpoint, saves it to
+// path and prints the top of it.
+func profileHotPath(ctx context.Context, g *gateway, id, path string, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() {
+		url := g.adminURL(fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())))
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			done <- errors.New("profile: " + resp.Status)
+			return
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			done <- err
+			return
+		}
+		_, err = io.Copy(f, resp.Body)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		done <- err
+	}()
+	req := request{name: "GET /healthz", method: "GET", path: "/healthz", wantLen: 3}
+	load(ctx, loopbackClient(16), g.previewURL(id, ""), req, 16, d+time.Second)
+	if err := <-done; err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(path)
+	fmt.Printf("\nCPU profile of Caddy under sandwake load (GET, c=16, %s): %s\n", d, abs)
+	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=25", g.bin, path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go tool pprof: %v\n%s", err, out)
+	}
+	fmt.Println(strings.TrimSpace(string(out)))
+	// sandwake's share: the gate's cumulative time minus what it hands on
+	// to reverse_proxy.
+	out, err = exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-cum", "-nodecount=400", "-focus=sandwake/caddymodule", g.bin, path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go tool pprof: %v\n%s", err, out)
+	}
+	fmt.Println("sandwake's frames (cumulative):")
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "Total samples") || strings.Contains(l, "sandwake/caddymodule.") || strings.Contains(l, "reverseproxy.(*Handler).ServeHTTP") {
+			fmt.Println(strings.TrimSpace(l))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,480 @@
+// Command sandwake-bench runs sandwake's side-by-side benchmarks on this
+// machine, each against its baseline in the same run, and prints one table per
+// scenario (baseline, sandwake, ratio, goal):
+//
+//   - hot path: plain reverse_proxy vs sandwake_preview, same Caddy, same
+//     container; throughput, p50 and p99 for a small GET and a 1 MiB POST at
+//     concurrency 1, 16 and 128;
+//   - wake latency: raw Docker unpause / start plus readiness poll vs the first
+//     byte through sandwake, from paused and from stopped;
+//   - wake storm: concurrent requests to a stopped sandbox (Docker start calls,
+//     answers, p99);
+//   - scale: 10,000 records (gate lookup, reaper pass, boot reconcile, memory
+//     per sandbox) and real containers woken in sequence and at once.
+//
+// Everything listens on loopback, every scenario is bounded, and everything
+// the run creates on the Docker engine (image, containers, volumes, labelled
+// with the run's id) is removed at the end, also after an error or Ctrl-C.
+//
+//	go run ./cmd/sandwake-bench [--quick] [--skip-containers] [--caddy bin/caddy]
+//	    [--only hotpath,wake,storm,containers,records] [--profile cpu.prof]
+//	    [--markdown results.md]
+//
+// `make bench` builds bin/caddy and runs it (BENCH_FLAGS passes flags). The
+// full run takes 7–9 minutes on 2 cores; --quick takes about 2–3 (shorter
+// cells, fewer wakes, one storm, 20 containers); --skip-containers leaves out
+// the real-containers part, the longest.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/volume"
+	"github.com/moby/moby/client"
+
+	// Caddy's standard modules and sandwake, for the in-process part of the
+	// scale scenario.
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	_ "github.com/sandwake/sandwake/caddymodule"
+
+	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+// options are the command's flags.
+type options struct {
+	caddy          string
+	quick          bool
+	skipContainers bool
+	only           string
+	perSide        time.Duration
+	wakes          int
+	stormN         int
+	stormRounds    int
+	records        int
+	containers     int
+	burst          int
+	profile        string
+	markdown       string
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("sandwake-bench", flag.ContinueOnError)
+	fs.StringVar(&o.caddy, "caddy", "bin/caddy", "the built Caddy with sandwake (`make build`); built from ./cmd/caddy when missing")
+	fs.BoolVar(&o.quick, "quick", false, "a run of about 2-3 minutes: shorter cells, fewer wakes, one storm, 20 containers")
+	fs.BoolVar(&o.skipContainers, "skip-containers", false, "skip the real-containers part of the scale scenario")
+	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, records (default: all)")
+	fs.DurationVar(&o.perSide, "duration", 0, "hot path: measured time per side per cell (default 3s, 1s with --quick)")
+	fs.IntVar(&o.wakes, "wakes", 0, "wake latency: wakes of each kind and side (default 20, 6 with --quick)")
+	fs.IntVar(&o.stormN, "storm", 1000, "wake storm: concurrent requests")
+	fs.IntVar(&o.stormRounds, "storm-rounds", 0, "wake storm: rounds (default 3, 1 with --quick)")
+	fs.IntVar(&o.records, "records", 10000, "scale: records in the store")
+	fs.IntVar(&o.containers, "containers", 0, "scale: real containers (default 100, 20 with --quick)")
+	fs.IntVar(&o.burst, "burst", 0, "scale: containers woken at once (default 20, 5 with --quick)")
+	fs.StringVar(&o.profile, "profile", "", "after the hot path, write a 10 s CPU profile of Caddy under sandwake load to this file and print its top")
+	fs.StringVar(&o.markdown, "markdown", "", "also write the tables as Markdown to this file")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	def := func(v *int, full, quick int) {
+		if *v == 0 {
+			*v = full
+			if o.quick {
+				*v = quick
+			}
+		}
+	}
+	if o.perSide == 0 {
+		o.perSide = 3 * time.Second
+		if o.quick {
+			o.perSide = time.Second
+		}
+	}
+	def(&o.wakes, 20, 6)
+	def(&o.stormRounds, 3, 1)
+	def(&o.containers, 100, 20)
+	def(&o.burst, 20, 5)
+	if o.burst > o.containers {
+		return o, errors.New("--burst must not exceed --containers")
+	}
+	for _, s := range strings.Split(o.only, ",") {
+		if s = strings.TrimSpace(s); s != "" && !validScenario(s) {
+			return o, fmt.Errorf("--only: unknown scenario %q", s)
+		}
+	}
+	return o, nil
+}
+
+var scenarios = []string{"hotpath", "wake", "storm", "containers", "records"}
+
+func validScenario(s string) bool {
+	for _, v := range scenarios {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (o *options) runs(s string) bool {
+	if s == "containers" && o.skipContainers {
+		return false
+	}
+	if o.only == "" {
+		return true
+	}
+	for _, v := range strings.Split(o.only, ",") {
+		if strings.TrimSpace(v) == s {
+			return true
+		}
+	}
+	return false
+}
+
+var started = time.Now()
+
+// progress prints a timestamped line while the bench runs.
+func progress(format string, args ...any) {
+	el := time.Since(started).Round(time.Second)
+	fmt.Printf("[%02d:%02d] %s\n", int(el.Minutes()), int(el.Seconds())%60, fmt.Sprintf(format, args...))
+}
+
+func main() {
+	// testing.Benchmark (scale scenario) reads the testing flags: register
+	// them, with a shorter run per benchmark.
+	testing.Init()
+	flag.CommandLine.Set("test.benchtime", "400ms")
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "sandwake-bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C ends the bench at once
+	}()
+	code := 0
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "sandwake-bench:", err)
+		code = 1
+	}
+	stop()
+	os.Exit(code)
+}
+
+// bench holds what the run created, so that cleanup can remove it.
+type bench struct {
+	o        options
+	cli      *client.Client
+	tmp      string
+	image    string
+	gateways []*gateway
+	tables   []*table
+	machine  string
+}
+
+func run(ctx context.Context, o options) (err error) {
+	b := &bench{o: o}
+	cli, err := client.New(client.FromEnv)
+	if err != nil {
+		return fmt.Errorf("docker client: %w", err)
+	}
+	b.cli = cli
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ping, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("docker engine not usable: %w", err)
+	}
+	if b.tmp, err = os.MkdirTemp("", "sandwake-bench-"); err != nil {
+		return err
+	}
+	defer b.cleanup()
+
+	b.machine = machine(ctx, cli, ping.APIVersion)
+	fmt.Printf("sandwake-bench, run %s\nmachine: %s\n", testenv.RunID(), b.machine)
+	if o.caddy, err = ensureCaddy(ctx, o.caddy); err != nil {
+		return err
+	}
+	if o.runs("hotpath") || o.runs("wake") || o.runs("storm") || o.runs("containers") {
+		if err := b.mainScenarios(ctx); err != nil {
+			return err
+		}
+	}
+	if o.runs("records") {
+		progress("scale: records")
+		t, err := scaleRecords(ctx, o.caddy, b.tmp, 1000, o.records)
+		if err != nil {
+			return err
+		}
+		b.show(t)
+	}
+	b.summary()
+	if o.markdown != "" {
+		if err := b.writeMarkdown(o.markdown); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mainScenarios runs the scenarios that share one gateway and one sandbox:
+// hot path, wake latency, wake storm and the real containers.
+func (b *bench) mainScenarios(ctx context.Context) error {
+	progress("building and importing the testapp image")
+	bin, err := testenv.BuildTestApp(ctx, b.tmp)
+	if err != nil {
+		return err
+	}
+	ref := "sandwake-bench-testapp:" + testenv.RunID()
+	if err := testenv.ImportImage(ctx, b.cli, bin, ref, testenv.Labels()); err != nil {
+		return err
+	}
+	b.image = ref
+
+	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "gateway"), true)
+	if err != nil {
+		return err
+	}
+	b.gateways = append(b.gateways, g)
+	if err := g.start(ctx, g.apiReady); err != nil {
+		return err
+	}
+	id := "h" + testenv.RunID()
+	// 1 GiB: 128 concurrent 1 MiB echoes must fit.
+	if err := g.createSandbox(ctx, id, b.image, 1024); err != nil {
+		return err
+	}
+	progress("gateway up, sandbox %s running", id)
+
+	if b.o.runs("hotpath") {
+		addr, err := publishedAddr(ctx, b.cli, docker.ContainerName(id))
+		if err != nil {
+			return err
+		}
+		// The baseline site proxies to the same container's published port,
+		// in the same Caddy (a config reload keeps the engine).
+		g.baseTo = addr
+		if err := g.reload(ctx); err != nil {
+			return err
+		}
+		cfg := hotPathConfig{perSide: b.o.perSide, warmup: 500 * time.Millisecond, rounds: 3, concs: []int{1, 16, 128}}
+		if b.o.quick {
+			cfg.warmup, cfg.rounds = 250*time.Millisecond, 2
+		}
+		t, err := hotPath(ctx, g, id, cfg)
+		if t != nil && len(t.rows) > 0 {
+			b.show(t)
+		}
+		if err != nil {
+			return err
+		}
+		if b.o.profile != "" {
+			if err := profileHotPath(ctx, g, id, b.o.profile, 10*time.Second); err != nil {
+				return err
+			}
+		}
+	}
+	var rawStart time.Duration
+	if b.o.runs("wake") {
+		t, w, err := wakeLatency(ctx, g, b.cli, id, b.o.wakes)
+		if err != nil {
+			return err
+		}
+		b.show(t)
+		rawStart = percentile(sortedCopy(w.rawStopped), 50)
+	}
+	if b.o.runs("storm") {
+		t, err := wakeStorm(ctx, g, b.cli, id, b.o.stormN, b.o.stormRounds, rawStart)
+		if t != nil && len(t.rows) > 0 {
+			b.show(t)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if b.o.runs("containers") {
+		t, err := fleet(ctx, g, b.cli, b.image, b.o.containers, b.o.burst, rawStart)
+		if err != nil {
+			return err
+		}
+		b.show(t)
+	}
+	g.stop()
+	// What follows runs on a quiet engine.
+	return removeRunContainers(ctx, b.cli)
+}
+
+// removeRunContainers removes, a few at a time, the containers and volumes
+// labelled with this run.
+func removeRunContainers(ctx context.Context, cli *client.Client) error {
+	f := client.Filters{}.Add("label", testenv.LabelRun+"="+testenv.RunID())
+	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
+	if err != nil {
+		return err
+	}
+	if err := parallel(cs.Items, 4, func(c container.Summary) error {
+		_, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+		return err
+	}); err != nil {
+		return err
+	}
+	vs, err := cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err != nil {
+		return err
+	}
+	return parallel(vs.Items, 4, func(v volume.Volume) error {
+		_, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true})
+		return err
+	})
+}
+
+// publishedAddr is the 127.0.0.1 address port 8080 of a container is
+// published on.
+func publishedAddr(ctx context.Context, cli *client.Client, name string) (string, error) {
+	ci, err := cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
+	if err != nil {
+		return "", err
+	}
+	for p, bs := range ci.Container.NetworkSettings.Ports {
+		if p.Num() == 8080 && len(bs) > 0 {
+			return "127.0.0.1:" + bs[0].HostPort, nil
+		}
+	}
+	return "", fmt.Errorf("%s: port 8080 is not published", name)
+}
+
+func (b *bench) show(t *table) {
+	t.render(os.Stdout)
+	b.tables = append(b.tables, t)
+}
+
+// cleanup stops the gateways and removes everything the run labelled on the
+// engine, the image and the temporary directory, whatever happened before.
+func (b *bench) cleanup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, g := range b.gateways {
+		g.stop()
+	}
+	if err := removeRunContainers(ctx, b.cli); err != nil {
+		fmt.Fprintln(os.Stderr, "sandwake-bench: cleanup:", err)
+	}
+	if err := testenv.Cleanup(ctx, b.cli); err != nil { // what the first pass missed
+		fmt.Fprintln(os.Stderr, "sandwake-bench: cleanup:", err)
+	}
+	if b.image != "" {
+		if _, err := b.cli.ImageRemove(ctx, b.image, client.ImageRemoveOptions{Force: true, PruneChildren: true}); err != nil {
+			fmt.Fprintln(os.Stderr, "sandwake-bench: removing image:", err)
+		}
+	}
+	os.RemoveAll(b.tmp)
+	b.cli.Close()
+	progress("cleaned up: containers, volumes and image of run %s removed", testenv.RunID())
+}
+
+// ensureCaddy returns the path of the built Caddy, building it from
+// ./cmd/caddy when missing.
+func ensureCaddy(ctx context.Context, path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(abs); err == nil {
+		return abs, nil
+	}
+	progress("building %s", path)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", abs, "./cmd/caddy")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building caddy (run from the repository root, or pass --caddy): %v\n%s", err, out)
+	}
+	return abs, nil
+}
+
+// machine describes this machine for the report.
+func machine(ctx context.Context, cli *client.Client, api string) string {
+	mem := "?"
+	if total, err := lifecycle.HostMemTotal(); err == nil {
+		mem = fmt.Sprintf("%.0f GiB", float64(total)/(1<<30))
+	}
+	engine := "Docker ?"
+	if v, err := cli.ServerVersion(ctx, client.ServerVersionOptions{}); err == nil {
+		engine = fmt.Sprintf("Docker Engine %s (API %s)", v.Version, api)
+	}
+	return fmt.Sprintf("%d cores, %s, %s, %s %s/%s", runtime.NumCPU(), mem, engine, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
+// summary prints the ratios the goals are about and the misses.
+func (b *bench) summary() {
+	fmt.Printf("\n== Summary (ratio = sandwake / baseline)\n")
+	for _, s := range []struct {
+		what, suffix string
+		worstHigh    bool
+		g            string
+	}{
+		{"hot path throughput, worst cell", " throughput", false, "≥ 0.95"},
+		{"hot path p99 latency, worst cell", " p99", true, "≤ 1.10"},
+		{"wake from paused (mean)", "from paused, mean", true, "≤ 1.10"},
+		{"wake from stopped (mean)", "from stopped, mean", true, "≤ 1.10"},
+	} {
+		if r, ok := b.worst(s.suffix, s.worstHigh); ok {
+			fmt.Printf("%-34s %5.2f  (goal %s, %s; %s)\n", s.what+":", r.ratio, s.g, r.verdict, r.cell)
+		}
+	}
+	misses := 0
+	for _, t := range b.tables {
+		misses += t.misses()
+	}
+	fmt.Printf("goals missed: %d\n", misses)
+	progress("total elapsed %s", time.Since(started).Round(time.Second))
+}
+
+// worst finds, among the rows whose cell ends with suffix, the one with the
+// highest (worstHigh) or lowest ratio.
+func (b *bench) worst(suffix string, worstHigh bool) (row, bool) {
+	var w row
+	found := false
+	for _, t := range b.tables {
+		for _, r := range t.rows {
+			if !strings.HasSuffix(r.cell, suffix) || math.IsNaN(r.ratio) {
+				continue
+			}
+			if !found || (worstHigh && r.ratio > w.ratio) || (!worstHigh && r.ratio < w.ratio) {
+				w, found = r, true
+			}
+		}
+	}
+	return w, found
+}
+
+func (b *bench) writeMarkdown(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(f, "Machine: %s. Command: `sandwake-bench %s`.\n", b.machine, strings.Join(os.Args[1:], " "))
+	for _, t := range b.tables {
+		t.markdown(f)
+	}
+	return f.Close()
+}

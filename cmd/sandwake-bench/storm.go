@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+// stormResult is one storm: requests fired at once at a stopped sandbox.
+type stormResult struct {
+	starts   int // Docker "start" events of the container during the storm
+	answered int // 200s
+	durs     []time.Duration
+	failures map[string]int // what the others got
+}
+
+// storm stops sandbox id through the API, then fires n concurrent GETs
+// (API clients, not page loads: each is held until the app answers) at its
+// preview host, and counts the engine's own start events meanwhile.
+func storm(ctx context.Context, g *gateway, cli *client.Client, id string, n int) (stormResult, error) {
+	res := stormResult{failures: map[string]int{}}
+	if err := g.act(ctx, id, "stop", "stopped"); err != nil {
+		return res, err
+	}
+	c := loopbackClient(n)
+	url := g.previewURL(id, "/healthz")
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		fire = make(chan struct{})
+	)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-fire
+			t0 := time.Now()
+			req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+			resp, err := c.Do(req)
+			var outcome string
+			if err != nil {
+				outcome = "error: " + err.Error()
+			} else {
+				b, rerr := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				switch {
+				case rerr != nil:
+					outcome = "read error: " + rerr.Error()
+				case resp.StatusCode != 200 || string(b) != "ok\n":
+					outcome = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+				}
+			}
+			d := time.Since(t0)
+			mu.Lock()
+			defer mu.Unlock()
+			if outcome != "" {
+				res.failures[outcome]++
+				return
+			}
+			res.answered++
+			res.durs = append(res.durs, d)
+		}()
+	}
+	since := time.Now()
+	close(fire)
+	wg.Wait()
+	// The engine stamps events itself; a margin on both sides keeps
+	// clock granularity from losing one.
+	until := time.Now().Add(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	starts, err := startEvents(ctx, cli, docker.ContainerName(id), since.Add(-50*time.Millisecond), until)
+	res.starts = starts
+	return res, err
+}
+
+// startEvents counts the engine's "start" events of a container between
+// since and until: Docker's own count, independent of sandwake.
+func startEvents(ctx context.Context, cli *client.Client, name string, since, until time.Time) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	f := client.Filters{}.Add("container", name).Add("event", "start").Add("type", "container")
+	res := cli.Events(ctx, client.EventsListOptions{
+		Since:   fmt.Sprintf("%d.%09d", since.Unix(), since.Nanosecond()),
+		Until:   fmt.Sprintf("%d.%09d", until.Unix(), until.Nanosecond()),
+		Filters: f,
+	})
+	n := 0
+	for {
+		select {
+		case _, ok := <-res.Messages:
+			if !ok {
+				return n, nil
+			}
+			n++
+		case err := <-res.Err:
+			if err != nil && err != io.EOF && !strings.Contains(err.Error(), "EOF") {
+				return n, fmt.Errorf("reading docker events: %w", err)
+			}
+			return n, nil
+		}
+	}
+}
+
+// wakeStorm runs rounds storms of n requests and tabulates them. The baseline
+// of the time to answer is one raw start + readiness poll (p50 of the wake
+// scenario), when it ran.
+func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n, rounds int, rawStart time.Duration) (*table, error) {
+	t := &table{
+		title: fmt.Sprintf("Wake storm: %s concurrent GETs to a stopped sandbox", groupThousands(int64(n))),
+		note:  "held requests (no Accept: text/html); start calls counted from Docker's event stream; baseline of the time to answer = raw start + readiness poll (p50, wake scenario)",
+	}
+	base := ""
+	if rawStart > 0 {
+		base = fmtDuration(rawStart)
+	}
+	for r := range rounds {
+		res, err := storm(ctx, g, cli, id, n)
+		if err != nil {
+			return t, err
+		}
+		label := fmt.Sprintf("round %d: ", r+1)
+		t.add(valueRow(label+"Docker start calls", "", float64(res.starts), fmtCount, exactly(1)))
+		t.add(valueRow(label+"answered 200", "", float64(res.answered), fmtCount, exactly(float64(n))))
+		ds := sortedCopy(res.durs)
+		p99 := percentile(ds, 99)
+		if rawStart > 0 {
+			t.add(ratioRow(label+"p99 time to answer", rawStart.Seconds(), p99.Seconds(), fmtSeconds, info))
+		} else {
+			t.add(valueRow(label+"p99 time to answer", base, p99.Seconds(), fmtSeconds, info))
+		}
+		for what, k := range res.failures {
+			fmt.Printf("   round %d: %d requests got %s\n", r+1, k, what)
+		}
+		progress("wake storm round %d: %d start calls, %d/%d answered 200, p99 %s", r+1, res.starts, res.answered, n, fmtDuration(p99))
+	}
+	return t, nil
+}
