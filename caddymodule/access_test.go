@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -17,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/coder/websocket"
 	"github.com/moby/moby/client"
 
@@ -655,47 +652,6 @@ func TestFailingWakesBackOff(t *testing.T) {
 	if f := failures(); f != 1 {
 		t.Errorf("%d failures recorded after the API wake, want 1 (reset, then one failure)", f)
 	}
-}
-
-// newHarnessWithCaddyfile is newHarness with a Caddyfile of the test's own,
-// rendered once the harness's ports and directory are known.
-func newHarnessWithCaddyfile(t *testing.T, render func(h *harness) string) *harness {
-	t.Helper()
-	h := &harness{
-		t:           t,
-		cli:         testenv.Docker(t),
-		image:       testenv.TestAppImage(t),
-		previewPort: freePort(t),
-		apiPort:     freePort(t),
-		dir:         t.TempDir(),
-	}
-	dialer := &net.Dialer{Timeout: 5 * time.Second}
-	h.client = &http.Client{
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return dialer.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", h.previewPort))
-			},
-			MaxIdleConnsPerHost: 64,
-		},
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-	caddyMu.Lock()
-	t.Cleanup(func() {
-		caddy.Stop()
-		caddyMu.Unlock()
-	})
-	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(render(h)), nil)
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v", err)
-	}
-	for _, w := range warnings {
-		t.Logf("caddyfile warning: %s", w.String())
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading config: %v", err)
-	}
-	h.waitReady()
-	return h
 }
 
 // TestNoSecretsInLogsOrEvents: preview tokens and the preview secret appear

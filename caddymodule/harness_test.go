@@ -59,6 +59,15 @@ func freePort(t testing.TB) int {
 
 func newHarness(t testing.TB, extra string) *harness {
 	t.Helper()
+	h := newHarnessWithCaddyfile(t, func(h *harness) string { return h.caddyfile(extra) })
+	h.extra = extra
+	return h
+}
+
+// newHarnessWithCaddyfile starts a harness whose Caddyfile render returns,
+// once the harness's ports and directory are known.
+func newHarnessWithCaddyfile(t testing.TB, render func(h *harness) string) *harness {
+	t.Helper()
 	h := &harness{
 		t:           t,
 		cli:         testenv.Docker(t),
@@ -66,7 +75,6 @@ func newHarness(t testing.TB, extra string) *harness {
 		previewPort: freePort(t),
 		apiPort:     freePort(t),
 		dir:         t.TempDir(),
-		extra:       extra,
 	}
 	// Every preview host is dialled on loopback, whatever its name.
 	dialer := &net.Dialer{Timeout: 5 * time.Second}
@@ -84,7 +92,7 @@ func newHarness(t testing.TB, extra string) *harness {
 		caddy.Stop()
 		caddyMu.Unlock()
 	})
-	h.load(extra)
+	h.loadText(render(h))
 	h.waitReady()
 	return h
 }
@@ -118,11 +126,14 @@ http://127.0.0.1:%d {
 		testenv.LabelRun, testenv.RunID(), extra, h.previewPort, h.apiPort, testToken)
 }
 
-// load adapts the Caddyfile and loads it: the first call starts Caddy, later
-// calls are config reloads.
-func (h *harness) load(extra string) {
+// load adapts the harness's Caddyfile with extra global options and loads
+// it: the first call starts Caddy, later calls are config reloads.
+func (h *harness) load(extra string) { h.loadText(h.caddyfile(extra)) }
+
+// loadText adapts a Caddyfile and loads it.
+func (h *harness) loadText(caddyfile string) {
 	h.t.Helper()
-	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(h.caddyfile(extra)), nil)
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
 	if err != nil {
 		h.t.Fatalf("adapting Caddyfile: %v", err)
 	}

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddytls"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -74,31 +73,9 @@ http://127.0.0.1:%d {
 // HTTPS port; the harness's HTTP preview client is not used.
 func newTLSHarness(t *testing.T, site string) *harness {
 	t.Helper()
-	h := &harness{
-		t:           t,
-		cli:         testenv.Docker(t),
-		image:       testenv.TestAppImage(t),
-		previewPort: freePort(t),
-		apiPort:     freePort(t),
-		dir:         t.TempDir(),
-	}
-	caddyMu.Lock()
-	t.Cleanup(func() {
-		caddy.Stop()
-		caddyMu.Unlock()
+	return newHarnessWithCaddyfile(t, func(h *harness) string {
+		return tlsCaddyfile(h.dir, site, h.previewPort, h.apiPort)
 	})
-	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(tlsCaddyfile(h.dir, site, h.previewPort, h.apiPort)), nil)
-	if err != nil {
-		t.Fatalf("adapting Caddyfile: %v", err)
-	}
-	for _, w := range warnings {
-		t.Logf("caddyfile warning: %s", w.String())
-	}
-	if err := caddy.Load(cfg, true); err != nil {
-		t.Fatalf("loading config: %v", err)
-	}
-	h.waitReady()
-	return h
 }
 
 // internalRoots is a pool holding the root of Caddy's internal CA, which the
