@@ -192,7 +192,15 @@ type wakeGuard struct {
 
 	mu      sync.Mutex
 	backoff map[string]*wakeBackoff
+	// admitted holds sandboxes whose wake was let through the rate cap
+	// lately: more requests for the same wake join it and take nothing
+	// from the cap (the cap counts wakes, not requests).
+	admitted map[string]time.Time
 }
+
+// admittedFor is how long a wake let through the cap covers later requests
+// for the same sandbox (longer than a wake normally takes to register).
+const admittedFor = 10 * time.Second
 
 type wakeBackoff struct {
 	failures int
@@ -205,7 +213,9 @@ const (
 	wakeBackoffMax  = 5 * time.Minute
 )
 
-func newWakeGuard() *wakeGuard { return &wakeGuard{backoff: map[string]*wakeBackoff{}} }
+func newWakeGuard() *wakeGuard {
+	return &wakeGuard{backoff: map[string]*wakeBackoff{}, admitted: map[string]time.Time{}}
+}
 
 // configure applies a config's settings; backoff state is kept across
 // reloads.
@@ -261,6 +271,7 @@ func (g *wakeGuard) failed(id string, now time.Time) {
 		b = &wakeBackoff{}
 		g.backoff[id] = b
 	}
+	delete(g.admitted, id)
 	b.failures++
 	d := wakeBackoffBase << min(b.failures-1, 16)
 	b.until = now.Add(min(d, wakeBackoffMax))
@@ -271,13 +282,28 @@ func (g *wakeGuard) reset(id string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.backoff, id)
+	delete(g.admitted, id)
 }
 
-// allowRate takes a token from the global wake rate, reporting false when
-// wakes come faster than configured.
-func (g *wakeGuard) allowRate() bool {
+// allowWake takes a token from the global wake rate for a wake of id,
+// reporting false when wakes come faster than configured. Requests for a
+// wake already let through take nothing.
+func (g *wakeGuard) allowWake(id string, now time.Time) bool {
 	g.mu.Lock()
-	lim := g.limiter
-	g.mu.Unlock()
-	return lim == nil || lim.Allow()
+	defer g.mu.Unlock()
+	if t, ok := g.admitted[id]; ok && now.Sub(t) < admittedFor {
+		return true
+	}
+	if g.limiter != nil && !g.limiter.AllowN(now, 1) {
+		return false
+	}
+	if len(g.admitted) > 10000 { // bounded: forget old entries
+		for k, t := range g.admitted {
+			if now.Sub(t) >= admittedFor {
+				delete(g.admitted, k)
+			}
+		}
+	}
+	g.admitted[id] = now
+	return true
 }

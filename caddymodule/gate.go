@@ -189,7 +189,7 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 			fmt.Sprintf("sandbox %s failed to start; next attempt in %ds", rt.id, retry), retry)
 		return true
 	}
-	if !e.guard.allowRate() {
+	if !e.guard.allowWake(rt.id, time.Now()) {
 		countRequest(outcomeRateLimited)
 		if isPageLoad(r) {
 			renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageCapacity, Title: "Busy waking sandboxes", RetryAfter: 1,
