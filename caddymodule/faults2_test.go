@@ -74,7 +74,7 @@ func dockerRecordState(t *testing.T, cli *client.Client, id string) string {
 }
 
 // dockerAPIProxy is an HTTP-aware stand-in for the Docker daemon's socket:
-// like socketProxy it can cut sandwake off (listener and every connection
+// it can cut sandwake off (listener and every connection
 // closed) and come back at the same path, and it also records which Docker
 // API calls completed and which are in flight, so a test can cut at a known
 // step of a wake rather than at a moment.
@@ -88,6 +88,22 @@ type dockerAPIProxy struct {
 	completed []string     // "METHOD /path" of finished calls, in order
 	inflight  map[*http.Request]string
 	wg        sync.WaitGroup
+}
+
+// dockerSocket is the path of the Docker daemon's Unix socket.
+func dockerSocket(t testing.TB) string {
+	host := os.Getenv("DOCKER_HOST")
+	if host == "" {
+		return "/var/run/docker.sock"
+	}
+	path, ok := strings.CutPrefix(host, "unix://")
+	if !ok {
+		if testenv.RequireDocker() {
+			t.Fatalf("DOCKER_HOST %q is not a unix socket; the socket-cut tests need one", host)
+		}
+		t.Skipf("DOCKER_HOST %q is not a unix socket; the socket-cut tests need one", host)
+	}
+	return path
 }
 
 func newDockerAPIProxy(t testing.TB) *dockerAPIProxy {

@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -124,136 +121,6 @@ func TestAppExitIsHeldThroughRestart(t *testing.T) {
 	}
 }
 
-// socketProxy stands between sandwake and the Docker daemon on a Unix socket
-// of its own, so a test can cut the daemon off (listener closed, every open
-// connection dropped) and bring it back at the same address.
-type socketProxy struct {
-	t      testing.TB
-	path   string // where sandwake dials
-	target string // the real daemon's socket
-
-	mu    sync.Mutex
-	ln    net.Listener // nil while cut
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-// dockerSocket is the real daemon's Unix socket: DOCKER_HOST's when that is a
-// unix:// address, else the default.
-func dockerSocket(t testing.TB) string {
-	host := os.Getenv("DOCKER_HOST")
-	if host == "" {
-		return "/var/run/docker.sock"
-	}
-	path, ok := strings.CutPrefix(host, "unix://")
-	if !ok {
-		t.Skipf("DOCKER_HOST %q is not a unix socket; the socket-cut test needs one", host)
-	}
-	return path
-}
-
-func newSocketProxy(t testing.TB) *socketProxy {
-	t.Helper()
-	p := &socketProxy{
-		t:      t,
-		path:   filepath.Join(t.TempDir(), "docker.sock"),
-		target: dockerSocket(t),
-		conns:  make(map[net.Conn]struct{}),
-	}
-	p.restore()
-	t.Cleanup(func() {
-		p.cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-// restore listens again on the proxy's path.
-func (p *socketProxy) restore() {
-	p.t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		return
-	}
-	os.Remove(p.path) // a stale socket file would make Listen fail
-	ln, err := net.Listen("unix", p.path)
-	if err != nil {
-		p.t.Fatalf("socket proxy: %v", err)
-	}
-	p.ln = ln
-	p.wg.Add(1)
-	go p.accept(ln)
-}
-
-// cut closes the listener and every open connection, both ways.
-func (p *socketProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-// track registers conns for cut; false (and the conns closed) when ln was
-// cut meanwhile.
-func (p *socketProxy) track(ln net.Listener, conns ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != ln {
-		for _, c := range conns {
-			c.Close()
-		}
-		return false
-	}
-	for _, c := range conns {
-		p.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (p *socketProxy) untrack(conns ...net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
-		delete(p.conns, c)
-	}
-}
-
-func (p *socketProxy) accept(ln net.Listener) {
-	defer p.wg.Done()
-	for {
-		down, err := ln.Accept()
-		if err != nil {
-			return // closed by cut
-		}
-		up, err := net.Dial("unix", p.target)
-		if err != nil {
-			down.Close()
-			continue
-		}
-		if !p.track(ln, down, up) {
-			continue
-		}
-		p.wg.Add(2)
-		pipe := func(dst, src net.Conn) {
-			defer p.wg.Done()
-			io.Copy(dst, src)
-			// One direction ending ends the exchange: close both, which
-			// ends the other copy too.
-			p.untrack(down, up)
-		}
-		go pipe(up, down)
-		go pipe(down, up)
-	}
-}
-
 // quiescentGoroutines counts goroutines after dropping the test's own idle
 // keep-alive connections, which would otherwise be counted.
 func quiescentGoroutines(h *harness) int {
@@ -268,7 +135,7 @@ func quiescentGoroutines(h *harness) int {
 // is back, readiness recovers, the same request wakes the sandbox, and no
 // goroutine is left behind.
 func TestDockerSocketCut(t *testing.T) {
-	proxy := newSocketProxy(t)
+	proxy := newDockerAPIProxy(t)
 	h := newHarness(t, "docker_host unix://"+proxy.path)
 	rec := h.create(nil)
 	host := h.host(rec.ID, 8080)
