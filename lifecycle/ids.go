@@ -45,3 +45,17 @@ func NewID(now time.Time) string {
 	}
 	return string(out[:])
 }
+
+// NewIncarnation returns a random 64-bit value in hex: one per create of an
+// id, so that what was bound to an earlier sandbox of the same id (preview
+// tokens, ownership) never carries over to a later one.
+func NewIncarnation() string {
+	var b [8]byte
+	rand.Read(b[:])
+	const hexdigits = "0123456789abcdef"
+	out := make([]byte, 16)
+	for i, c := range b {
+		out[2*i], out[2*i+1] = hexdigits[c>>4], hexdigits[c&15]
+	}
+	return string(out)
+}

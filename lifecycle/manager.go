@@ -489,7 +489,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 	unlock := m.locks.lock(id)
 	defer unlock()
 	now := m.cfg.Now().UTC()
-	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now}
+	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now, Incarnation: NewIncarnation()}
 	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
 		rec.ExpiresAt = now.Add(life)
 	}

@@ -65,6 +65,11 @@ type Record struct {
 	// ContainerID is the Docker id of the sandbox's current container, empty
 	// when it has none.
 	ContainerID string `json:"container_id,omitempty"`
+	// Incarnation is a random value drawn at every create of this id: a
+	// sandbox destroyed and created again under the same id is a new
+	// incarnation. Preview tokens are bound to it, and a record without one
+	// was made before incarnations existed (see lifecycle's ownership rules).
+	Incarnation string `json:"incarnation,omitempty"`
 	// TokenGeneration is the generation of the sandbox's preview tokens;
 	// revoking every token of the sandbox increments it.
 	TokenGeneration uint64 `json:"token_generation,omitempty"`
