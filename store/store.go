@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -37,6 +38,8 @@ var (
 	// ErrStateConflict: the record is not in one of the states the
 	// transition allows.
 	ErrStateConflict = errors.New("state conflict")
+	// ErrInstanceMismatch: the configured instance name is not the store's.
+	ErrInstanceMismatch = errors.New("instance mismatch")
 	// ErrClosed: the store has been closed.
 	ErrClosed = errors.New("store closed")
 )
@@ -98,9 +101,17 @@ type Store struct {
 	// outboxTargets names the webhook targets of an event (see Options).
 	outboxTargets atomic.Pointer[func(Event) []string]
 
+	// fresh: the store had no schema when opened (a new store).
+	fresh bool
+
 	gcStop chan struct{}
 	gcDone chan struct{}
 }
+
+// Fresh reports whether the store was new when opened: it held nothing, not
+// even a schema. A gateway whose store is fresh while the engine holds
+// containers of its instance has lost its store (see lifecycle's orphans).
+func (s *Store) Fresh() bool { return s.fresh }
 
 // Key layout. Event ids are fixed-width big-endian so keys sort by id.
 var (
@@ -150,6 +161,11 @@ func Open(opts Options) (*Store, error) {
 			return nil, fmt.Errorf("opening store: creating %s: %w", opts.Dir, err)
 		}
 	}
+	if !opts.InMemory {
+		if err := checkIntact(opts.Dir); err != nil {
+			return nil, fmt.Errorf("opening store in %s: %w", opts.Dir, err)
+		}
+	}
 	db, err := badger.Open(bopts)
 	if err != nil {
 		return nil, fmt.Errorf("opening store in %s: %w", opts.Dir, err)
@@ -161,6 +177,16 @@ func Open(opts Options) (*Store, error) {
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if !opts.InMemory {
+		if s.fresh && fileExists(filepath.Join(opts.Dir, markerFile)) {
+			db.Close()
+			return nil, fmt.Errorf("opening store in %s: %w: the directory held a sandwake store but its database is empty (value log or tables lost); restore it from a backup or move it away to start with an empty store", opts.Dir, ErrDamaged)
+		}
+		if err := writeMarker(opts.Dir); err != nil {
+			db.Close()
+			return nil, err
+		}
 	}
 	if !opts.InMemory {
 		s.gcStop = make(chan struct{})
@@ -175,6 +201,7 @@ func (s *Store) init() error {
 	err := s.db.Update(func(txn *badger.Txn) error {
 		item, err := txn.Get(keySchema)
 		if errors.Is(err, badger.ErrKeyNotFound) {
+			s.fresh = true
 			return txn.Set(keySchema, []byte(strconv.Itoa(SchemaVersion)))
 		}
 		if err != nil {
@@ -266,6 +293,43 @@ func (s *Store) Secret(name string, gen func() ([]byte, error)) ([]byte, error) 
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading secret %s: %w", name, err)
+	}
+	return out, nil
+}
+
+// Instance returns the name of the gateway instance this store belongs to.
+// On first use it keeps configured, or gen() when configured is empty; later
+// a configured name that differs from the kept one is refused: the
+// containers of this store carry the kept name, and renaming would orphan
+// them.
+func (s *Store) Instance(configured string, gen func() string) (string, error) {
+	key := []byte("meta/instance")
+	var out string
+	err := s.db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(key)
+		if err == nil {
+			v, err := item.ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			out = string(v)
+			if configured != "" && configured != out {
+				return fmt.Errorf("%w: the store belongs to instance %q but the configuration says instance %q (its sandboxes are labelled %q; set instance %s or use another storage directory)",
+					ErrInstanceMismatch, out, configured, out, out)
+			}
+			return nil
+		}
+		if !errors.Is(err, badger.ErrKeyNotFound) {
+			return err
+		}
+		out = configured
+		if out == "" {
+			out = gen()
+		}
+		return txn.Set(key, []byte(out))
+	})
+	if err != nil {
+		return "", fmt.Errorf("reading instance name: %w", err)
 	}
 	return out, nil
 }
