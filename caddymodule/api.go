@@ -154,12 +154,19 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 		if e.mgr.LastReconcile().IsZero() {
 			checks["boot_reconcile"], ok = "not done (docker unreachable at start?)", false
 		}
+		if e.storeWarning != "" {
+			checks["store"], ok = e.storeWarning, false
+		}
 	}
 	status := http.StatusOK
 	if !ok {
 		status = http.StatusServiceUnavailable
 	}
-	writeJSON(w, status, map[string]any{"ready": ok, "checks": checks})
+	out := map[string]any{"ready": ok, "checks": checks}
+	if e != nil {
+		out["instance"] = e.instance
+	}
+	writeJSON(w, status, out)
 }
 
 // decodeBody decodes a JSON object body into v strictly: unknown fields,

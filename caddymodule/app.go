@@ -8,8 +8,10 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"encoding/hex"
 	"math"
 	"net/url"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -135,9 +137,34 @@ type App struct {
 	// StopTimeout is how long a stop waits for a sandbox's app to exit
 	// before Docker kills it. Default: 10s.
 	StopTimeout caddy.Duration `json:"stop_timeout,omitempty"`
+	// Instance names this gateway on a Docker engine it may share with
+	// others (staging and production, CI runs, other tools): its containers,
+	// volumes carry sandwake.instance=<name>, and it acts only on objects
+	// that carry its name. 1-63 characters of [a-z0-9_.-], starting with a
+	// letter or digit. Default: a random name generated once and kept in the
+	// store; once kept, a different configured name is refused.
+	Instance string `json:"instance,omitempty"`
+	// SandboxNetwork is the Docker bridge network sandboxes join (upstream
+	// mode published), created when missing with inter-container
+	// communication off, so that sandboxes cannot reach each other (ports
+	// stay published on 127.0.0.1 only). Gateways on one engine may share
+	// it. Default: sandwake.
+	SandboxNetwork string `json:"sandbox_network,omitempty"`
+	// DefaultMemory is the memory limit of a sandbox whose spec gives none,
+	// as a size ("512MiB"); "0" leaves them unlimited. Default: 512MiB.
+	DefaultMemory string `json:"default_memory,omitempty"`
+	// Pull is the image pull policy for creates: "missing" pulls an image
+	// the engine lacks, "never" refuses it (422 image_missing). Default:
+	// missing.
+	Pull string `json:"pull,omitempty"`
+	// AllowedImages, when set, are the only images creates may use: globs
+	// (path.Match) on the image reference as given or normalised, e.g.
+	// "registry.example.com/previews/*" or "node:*". Default: any.
+	AllowedImages []string `json:"allowed_images,omitempty"`
 
 	storageDir    string
 	minFreeBytes  uint64
+	defaultMemMB  int64
 	hooks         []lifecycle.Webhook
 	previewSecret string
 	started       bool
@@ -179,6 +206,7 @@ const (
 	DefaultWebhookMaxAge     = 24 * time.Hour
 	DefaultEventRetention    = 7 * 24 * time.Hour
 	DefaultWakeRate          = 20.0
+	DefaultMemory            = "512MiB"
 )
 
 // parseMemory reads a size ("512MiB", "2GB") or a share of the host's total
@@ -299,6 +327,26 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.UpstreamMode == "" {
 		a.UpstreamMode = docker.UpstreamPublished
 	}
+	if a.SandboxNetwork == "" {
+		a.SandboxNetwork = docker.DefaultSandboxNetwork
+	}
+	if a.Pull == "" {
+		a.Pull = docker.PullMissing
+	}
+	if a.DefaultMemory == "" {
+		a.DefaultMemory = DefaultMemory
+	}
+	if strings.HasSuffix(a.DefaultMemory, "%") {
+		return fmt.Errorf("sandwake: default_memory %q: want a size such as 512MiB", a.DefaultMemory)
+	}
+	defMem, err := parseMemory(a.DefaultMemory)
+	if err != nil {
+		return fmt.Errorf("sandwake: default_memory: %w", err)
+	}
+	a.defaultMemMB = int64(defMem >> 20)
+	if defMem > 0 && (a.defaultMemMB < lifecycle.MinMemoryMB || a.defaultMemMB > lifecycle.MaxMemoryMB) {
+		return fmt.Errorf("sandwake: default_memory %s is outside %d MiB to 1 TiB", a.DefaultMemory, lifecycle.MinMemoryMB)
+	}
 	a.storageDir = a.Storage
 	if a.storageDir == "" {
 		a.storageDir = filepath.Join(caddy.AppDataDir(), "sandwake")
@@ -358,6 +406,22 @@ func (a *App) Validate() error {
 	default:
 		return fmt.Errorf("sandwake: orphans %q is not keep or remove", a.Orphans)
 	}
+	if a.Instance != "" && !validInstance(a.Instance) {
+		return fmt.Errorf("sandwake: instance %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.Instance)
+	}
+	if !validInstance(a.SandboxNetwork) {
+		return fmt.Errorf("sandwake: sandbox_network %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.SandboxNetwork)
+	}
+	switch a.Pull {
+	case docker.PullMissing, docker.PullNever:
+	default:
+		return fmt.Errorf("sandwake: pull %q is not missing or never", a.Pull)
+	}
+	for _, p := range a.AllowedImages {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			return fmt.Errorf("sandwake: allowed_images %q is not a pattern", p)
+		}
+	}
 	if *a.IdlePause < 0 || *a.IdleStop < 0 || a.MaxLifetime < 0 || a.ReapInterval < 0 || a.ReconcileInterval < 0 {
 		return errors.New("sandwake: idle_pause, idle_stop, max_lifetime, reap_interval and reconcile_interval must not be negative")
 	}
@@ -381,6 +445,24 @@ func (a *App) Validate() error {
 		}
 	}
 	return nil
+}
+
+// validInstance reports whether name can be an instance (or network) name:
+// a Docker label value and network name, short and plain.
+func validInstance(name string) bool {
+	if len(name) == 0 || len(name) > 63 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case (c == '-' || c == '_' || c == '.') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // engines holds the running engines, keyed by storage directory.
@@ -473,6 +555,31 @@ type engine struct {
 	storedSecret []byte
 
 	dockerHost, upstreamMode, network string
+
+	// instance is the gateway's instance name (configured or kept).
+	instance string
+	// storeWarning, when set, says the store looks lost (readyz shows it).
+	storeWarning string
+}
+
+// generateInstance draws a default instance name.
+func generateInstance() string {
+	b := make([]byte, 5)
+	rand.Read(b)
+	return "gw-" + hex.EncodeToString(b)
+}
+
+// hostSize reads the engine host's CPUs and memory (MiB), so that specs
+// asking for more are refused; zeros when the engine cannot tell now.
+func hostSize(rt *docker.Runtime, log *zap.Logger) (cpus int, memMB int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cpus, memMB, err := rt.HostSize(ctx)
+	if err != nil {
+		log.Warn("reading the docker host's size (specs are bounded by fixed limits until restart)", zap.Error(err))
+		return 0, 0
+	}
+	return cpus, memMB
 }
 
 func openEngine(a *App) (*engine, error) {
@@ -481,16 +588,39 @@ func openEngine(a *App) (*engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
+	instance, err := st.Instance(a.Instance, generateInstance)
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("sandwake: store %s: %w", a.storageDir, err)
+	}
 	rt, err := docker.New(docker.Options{
-		Host:         a.DockerHost,
-		UpstreamMode: a.UpstreamMode,
-		Network:      a.Network,
-		StopTimeout:  time.Duration(a.StopTimeout),
-		Labels:       a.Labels,
+		Host:           a.DockerHost,
+		UpstreamMode:   a.UpstreamMode,
+		Network:        a.Network,
+		StopTimeout:    time.Duration(a.StopTimeout),
+		Labels:         a.Labels,
+		Instance:       instance,
+		SandboxNetwork: a.SandboxNetwork,
+		Pull:           a.Pull,
+		// A record without an incarnation was made before instance labels:
+		// its container and volume are this gateway's.
+		Legacy: func(id string) bool {
+			rec, err := st.Get(id)
+			return err == nil && rec.Incarnation == ""
+		},
 	})
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
+	}
+	hostCPUs, hostMemMB := hostSize(rt, log)
+	// A new store on an engine that holds containers of this instance lost
+	// its records (moved, wiped, restored from nothing): nothing may be
+	// removed on its word until an operator has looked.
+	orphansRemove := a.Orphans == "remove"
+	if st.Fresh() && orphansRemove {
+		orphansRemove = false
+		log.Warn("new store: orphans remove is off until the next start", zap.String("storage", a.storageDir))
 	}
 	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{
 		WakeTimeout:       time.Duration(a.WakeTimeout),
@@ -505,7 +635,11 @@ func openEngine(a *App) (*engine, error) {
 		ReapInterval:      time.Duration(a.ReapInterval),
 		ReconcileInterval: time.Duration(a.ReconcileInterval),
 		WatchEvents:       true,
-		OrphansRemove:     a.Orphans == "remove",
+		OrphansRemove:     orphansRemove,
+		DefaultMemoryMB:   a.defaultMemMB,
+		HostCPUs:          hostCPUs,
+		HostMemoryMB:      hostMemMB,
+		AllowedImages:     a.AllowedImages,
 		OnReconcile:       observeCorrection,
 		EventRetention:    time.Duration(a.EventRetention),
 		Logger:            log,
@@ -516,7 +650,7 @@ func openEngine(a *App) (*engine, error) {
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
 	e := &engine{
-		store: st, docker: rt, mgr: mgr, log: log,
+		store: st, docker: rt, mgr: mgr, log: log, instance: instance,
 		dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
 	}
 	e.routes = newRouteCache(mgr)
@@ -555,8 +689,13 @@ func openEngine(a *App) (*engine, error) {
 	if stats, err := mgr.Reconcile(ctx); err != nil {
 		log.Warn("boot reconcile failed (docker unreachable?)", zap.Error(err))
 	} else {
-		log.Info("boot reconcile done", zap.Int("records", stats.Records), zap.Int("containers", stats.Containers),
+		log.Info("boot reconcile done", zap.String("instance", instance), zap.Int("records", stats.Records), zap.Int("containers", stats.Containers),
 			zap.Any("corrections", stats.Corrections), zap.Int("orphans", len(stats.Orphans)))
+		if st.Fresh() && len(stats.Orphans) > 0 {
+			e.storeWarning = fmt.Sprintf("the store %s is new but Docker holds %d containers of instance %q: was the store lost or moved? Nothing is removed until the next start; restore the store, or remove the containers by hand",
+				a.storageDir, len(stats.Orphans), instance)
+			log.Error("store lost? "+e.storeWarning, zap.Strings("containers", stats.Orphans))
+		}
 	}
 	e.ready.Store(true)
 	metricsEngine.Store(e)

@@ -154,12 +154,20 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			} else {
 				a.IdleStop = &cd
 			}
-		case "domain", "storage", "docker_host", "preview_url":
+		case "domain", "storage", "docker_host", "preview_url", "instance", "sandbox_network", "default_memory", "pull":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
 			}
 			switch opt {
+			case "instance":
+				a.Instance = v
+			case "sandbox_network":
+				a.SandboxNetwork = v
+			case "default_memory":
+				a.DefaultMemory = v
+			case "pull":
+				a.Pull = v
 			case "domain":
 				a.Domain = v
 			case "storage":
@@ -242,6 +250,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 			a.Webhooks = append(a.Webhooks, w)
+		case "allowed_images":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			a.AllowedImages = append(a.AllowedImages, args...)
 		case "label":
 			var k, v string
 			if !d.AllArgs(&k, &v) {

@@ -30,6 +30,8 @@ func errorStatus(err error) (status int, code string, retryAfter int) {
 		return http.StatusNotFound, "not_found", 0
 	case errors.Is(err, lifecycle.ErrInvalid):
 		return http.StatusBadRequest, "invalid", 0
+	case errors.Is(err, lifecycle.ErrIDTaken):
+		return http.StatusConflict, "id_taken", 0
 	case errors.Is(err, lifecycle.ErrExists):
 		return http.StatusConflict, "exists", 0
 	case errors.Is(err, lifecycle.ErrConflict):

@@ -108,6 +108,7 @@ func (h *harness) caddyfile(extra string) string {
 		storage %s
 		preview_url http://*.preview.localhost:%d
 		label %s %s
+		sandbox_network %s
 		stop_timeout 5s
 		%s
 	}
@@ -123,7 +124,7 @@ http://127.0.0.1:%d {
 	}
 }
 `, filepath.Join(h.dir, "caddy"), filepath.Join(h.dir, "sandwake"), h.previewPort,
-		testenv.LabelRun, testenv.RunID(), extra, h.previewPort, h.apiPort, testToken)
+		testenv.LabelRun, testenv.RunID(), testenv.Network(), extra, h.previewPort, h.apiPort, testToken)
 }
 
 // load adapts the harness's Caddyfile with extra global options and loads

@@ -30,6 +30,10 @@ var (
 	ErrContainerNotFound = errors.New("container not found")
 	// ErrImageNotFound: the image is not on the engine and could not be pulled.
 	ErrImageNotFound = errors.New("image not available")
+	// ErrIDTaken: the sandbox's container or volume name is held by
+	// something this gateway does not own (another instance's sandbox, or a
+	// container or volume sandwake never made). Nothing of it is touched.
+	ErrIDTaken = errors.New("id taken")
 	// ErrNotReady: the sandbox's port did not become ready within wake_timeout.
 	ErrNotReady = errors.New("not ready")
 	// ErrClosed: the manager has been closed.

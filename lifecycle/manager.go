@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,6 +69,20 @@ type Config struct {
 	// EventRetention: events older than this are pruned from the log by
 	// the reaper loop; 0 keeps them forever.
 	EventRetention time.Duration
+
+	// DefaultMemoryMB is the memory limit of a sandbox whose spec gives
+	// none; 0 leaves such sandboxes without a limit.
+	DefaultMemoryMB int64
+	// HostCPUs is the engine host's CPU count: a spec asking for more is
+	// refused. 0: not known (only MaxCPUs bounds it).
+	HostCPUs int
+	// HostMemoryMB is the engine host's memory: a spec asking for more is
+	// refused. 0: not known (only MaxMemoryMB bounds it).
+	HostMemoryMB int64
+	// AllowedImages, when not empty, are the image patterns creates may use
+	// (path.Match globs on the reference as given and as normalised, e.g.
+	// "registry.example.com/previews/*", "node:*").
+	AllowedImages []string
 }
 
 func (c *Config) setDefaults() {
@@ -477,8 +492,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 	}
 	id = asciiLower(id)
 	spec := req.Spec
-	if err := NormalizeSpec(&spec); err != nil {
+	if err := m.checkSpec(&spec); err != nil {
 		return Record{}, err
+	}
+	// An image that cannot be had is refused before anything is written.
+	if ic, ok := m.raw.(ImageChecker); ok {
+		wakeTimeout, _ := m.limits()
+		ictx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
+		err := ic.CheckImage(ictx, spec.Image)
+		cancel()
+		if err != nil {
+			return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+		}
 	}
 	release, err := m.admit(m.ctx, id)
 	if err != nil {
@@ -508,6 +533,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 	if err == nil {
 		err = m.waitReady(wctx, id, &spec, c.Upstreams)
 	}
+	if err != nil && (errors.Is(err, ErrIDTaken) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrImageNotFound)) {
+		// Nothing was made (the runtime undoes its part): the id stays
+		// free and no record is left of a sandbox that never existed.
+		m.discard(id, err)
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
 	if err != nil {
 		// Whatever the cause, a failed create leaves creating: a record
 		// stuck there could be neither woken nor retried.
@@ -518,6 +549,39 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 		m.adopt(r, c)
 		return nil
 	})
+}
+
+// checkSpec normalises spec and checks it against this host and the
+// operator's policy: everything Docker would refuse is refused here, before
+// anything is written.
+func (m *Manager) checkSpec(spec *Spec) error {
+	if err := NormalizeSpec(spec); err != nil {
+		return err
+	}
+	cfg := m.config()
+	if spec.MemoryMB == 0 {
+		spec.MemoryMB = cfg.DefaultMemoryMB
+	}
+	if cfg.HostCPUs > 0 && spec.CPUs > float64(cfg.HostCPUs) {
+		return invalid("cpus: %g is more than the host's %d CPUs", spec.CPUs, cfg.HostCPUs)
+	}
+	if cfg.HostMemoryMB > 0 && spec.MemoryMB > cfg.HostMemoryMB {
+		return invalid("memory_mb: %d is more than the host's %d MiB", spec.MemoryMB, cfg.HostMemoryMB)
+	}
+	if len(cfg.AllowedImages) > 0 && !ImageAllowed(cfg.AllowedImages, spec.Image) {
+		return invalid("image %q is not allowed here (allowed_images: %s)", spec.Image, strings.Join(cfg.AllowedImages, " "))
+	}
+	return nil
+}
+
+// discard removes the record of a create that made nothing.
+func (m *Manager) discard(id string, cause error) {
+	if _, err := m.store.Delete(id, store.EventDestroyed, "create_refused"); err != nil {
+		m.log.Error("removing the record of a refused create", zap.String("id", id), zap.Error(err), zap.NamedError("cause", cause))
+		return
+	}
+	m.setState(id, "")
+	m.log.Info("create refused", zap.String("id", id), zap.Error(cause))
 }
 
 // adopt copies what the engine reported of a running container into r.
@@ -610,6 +674,8 @@ func reasonOf(err error) string {
 		return "engine_unavailable"
 	case errors.Is(err, ErrImageNotFound):
 		return "image_missing"
+	case errors.Is(err, ErrIDTaken):
+		return "id_taken"
 	case errors.Is(err, ErrNotReady), errors.Is(err, context.DeadlineExceeded):
 		return "not_ready"
 	default:
@@ -734,8 +800,8 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 		return Record{}, invalid("access: %q is not public or private", *p.Access)
 	}
 	for name, d := range map[string]*time.Duration{"idle_pause": p.IdlePause, "idle_stop": p.IdleStop, "max_lifetime": p.MaxLifetime} {
-		if d != nil && *d < 0 {
-			return Record{}, invalid("%s: %s is negative", name, *d)
+		if d != nil && (*d < 0 || *d > MaxDuration) {
+			return Record{}, invalid("%s: %s is out of range (0 to 10 years)", name, *d)
 		}
 	}
 	unlock := m.locks.lock(id)
@@ -825,8 +891,12 @@ func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, er
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return 0, err
 	}
-	if err := m.runtime.Remove(ctx, id); err != nil {
-		return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
+	// Without a record only the volume of a sandbox destroyed earlier is
+	// purged (the runtime removes nothing that is not this instance's).
+	if hasRecord {
+		if err := m.runtime.Remove(ctx, id); err != nil {
+			return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
+		}
 	}
 	freed, err = m.runtime.RemoveVolume(ctx, id)
 	if errors.Is(err, ErrNotFound) {

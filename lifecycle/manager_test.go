@@ -250,14 +250,6 @@ func TestCreateFailure(t *testing.T) {
 		wantReason string
 	}{
 		{
-			name: "image missing",
-			setup: func(t *testing.T, rt *fakeRuntime) {
-				rt.failWith("Create", fmt.Errorf("pulling: %w", ErrImageNotFound))
-			},
-			wantErr:    ErrImageNotFound,
-			wantReason: "image_missing",
-		},
-		{
 			name:       "start fails",
 			setup:      func(t *testing.T, rt *fakeRuntime) { rt.failWith("Start", errors.New("exec format error")) },
 			wantReason: "start_failed",
@@ -300,6 +292,36 @@ func TestCreateFailure(t *testing.T) {
 			}
 			if res, reserved := e.m.Resident(); res != 0 || reserved != 0 {
 				t.Fatalf("resident, reserved = %d, %d; want 0, 0", res, reserved)
+			}
+		})
+	}
+}
+
+// TestCreateRefusedLeavesNothing: a create the engine refuses before making
+// anything (image missing, name taken by someone else, spec refused) leaves
+// no record behind and the id free.
+func TestCreateRefusedLeavesNothing(t *testing.T) {
+	for _, cause := range []error{ErrImageNotFound, ErrIDTaken, ErrInvalid} {
+		t.Run(cause.Error(), func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			e.rt.failWith("Create", fmt.Errorf("engine says: %w", cause))
+			_, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: testSpec()})
+			if !errors.Is(err, cause) {
+				t.Fatalf("err = %v, want %v", err, cause)
+			}
+			if _, err := e.m.Get("app1"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("record left: %v", err)
+			}
+			if n := e.m.Counts(); len(n) != 0 {
+				t.Fatalf("state counts %v, want none", n)
+			}
+			if res, reserved := e.m.Resident(); res != 0 || reserved != 0 {
+				t.Fatalf("resident, reserved = %d, %d; want 0, 0", res, reserved)
+			}
+			// The id is free: the next create of it succeeds.
+			e.rt.failWith("Create", nil)
+			if _, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: testSpec()}); err != nil {
+				t.Fatalf("create after a refused one: %v", err)
 			}
 		})
 	}

@@ -68,3 +68,13 @@ type Runtime interface {
 	// Ping checks that the engine answers.
 	Ping(ctx context.Context) error
 }
+
+// ImageChecker is implemented by runtimes that can tell, before anything is
+// created, whether an image can be had (on the engine, or pulled under the
+// runtime's policy). Create uses it so that a sandbox whose image is
+// missing leaves no record behind.
+type ImageChecker interface {
+	// CheckImage returns nil when image is available, an error wrapping
+	// ErrImageNotFound when it is not, or ErrUnavailable.
+	CheckImage(ctx context.Context, image string) error
+}

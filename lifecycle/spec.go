@@ -3,9 +3,12 @@ package lifecycle
 import (
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/distribution/reference"
 
 	"github.com/sandwake/sandwake/store"
 )
@@ -29,7 +32,28 @@ const (
 	DefaultWorkspacePath = "/workspace"
 	// DefaultPidsLimit caps processes per sandbox when unset.
 	DefaultPidsLimit = 512
+	// MaxMemoryMB bounds memory_mb (1 TiB): larger values are typos, and
+	// past 2^43 MiB the byte count overflows into "no limit".
+	MaxMemoryMB = 1 << 20
+	// MaxCPUs bounds cpus when the host's CPU count is not known.
+	MaxCPUs = 1024
+	// MaxPidsLimit bounds pids_limit (the kernel's pid_max ceiling).
+	MaxPidsLimit = 1 << 22
+	// MaxDuration bounds idle_pause, idle_stop and max_lifetime (10 years).
+	MaxDuration = 10 * 365 * 24 * time.Hour
+	// MaxEnvBytes bounds the total size of env keys and values.
+	MaxEnvBytes = 256 << 10
+	// MaxLabels and MaxLabelBytes bound the caller's labels.
+	MaxLabels     = 64
+	MaxLabelBytes = 1024
 )
+
+// systemPaths cannot be a workspace: a volume mounted there hides what the
+// image needs to run, or (below /proc, /sys, /dev) Docker refuses it.
+var systemPaths = []string{"/bin", "/boot", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/root", "/run", "/sbin", "/usr", "/var", "/var/lib", "/var/run"}
+
+// kernelPaths and everything below them cannot be a workspace.
+var kernelPaths = []string{"/proc", "/sys", "/dev"}
 
 // Access levels of a sandbox.
 const (
@@ -51,6 +75,14 @@ func NormalizeSpec(spec *Spec) error {
 	if strings.IndexFunc(spec.Image, unicode.IsSpace) >= 0 {
 		return invalid("image %q contains white space", spec.Image)
 	}
+	if _, err := reference.ParseNormalizedNamed(spec.Image); err != nil {
+		return invalid("image %q is not an image reference (name[:tag][@digest]): %v", spec.Image, err)
+	}
+	for i, arg := range spec.Cmd {
+		if strings.ContainsRune(arg, 0) {
+			return invalid("cmd[%d] contains a NUL byte", i)
+		}
+	}
 	if len(spec.Ports) == 0 {
 		return invalid("ports: at least one port is required")
 	}
@@ -67,19 +99,38 @@ func NormalizeSpec(spec *Spec) error {
 		}
 		seen[p] = true
 	}
-	for k := range spec.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return invalid("env: %q is not a variable name", k)
+	envBytes := 0
+	for k, v := range spec.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00\n\r") {
+			return invalid("env: %q is not a variable name (it must be non-empty, without =, NUL or line breaks)", k)
 		}
+		if strings.ContainsRune(v, 0) {
+			return invalid("env: the value of %s contains a NUL byte", k)
+		}
+		envBytes += len(k) + len(v)
+	}
+	if envBytes > MaxEnvBytes {
+		return invalid("env: %d bytes in all, at most %d", envBytes, MaxEnvBytes)
 	}
 	if spec.MemoryMB < 0 || (spec.MemoryMB > 0 && spec.MemoryMB < MinMemoryMB) {
 		return invalid("memory_mb: %d is below the minimum of %d", spec.MemoryMB, MinMemoryMB)
 	}
-	if !(spec.CPUs >= 0 && spec.CPUs <= 1024) { // also refuses NaN
-		return invalid("cpus: %g is out of range", spec.CPUs)
+	if spec.MemoryMB > MaxMemoryMB {
+		return invalid("memory_mb: %d is above the maximum of %d (1 TiB)", spec.MemoryMB, MaxMemoryMB)
 	}
-	if spec.PidsLimit < 0 {
-		return invalid("pids_limit: %d is negative", spec.PidsLimit)
+	if !(spec.CPUs >= 0 && spec.CPUs <= MaxCPUs) { // also refuses NaN
+		return invalid("cpus: %g is out of range (0-%d)", spec.CPUs, MaxCPUs)
+	}
+	if spec.PidsLimit < 0 || spec.PidsLimit > MaxPidsLimit {
+		return invalid("pids_limit: %d is out of range (0-%d)", spec.PidsLimit, MaxPidsLimit)
+	}
+	if len(spec.Labels) > MaxLabels {
+		return invalid("labels: %d labels, at most %d", len(spec.Labels), MaxLabels)
+	}
+	for k, v := range spec.Labels {
+		if k == "" || len(k)+len(v) > MaxLabelBytes {
+			return invalid("labels: %q must be a non-empty key, key and value at most %d bytes", k, MaxLabelBytes)
+		}
 	}
 	if spec.PidsLimit == 0 {
 		spec.PidsLimit = DefaultPidsLimit
@@ -91,6 +142,17 @@ func NormalizeSpec(spec *Spec) error {
 		return invalid("workspace_path: %q must be an absolute path below /", spec.WorkspacePath)
 	}
 	spec.WorkspacePath = path.Clean(spec.WorkspacePath)
+	for _, p := range kernelPaths {
+		if spec.WorkspacePath == p || strings.HasPrefix(spec.WorkspacePath, p+"/") {
+			return invalid("workspace_path: %q is a system path (nothing under %s can be a workspace)", spec.WorkspacePath, p)
+		}
+	}
+	if slices.Contains(systemPaths, spec.WorkspacePath) {
+		return invalid("workspace_path: %q is a system path; use a directory of its own such as /workspace", spec.WorkspacePath)
+	}
+	if strings.ContainsRune(spec.WorkspacePath, 0) {
+		return invalid("workspace_path: %q contains a NUL byte", spec.WorkspacePath)
+	}
 	if spec.ReadyPath != "" && !strings.HasPrefix(spec.ReadyPath, "/") {
 		return invalid("ready_path: %q must start with /", spec.ReadyPath)
 	}
@@ -102,8 +164,8 @@ func NormalizeSpec(spec *Spec) error {
 		return invalid("ready_mode: %q is not http or tcp", spec.ReadyMode)
 	}
 	for name, d := range map[string]*time.Duration{"idle_pause": spec.IdlePause, "idle_stop": spec.IdleStop, "max_lifetime": spec.MaxLifetime} {
-		if d != nil && *d < 0 {
-			return invalid("%s: %s is negative", name, *d)
+		if d != nil && (*d < 0 || *d > MaxDuration) {
+			return invalid("%s: %s is out of range (0 to 10 years)", name, *d)
 		}
 	}
 	switch spec.Access {
@@ -114,4 +176,23 @@ func NormalizeSpec(spec *Spec) error {
 		return invalid("access: %q is not public or private", spec.Access)
 	}
 	return nil
+}
+
+// ImageAllowed reports whether image matches one of patterns: path.Match
+// globs tried on the reference as given and in its normalised form
+// ("node:22" is also "docker.io/library/node:22"). A reference without a tag
+// is matched as ":latest" too.
+func ImageAllowed(patterns []string, image string) bool {
+	forms := []string{image}
+	if named, err := reference.ParseNormalizedNamed(image); err == nil {
+		forms = append(forms, named.String(), reference.TagNameOnly(named).String(), reference.FamiliarString(reference.TagNameOnly(named)))
+	}
+	for _, p := range patterns {
+		for _, f := range forms {
+			if ok, _ := path.Match(p, f); ok {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -54,6 +54,36 @@ func TestNormalizeSpec(t *testing.T) {
 		{"zero durations turn tiers off", func(s *Spec) { s.IdlePause, s.IdleStop, s.MaxLifetime = &zero, &zero, &zero }, ""},
 		{"access bad", func(s *Spec) { s.Access = "secret" }, "access"},
 		{"access private", func(s *Spec) { s.Access = AccessPrivate }, ""},
+		// Bounds (issue: 2^44 MiB overflowed into "no limit").
+		{"memory 2^44 MiB", func(s *Spec) { s.MemoryMB = 1 << 44 }, "memory_mb"},
+		{"memory 95 TiB", func(s *Spec) { s.MemoryMB = 99999999 }, "memory_mb"},
+		{"memory 1 TiB", func(s *Spec) { s.MemoryMB = MaxMemoryMB }, ""},
+		{"pids huge", func(s *Spec) { s.PidsLimit = 1 << 40 }, "pids_limit"},
+		{"idle pause a century", func(s *Spec) { d := 100 * 365 * 24 * time.Hour; s.IdlePause = &d }, "idle_pause"},
+		// What Docker would refuse, refused before anything is made.
+		{"image as a flag", func(s *Spec) { s.Image = "--help" }, "image"},
+		{"image upper case", func(s *Spec) { s.Image = "Busybox" }, "image"},
+		{"image with nbsp", func(s *Spec) { s.Image = "busy\u00a0box" }, "image"},
+		{"image with registry port", func(s *Spec) { s.Image = "localhost:5000/app:1" }, ""},
+		{"image with digest", func(s *Spec) { s.Image = "app@sha256:" + strings.Repeat("a", 64) }, ""},
+		{"env name with newline", func(s *Spec) { s.Env = map[string]string{"A\nB": "x"} }, "env"},
+		{"env name with cr", func(s *Spec) { s.Env = map[string]string{"A\rB": "x"} }, "env"},
+		{"env value with nul", func(s *Spec) { s.Env = map[string]string{"A": "x\x00y"} }, "env"},
+		{"env too big", func(s *Spec) { s.Env = map[string]string{"A": strings.Repeat("x", MaxEnvBytes)} }, "env"},
+		{"cmd with nul", func(s *Spec) { s.Cmd = []string{"/app", "a\x00b"} }, "cmd"},
+		{"workspace /proc", func(s *Spec) { s.WorkspacePath = "/proc" }, "workspace_path"},
+		{"workspace below /sys", func(s *Spec) { s.WorkspacePath = "/sys/fs/cgroup" }, "workspace_path"},
+		{"workspace /dev/shm", func(s *Spec) { s.WorkspacePath = "/dev/shm" }, "workspace_path"},
+		{"workspace /etc", func(s *Spec) { s.WorkspacePath = "/etc/" }, "workspace_path"},
+		{"workspace /usr", func(s *Spec) { s.WorkspacePath = "/usr" }, "workspace_path"},
+		{"workspace /procfs is fine", func(s *Spec) { s.WorkspacePath = "/procfs" }, ""},
+		{"workspace below /usr is fine", func(s *Spec) { s.WorkspacePath = "/usr/src/app" }, ""},
+		{"too many labels", func(s *Spec) {
+			s.Labels = map[string]string{}
+			for i := range MaxLabels + 1 {
+				s.Labels[strings.Repeat("k", i+1)] = "v"
+			}
+		}, "labels"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,6 +151,40 @@ func TestNormalizeSpecDefaults(t *testing.T) {
 			again := got
 			if err := NormalizeSpec(&again); err != nil || again.WorkspacePath != got.WorkspacePath || again.Image != got.Image {
 				t.Fatalf("second normalize: %+v, %v", again, err)
+			}
+		})
+	}
+}
+
+func TestCheckSpecHostBounds(t *testing.T) {
+	m := &Manager{cfg: Config{HostCPUs: 2, HostMemoryMB: 4096, DefaultMemoryMB: 512, AllowedImages: []string{"sandwake-*:*", "registry.example.com/previews/*"}}}
+	tests := []struct {
+		name    string
+		mutate  func(s *Spec)
+		wantErr string
+		wantMem int64
+	}{
+		{"default memory applied", func(s *Spec) { s.Image = "sandwake-testapp:1" }, "", 512},
+		{"own memory kept", func(s *Spec) { s.Image = "sandwake-testapp:1"; s.MemoryMB = 64 }, "", 64},
+		{"cpus above the host", func(s *Spec) { s.Image = "sandwake-testapp:1"; s.CPUs = 1000 }, "cpus", 0},
+		{"cpus of the host", func(s *Spec) { s.Image = "sandwake-testapp:1"; s.CPUs = 2 }, "", 512},
+		{"memory above the host", func(s *Spec) { s.Image = "sandwake-testapp:1"; s.MemoryMB = 8192 }, "memory_mb", 0},
+		{"image not allowed", func(s *Spec) { s.Image = "evil/miner:1" }, "not allowed", 0},
+		{"image allowed by registry glob", func(s *Spec) { s.Image = "registry.example.com/previews/app:3" }, "", 512},
+		{"image allowed without tag (latest)", func(s *Spec) { s.Image = "sandwake-demo" }, "", 512},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := testSpec()
+			tt.mutate(&s)
+			err := m.checkSpec(&s)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error %v", err)
+			case tt.wantErr != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("err = %v, want ErrInvalid naming %q", err, tt.wantErr)
+			case tt.wantErr == "" && s.MemoryMB != tt.wantMem:
+				t.Fatalf("memory_mb = %d, want %d", s.MemoryMB, tt.wantMem)
 			}
 		})
 	}

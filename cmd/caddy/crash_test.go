@@ -54,6 +54,7 @@ func (g *gateway) configure(extra string) {
 	sandwake {
 		storage %s
 		label %s %s
+		sandbox_network %s
 		stop_timeout 2s
 		%s
 	}
@@ -68,7 +69,7 @@ http://127.0.0.1:%d {
 		token %s
 	}
 }
-`, filepath.Join(g.dir, "caddy"), filepath.Join(g.dir, "sandwake"), testenv.LabelRun, testenv.RunID(), extra,
+`, filepath.Join(g.dir, "caddy"), filepath.Join(g.dir, "sandwake"), testenv.LabelRun, testenv.RunID(), testenv.Network(), extra,
 		g.previewPort, g.apiPort, crashToken)
 	if err := os.WriteFile(filepath.Join(g.dir, "Caddyfile"), []byte(cfg), 0o600); err != nil {
 		g.t.Fatal(err)

@@ -88,6 +88,7 @@ func (g *gateway) caddyfile() string {
 		storage %s
 		preview_url http://*.preview.localhost:%d
 		label %s %s
+		sandbox_network %s
 		idle_pause 0
 		idle_stop 0
 		stop_timeout 2s
@@ -104,7 +105,7 @@ http://127.0.0.1:%d {
 		token %s
 	}
 }
-`, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(),
+`, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(), testenv.Network(),
 		g.extra, g.previewPort, g.apiPort, benchToken)
 	if g.baseTo != "" {
 		fmt.Fprintf(&b, `http://127.0.0.1:%d {

@@ -326,7 +326,7 @@ func (b *bench) mainScenarios(ctx context.Context) error {
 }
 
 // removeRunContainers removes, a few at a time, the containers and volumes
-// labelled with this run.
+// labelled with this run, then its sandbox network.
 func removeRunContainers(ctx context.Context, cli *client.Client) error {
 	f := client.Filters{}.Add("label", testenv.LabelRun+"="+testenv.RunID())
 	cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
@@ -343,10 +343,22 @@ func removeRunContainers(ctx context.Context, cli *client.Client) error {
 	if err != nil {
 		return err
 	}
-	return parallel(vs.Items, 4, func(v volume.Volume) error {
+	if err := parallel(vs.Items, 4, func(v volume.Volume) error {
 		_, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true})
 		return err
-	})
+	}); err != nil {
+		return err
+	}
+	ns, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: f})
+	if err != nil {
+		return err
+	}
+	for _, n := range ns.Items {
+		if _, err := cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // publishedAddr is the 127.0.0.1 address port 8080 of a container is

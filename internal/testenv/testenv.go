@@ -40,6 +40,12 @@ func randomHex(n int) string {
 // random suffix, all lowercase alphanumerics.
 func UniqueID(prefix string) string { return prefix + runID + randomHex(3) }
 
+// Network is the sandbox network of this run's gateways (their
+// sandbox_network option): made by the first gateway, labelled with the run,
+// removed by Cleanup. A per-run name keeps parallel test binaries from
+// removing a network another one still uses.
+func Network() string { return "sw-test-" + runID }
+
 // RequireDocker reports whether a missing engine fails tests.
 func RequireDocker() bool { return os.Getenv("SANDWAKE_REQUIRE_DOCKER") == "1" }
 
@@ -124,7 +130,8 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// Cleanup removes this run's containers, volumes and image from the engine.
+// Cleanup removes this run's containers, volumes, networks and image from
+// the engine.
 func Cleanup(ctx context.Context, cli *client.Client) error {
 	f := client.Filters{}.Add("label", LabelRun+"="+runID)
 	var errs []string
@@ -143,6 +150,15 @@ func Cleanup(ctx context.Context, cli *client.Client) error {
 	}
 	for _, v := range vs.Items {
 		if _, err := cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	ns, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: f})
+	if err != nil {
+		return err
+	}
+	for _, n := range ns.Items {
+		if _, err := cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{}); err != nil {
 			errs = append(errs, err.Error())
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -22,11 +23,29 @@ import (
 	"github.com/sandwake/sandwake/store"
 )
 
-// Labels every container and volume sandwake makes carries.
+// Labels every container, volume and network sandwake makes carries.
 const (
 	LabelManaged = "sandwake.managed"
 	LabelID      = "sandwake.id"
+	// LabelInstance names the gateway instance that owns the object: a
+	// runtime acts only on objects of its own instance.
+	LabelInstance = "sandwake.instance"
 )
+
+// Image pull policies.
+const (
+	// PullMissing pulls an image the engine does not have.
+	PullMissing = "missing"
+	// PullNever refuses an image the engine does not have.
+	PullNever = "never"
+)
+
+// DefaultSandboxNetwork is the network sandboxes join in published mode.
+const DefaultSandboxNetwork = "sandwake"
+
+// networkICC is the bridge driver option that turns inter-container
+// communication on the network off.
+const networkICC = "com.docker.network.bridge.enable_icc"
 
 // Upstream modes.
 const (
@@ -53,12 +72,35 @@ type Options struct {
 	// Labels are added to every container and volume and narrow List to
 	// them, so that several gateways (or test runs) share one engine.
 	Labels map[string]string
+	// Instance is the name of the gateway instance: every object the
+	// runtime makes carries it (LabelInstance), and the runtime acts only
+	// on objects that carry it. Required.
+	Instance string
+	// Legacy reports whether sandbox id's record predates instance labels;
+	// its container and volume, labelled sandwake.managed without an
+	// instance, are then adopted as this instance's. Nil: none are.
+	Legacy func(id string) bool
+	// SandboxNetwork is the bridge network sandboxes join in published
+	// mode, created when missing with inter-container communication off so
+	// that sandboxes cannot reach each other; an existing one is used only
+	// when it has that option. Several instances on one engine may share
+	// it. Default: sandwake.
+	SandboxNetwork string
+	// Pull is the image pull policy: PullMissing (default) or PullNever.
+	Pull string
 }
 
 // Runtime is a lifecycle.Runtime on a Docker Engine.
 type Runtime struct {
 	cli  *client.Client
 	opts Options
+
+	// owned maps sandbox ids to the engine ids of containers checked to be
+	// this instance's: operations address containers by those ids, so an
+	// object that merely took the name later is never acted on.
+	owned sync.Map
+
+	netMu sync.Mutex
 }
 
 // New connects a runtime to the engine (no request is made until used).
@@ -77,6 +119,19 @@ func New(opts Options) (*Runtime, error) {
 	}
 	if opts.StopTimeout <= 0 {
 		opts.StopTimeout = 10 * time.Second
+	}
+	if opts.Instance == "" {
+		return nil, errors.New("docker runtime: an instance name is required")
+	}
+	if opts.SandboxNetwork == "" {
+		opts.SandboxNetwork = DefaultSandboxNetwork
+	}
+	switch opts.Pull {
+	case "":
+		opts.Pull = PullMissing
+	case PullMissing, PullNever:
+	default:
+		return nil, fmt.Errorf("docker runtime: unknown pull policy %q (missing or never)", opts.Pull)
 	}
 	clientOpts := []client.Opt{client.FromEnv}
 	if opts.Host != "" {
@@ -101,28 +156,192 @@ func ContainerName(id string) string { return "s-" + id }
 // VolumeName is the name of sandbox id's workspace volume.
 func VolumeName(id string) string { return "s-" + id + "-data" }
 
+// Instance is the instance name the runtime owns objects under.
+func (r *Runtime) Instance() string { return r.opts.Instance }
+
+// SandboxNetwork is the network sandboxes join in published mode.
+func (r *Runtime) SandboxNetwork() string { return r.opts.SandboxNetwork }
+
 func (r *Runtime) labels(id string) map[string]string {
 	l := maps.Clone(r.opts.Labels)
 	if l == nil {
-		l = make(map[string]string, 2)
+		l = make(map[string]string, 3)
 	}
 	l[LabelManaged] = "true"
-	l[LabelID] = id
+	l[LabelInstance] = r.opts.Instance
+	if id != "" {
+		l[LabelID] = id
+	}
 	return l
 }
 
-// Create implements lifecycle.Runtime.
-func (r *Runtime) Create(ctx context.Context, id string, spec store.Spec) (lifecycle.Container, error) {
+// owns reports whether an object of sandbox id with these labels is this
+// instance's: labelled with its instance, or (made before instance labels
+// existed) labelled as sandwake's for a record that predates them.
+func (r *Runtime) owns(id string, labels map[string]string) bool {
+	if labels[LabelManaged] != "true" || labels[LabelID] != id {
+		return false
+	}
+	switch inst := labels[LabelInstance]; {
+	case inst == r.opts.Instance:
+		return true
+	case inst == "" && r.opts.Legacy != nil:
+		return r.opts.Legacy(id)
+	default:
+		return false
+	}
+}
+
+// notOurs is the error for a name held by an object this instance does not
+// own: for operations on an existing sandbox the container is as good as
+// gone (ErrContainerNotFound); a create gets ErrIDTaken.
+func notOurs(kind, name string, labels map[string]string, sentinel error) error {
+	owner := "no sandwake labels"
+	if labels[LabelManaged] == "true" {
+		owner = "sandwake instance " + strconv.Quote(labels[LabelInstance])
+		if labels[LabelInstance] == "" {
+			owner = "a sandwake gateway without instance labels"
+		}
+	}
+	return fmt.Errorf("%w: %s %s exists and is not this gateway's (it has %s); nothing of it was touched", sentinel, kind, name, owner)
+}
+
+// resolve returns the engine id of sandbox id's container after checking
+// that it is this instance's (once; the answer is kept).
+func (r *Runtime) resolve(ctx context.Context, id string) (string, error) {
+	if v, ok := r.owned.Load(id); ok {
+		return v.(string), nil
+	}
+	res, err := r.cli.ContainerInspect(ctx, ContainerName(id), client.ContainerInspectOptions{})
+	if err != nil {
+		return "", classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+	}
+	if !r.ownsContainer(id, &res.Container) {
+		return "", notOurs("container", ContainerName(id), containerLabels(&res.Container), lifecycle.ErrContainerNotFound)
+	}
+	r.owned.Store(id, res.Container.ID)
+	return res.Container.ID, nil
+}
+
+func containerLabels(ci *container.InspectResponse) map[string]string {
+	if ci.Config == nil {
+		return nil
+	}
+	return ci.Config.Labels
+}
+
+func (r *Runtime) ownsContainer(id string, ci *container.InspectResponse) bool {
+	return r.owns(id, containerLabels(ci))
+}
+
+// do runs op on sandbox id's container, addressed by its engine id; a
+// container gone meanwhile is forgotten so that the next call looks again.
+func (r *Runtime) do(ctx context.Context, id, doing string, op func(cid string) error) error {
+	cid, err := r.resolve(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", doing, ContainerName(id), err)
+	}
+	err = op(cid)
+	if err != nil && cerrdefs.IsNotFound(err) {
+		r.owned.Delete(id)
+	}
+	return classify(doing+" "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+}
+
+// ensureNetwork makes sure the sandbox network exists, is this instance's
+// and keeps sandboxes apart. It is checked on every create (creates are
+// rare) so that a network removed by hand is made again.
+func (r *Runtime) ensureNetwork(ctx context.Context) error {
+	if r.opts.UpstreamMode != UpstreamPublished {
+		return nil
+	}
+	r.netMu.Lock()
+	defer r.netMu.Unlock()
+	name := r.opts.SandboxNetwork
+	res, err := r.cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{})
+	if err == nil {
+		// Whoever made it (another instance on this engine shares it), it
+		// must keep sandboxes apart.
+		if res.Network.Driver != "bridge" || res.Network.Options[networkICC] != "false" {
+			return fmt.Errorf("network %s would let sandboxes reach each other (driver %q, %s=%q; want a bridge with it false): remove it and sandwake makes it again, or set sandbox_network to another name",
+				name, res.Network.Driver, networkICC, res.Network.Options[networkICC])
+		}
+		return nil
+	}
+	if !cerrdefs.IsNotFound(err) {
+		return classify("inspecting network "+name, err, lifecycle.ErrUnavailable)
+	}
+	_, err = r.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{
+		Driver:  "bridge",
+		Options: map[string]string{networkICC: "false"},
+		Labels:  r.labels(""),
+	})
+	if err != nil && !cerrdefs.IsConflict(err) {
+		return classify("creating network "+name, err, lifecycle.ErrUnavailable)
+	}
+	return nil
+}
+
+// CheckImage implements lifecycle.ImageChecker: the image is on the engine,
+// or the pull policy allows pulling it and the pull succeeds.
+func (r *Runtime) CheckImage(ctx context.Context, image string) error {
+	return r.ensureImage(ctx, image)
+}
+
+// Create implements lifecycle.Runtime. A container or volume under the
+// sandbox's names that is not this instance's is never removed or reused:
+// the create fails with ErrIDTaken. A volume the create made is removed
+// again when the create fails.
+func (r *Runtime) Create(ctx context.Context, id string, spec store.Spec) (c lifecycle.Container, err error) {
 	if err := r.ensureImage(ctx, spec.Image); err != nil {
 		return lifecycle.Container{}, err
 	}
-	if err := r.Remove(ctx, id); err != nil {
+	if err := r.ensureNetwork(ctx); err != nil {
 		return lifecycle.Container{}, err
 	}
-	labels := r.labels(id)
-	if _, err := r.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: VolumeName(id), Labels: labels}); err != nil {
-		return lifecycle.Container{}, classify("creating volume "+VolumeName(id), err, lifecycle.ErrNotFound)
+	// The old container of this sandbox (a recreate) goes; anyone else's
+	// under the name stops the create.
+	if old, err := r.cli.ContainerInspect(ctx, ContainerName(id), client.ContainerInspectOptions{}); err == nil {
+		if !r.ownsContainer(id, &old.Container) {
+			return lifecycle.Container{}, notOurs("container", ContainerName(id), containerLabels(&old.Container), lifecycle.ErrIDTaken)
+		}
+		if _, err := r.cli.ContainerRemove(ctx, old.Container.ID, client.ContainerRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			return lifecycle.Container{}, classify("removing container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+		}
+		r.owned.Delete(id)
+	} else if !cerrdefs.IsNotFound(err) {
+		return lifecycle.Container{}, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
 	}
+	labels := r.labels(id)
+	madeVolume := false
+	vol, err := r.cli.VolumeInspect(ctx, VolumeName(id), client.VolumeInspectOptions{})
+	switch {
+	case err == nil:
+		if !r.owns(id, vol.Volume.Labels) {
+			return lifecycle.Container{}, notOurs("volume", VolumeName(id), vol.Volume.Labels, lifecycle.ErrIDTaken)
+		}
+	case cerrdefs.IsNotFound(err):
+		// Creating a volume under an existing name returns that volume, so
+		// its labels are checked again: another gateway may have made it
+		// between the inspect and the create.
+		made, err := r.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: VolumeName(id), Labels: labels})
+		if err != nil {
+			return lifecycle.Container{}, classify("creating volume "+VolumeName(id), err, lifecycle.ErrNotFound)
+		}
+		if !r.owns(id, made.Volume.Labels) {
+			return lifecycle.Container{}, notOurs("volume", VolumeName(id), made.Volume.Labels, lifecycle.ErrIDTaken)
+		}
+		madeVolume = true
+	default:
+		return lifecycle.Container{}, classify("inspecting volume "+VolumeName(id), err, lifecycle.ErrNotFound)
+	}
+	defer func() {
+		if err != nil && madeVolume {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			r.cli.VolumeRemove(rctx, VolumeName(id), client.VolumeRemoveOptions{})
+		}
+	}()
 
 	env := make([]string, 0, len(spec.Env))
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
@@ -154,6 +373,9 @@ func (r *Runtime) Create(ctx context.Context, id string, spec store.Spec) (lifec
 			Target: spec.WorkspacePath,
 		}},
 		SecurityOpt: []string{"no-new-privileges"},
+		// NET_RAW lets a process forge packets and sniff its network:
+		// nothing a preview app needs.
+		CapDrop: []string{"NET_RAW"},
 		// Bounded logs: thousands of sandboxes must not fill the disk.
 		LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "10m", "max-file": "2"}},
 	}
@@ -171,13 +393,23 @@ func (r *Runtime) Create(ctx context.Context, id string, spec store.Spec) (lifec
 	var nc *network.NetworkingConfig
 	if r.opts.UpstreamMode == UpstreamNetwork {
 		hc.NetworkMode = container.NetworkMode(r.opts.Network)
+	} else {
+		hc.NetworkMode = container.NetworkMode(r.opts.SandboxNetwork)
 	}
 	res, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Name: ContainerName(id), Config: cfg, HostConfig: hc, NetworkingConfig: nc,
 	})
 	if err != nil {
+		switch {
+		case cerrdefs.IsConflict(err):
+			// Another gateway took the name since the inspect above.
+			return lifecycle.Container{}, fmt.Errorf("%w: container %s was created by someone else meanwhile: %v", lifecycle.ErrIDTaken, ContainerName(id), err)
+		case cerrdefs.IsInvalidArgument(err):
+			return lifecycle.Container{}, fmt.Errorf("%w: docker refused the sandbox's spec: %v", lifecycle.ErrInvalid, err)
+		}
 		return lifecycle.Container{}, classify("creating container "+ContainerName(id), err, lifecycle.ErrImageNotFound)
 	}
+	r.owned.Store(id, res.ID)
 	return lifecycle.Container{ID: res.ID, SandboxID: id, State: lifecycle.ContainerCreated}, nil
 }
 
@@ -189,6 +421,9 @@ func (r *Runtime) ensureImage(ctx context.Context, image string) error {
 	}
 	if !cerrdefs.IsNotFound(err) {
 		return classify("inspecting image "+image, err, lifecycle.ErrImageNotFound)
+	}
+	if r.opts.Pull == PullNever {
+		return fmt.Errorf("%w: image %q is not on the engine and the pull policy is never", lifecycle.ErrImageNotFound, image)
 	}
 	pull, err := r.cli.ImagePull(ctx, image, client.ImagePullOptions{})
 	if err == nil {
@@ -205,46 +440,68 @@ func (r *Runtime) ensureImage(ctx context.Context, image string) error {
 
 // Start implements lifecycle.Runtime.
 func (r *Runtime) Start(ctx context.Context, id string) (lifecycle.Container, error) {
-	if _, err := r.cli.ContainerStart(ctx, ContainerName(id), client.ContainerStartOptions{}); err != nil {
-		return lifecycle.Container{}, classify("starting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+	err := r.do(ctx, id, "starting container", func(cid string) error {
+		_, err := r.cli.ContainerStart(ctx, cid, client.ContainerStartOptions{})
+		return err
+	})
+	if err != nil {
+		return lifecycle.Container{}, err
 	}
 	return r.Inspect(ctx, id)
 }
 
 // Pause implements lifecycle.Runtime.
 func (r *Runtime) Pause(ctx context.Context, id string) error {
-	_, err := r.cli.ContainerPause(ctx, ContainerName(id), client.ContainerPauseOptions{})
-	return classify("pausing container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+	return r.do(ctx, id, "pausing container", func(cid string) error {
+		_, err := r.cli.ContainerPause(ctx, cid, client.ContainerPauseOptions{})
+		return err
+	})
 }
 
 // Unpause implements lifecycle.Runtime.
 func (r *Runtime) Unpause(ctx context.Context, id string) error {
-	_, err := r.cli.ContainerUnpause(ctx, ContainerName(id), client.ContainerUnpauseOptions{})
-	return classify("unpausing container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+	return r.do(ctx, id, "unpausing container", func(cid string) error {
+		_, err := r.cli.ContainerUnpause(ctx, cid, client.ContainerUnpauseOptions{})
+		return err
+	})
 }
 
 // Stop implements lifecycle.Runtime.
 func (r *Runtime) Stop(ctx context.Context, id string) error {
 	secs := int(r.opts.StopTimeout / time.Second)
-	_, err := r.cli.ContainerStop(ctx, ContainerName(id), client.ContainerStopOptions{Timeout: &secs})
-	return classify("stopping container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+	return r.do(ctx, id, "stopping container", func(cid string) error {
+		_, err := r.cli.ContainerStop(ctx, cid, client.ContainerStopOptions{Timeout: &secs})
+		return err
+	})
 }
 
-// Remove implements lifecycle.Runtime.
+// Remove implements lifecycle.Runtime. A container that is missing, or that
+// is not this instance's, is left alone and is not an error.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
-	_, err := r.cli.ContainerRemove(ctx, ContainerName(id), client.ContainerRemoveOptions{Force: true})
-	if err != nil && cerrdefs.IsNotFound(err) {
+	err := r.do(ctx, id, "removing container", func(cid string) error {
+		_, err := r.cli.ContainerRemove(ctx, cid, client.ContainerRemoveOptions{Force: true})
+		return err
+	})
+	if errors.Is(err, lifecycle.ErrContainerNotFound) {
 		return nil
 	}
-	return classify("removing container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+	if err == nil {
+		r.owned.Delete(id)
+	}
+	return err
 }
 
 // RemoveVolume implements lifecycle.Runtime. The size comes from the engine's
-// disk-usage report, read just before removal.
+// disk-usage report, read just before removal. A volume that is not this
+// instance's wraps ErrNotFound and is left alone.
 func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	name := VolumeName(id)
-	if _, err := r.cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{}); err != nil {
+	vol, err := r.cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{})
+	if err != nil {
 		return 0, classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
+	}
+	if !r.owns(id, vol.Volume.Labels) {
+		return 0, notOurs("volume", name, vol.Volume.Labels, lifecycle.ErrNotFound)
 	}
 	var size int64
 	du, err := r.cli.DiskUsage(ctx, client.DiskUsageOptions{Volumes: true, Verbose: true})
@@ -266,8 +523,16 @@ func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 func (r *Runtime) Inspect(ctx context.Context, id string) (lifecycle.Container, error) {
 	res, err := r.cli.ContainerInspect(ctx, ContainerName(id), client.ContainerInspectOptions{})
 	if err != nil {
+		if cerrdefs.IsNotFound(err) {
+			r.owned.Delete(id)
+		}
 		return lifecycle.Container{}, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
 	}
+	if !r.ownsContainer(id, &res.Container) {
+		r.owned.Delete(id)
+		return lifecycle.Container{}, notOurs("container", ContainerName(id), containerLabels(&res.Container), lifecycle.ErrContainerNotFound)
+	}
+	r.owned.Store(id, res.Container.ID)
 	return r.fromInspect(id, &res.Container), nil
 }
 
@@ -319,7 +584,8 @@ func mustPort(s string) uint16 {
 	return uint16(n)
 }
 
-// List implements lifecycle.Runtime.
+// List implements lifecycle.Runtime: this instance's containers only, so
+// other gateways' containers are neither orphans nor reconciled.
 func (r *Runtime) List(ctx context.Context) ([]lifecycle.Container, error) {
 	f := client.Filters{}.Add("label", LabelManaged+"=true")
 	for k, v := range r.opts.Labels {
@@ -331,6 +597,9 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Container, error) {
 	}
 	out := make([]lifecycle.Container, 0, len(res.Items))
 	for _, s := range res.Items {
+		if !r.owns(s.Labels[LabelID], s.Labels) {
+			continue
+		}
 		out = append(out, lifecycle.Container{
 			ID:        s.ID,
 			SandboxID: s.Labels[LabelID],
@@ -369,7 +638,11 @@ func (r *Runtime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-
 				return
 			case msg := <-res.Messages:
 				action, _, _ := strings.Cut(string(msg.Action), ":")
-				ev := lifecycle.RuntimeEvent{SandboxID: msg.Actor.Attributes[LabelID], Action: action}
+				id := msg.Actor.Attributes[LabelID]
+				if !r.owns(id, msg.Actor.Attributes) {
+					continue // another instance's container
+				}
+				ev := lifecycle.RuntimeEvent{SandboxID: id, Action: action}
 				select {
 				case out <- ev:
 				case <-ctx.Done():
@@ -379,6 +652,15 @@ func (r *Runtime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-
 		}
 	}()
 	return out, errs
+}
+
+// HostSize reports the engine host's CPU count and memory in MiB.
+func (r *Runtime) HostSize(ctx context.Context) (cpus int, memMB int64, err error) {
+	info, err := r.cli.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return 0, 0, classify("reading docker info", err, lifecycle.ErrUnavailable)
+	}
+	return info.Info.NCPU, info.Info.MemTotal >> 20, nil
 }
 
 // Ping implements lifecycle.Runtime.
@@ -416,4 +698,5 @@ func classify(doing string, err, notFound error) error {
 var (
 	_ lifecycle.Runtime     = (*Runtime)(nil)
 	_ lifecycle.EventSource = (*Runtime)(nil)
+	_ lifecycle.ImageChecker = (*Runtime)(nil)
 )
