@@ -6,9 +6,9 @@ package caddymodule
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"encoding/hex"
 	"math"
 	"net/url"
 	"path"

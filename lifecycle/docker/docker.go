@@ -696,7 +696,7 @@ func classify(doing string, err, notFound error) error {
 
 // Interface guards.
 var (
-	_ lifecycle.Runtime     = (*Runtime)(nil)
-	_ lifecycle.EventSource = (*Runtime)(nil)
+	_ lifecycle.Runtime      = (*Runtime)(nil)
+	_ lifecycle.EventSource  = (*Runtime)(nil)
 	_ lifecycle.ImageChecker = (*Runtime)(nil)
 )
