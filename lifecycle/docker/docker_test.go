@@ -62,7 +62,13 @@ func newFixture(t testing.TB, cfg lifecycle.Config) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	real, err := docker.New(docker.Options{Labels: testenv.Labels(), StopTimeout: 5 * time.Second, Instance: "t" + testenv.RunID(), SandboxNetwork: testenv.Network()})
+	real, err := docker.New(docker.Options{
+		Labels: testenv.Labels(), StopTimeout: 5 * time.Second, Instance: "t" + testenv.RunID(), SandboxNetwork: testenv.Network(),
+		Legacy: func(id string) bool {
+			rec, err := st.Get(id)
+			return err == nil && rec.Incarnation == ""
+		},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
