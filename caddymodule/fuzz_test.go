@@ -212,6 +212,9 @@ func FuzzAppCaddyfile(f *testing.F) {
 		"domain a b",
 		"{\n}",
 		"idle_pause {\n}",
+		"instance prod-1\nsandbox_network sandwake\ndefault_memory 512MiB\npull never\nallowed_images node:* registry.example.com/*",
+		"instance\npull",
+		"allowed_images",
 	} {
 		f.Add(s)
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -288,6 +289,24 @@ func containsFold(list []string, s string) bool {
 	return false
 }
 
+// stop ends the gateway with SIGTERM and waits for it: a clean shutdown.
+func (g *gateway) stop() {
+	g.t.Helper()
+	if g.cmd == nil || g.cmd.ProcessState != nil {
+		return
+	}
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- g.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		g.cmd.Process.Kill()
+		<-done
+		g.t.Fatalf("caddy did not stop on SIGTERM:\n%s", tail(g.log.String()))
+	}
+}
+
 // startFails starts the gateway and expects the process to exit with an
 // error; it returns what the process printed.
 func (g *gateway) startFails() string {
@@ -327,7 +346,9 @@ func TestDamagedOrLostStore(t *testing.T) {
 	id := testenv.UniqueID("d")
 	g.create(cli, image, id, nil)
 	cid, vol, _ := objectIDs(t, cli, id)
-	g.kill()
+	// A clean stop: Badger writes its tables and MANIFEST on the way out,
+	// as in the operator's "stop, then the file is damaged".
+	g.stop()
 
 	storeDir := filepath.Join(g.dir, "sandwake")
 	if err := os.Truncate(filepath.Join(storeDir, "MANIFEST"), 10); err != nil {

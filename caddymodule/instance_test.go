@@ -1,0 +1,69 @@
+package caddymodule
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// TestOwnershipOptions: the instance, network, memory and image-policy
+// options are parsed, defaulted and validated, with errors that name them.
+func TestOwnershipOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		input   string
+		wantErr string // "" when valid
+		check   func(t *testing.T, a *App)
+	}{
+		{"defaults", "", "", func(t *testing.T, a *App) {
+			if a.Instance != "" || a.SandboxNetwork != "sandwake" || a.Pull != "missing" || a.defaultMemMB != 512 || a.AllowedImages != nil {
+				t.Fatalf("defaults: instance %q network %q pull %q default memory %d MiB allowed %v", a.Instance, a.SandboxNetwork, a.Pull, a.defaultMemMB, a.AllowedImages)
+			}
+		}},
+		{"all set", "instance production\nsandbox_network previews-net\ndefault_memory 1GiB\npull never\nallowed_images registry.example.com/previews/* node:*\nallowed_images sandwake-*", "", func(t *testing.T, a *App) {
+			want := []string{"registry.example.com/previews/*", "node:*", "sandwake-*"}
+			if a.Instance != "production" || a.SandboxNetwork != "previews-net" || a.Pull != "never" || a.defaultMemMB != 1024 || !reflect.DeepEqual(a.AllowedImages, want) {
+				t.Fatalf("got instance %q network %q pull %q default memory %d allowed %v", a.Instance, a.SandboxNetwork, a.Pull, a.defaultMemMB, a.AllowedImages)
+			}
+		}},
+		{"default memory off", "default_memory 0", "", func(t *testing.T, a *App) {
+			if a.defaultMemMB != 0 {
+				t.Fatalf("default memory %d, want 0 (off)", a.defaultMemMB)
+			}
+		}},
+		{"instance upper case", "instance Prod", "instance", nil},
+		{"instance with slash", "instance a/b", "instance", nil},
+		{"instance starting with dash", "instance -x", "instance", nil},
+		{"instance too long", "instance " + strings.Repeat("a", 64), "instance", nil},
+		{"network with space", `sandbox_network "a b"`, "sandbox_network", nil},
+		{"pull sometimes", "pull sometimes", "pull", nil},
+		{"default memory share", "default_memory 10%", "default_memory", nil},
+		{"default memory tiny", "default_memory 1MiB", "default_memory", nil},
+		{"allowed image bad pattern", "allowed_images [", "allowed_images", nil},
+		{"instance twice args", "instance a b", "wrong argument", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var a App
+			err := a.UnmarshalCaddyfile(dispenserFor(t, "sandwake {\n"+tt.input+"\n}"))
+			if err == nil {
+				ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+				defer cancel()
+				err = a.Provision(ctx)
+			}
+			if err == nil {
+				err = a.Validate()
+			}
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("err = %v, want one naming %q", err, tt.wantErr)
+			case tt.check != nil:
+				tt.check(t, &a)
+			}
+		})
+	}
+}
