@@ -125,6 +125,9 @@ type Manager struct {
 
 	locks    idLocks
 	wakes    singleflight.Group
+	// events queues the sandboxes engine events name, for the workers that
+	// reconcile them.
+	events *workQueue
 	bus      bus
 	activity activities
 	flushMu  sync.Mutex
@@ -169,6 +172,7 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 		ctx:     ctx,
 		cancel:  cancel,
 		states:  make(map[string]State),
+		events:  newWorkQueue(),
 	}
 	m.activity.clock = cfg.Now
 	recs, err := st.List(nil)
@@ -185,8 +189,11 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 	m.every(cfg.ReapInterval, m.reapPass, false)
 	m.every(cfg.ReconcileInterval, m.reconcilePass, false)
 	if src, ok := rt.(EventSource); ok && cfg.WatchEvents {
-		m.wg.Add(1)
+		m.wg.Add(1 + eventWorkers)
 		go m.runEvents(src)
+		for range eventWorkers {
+			go m.runEventWorker()
+		}
 	}
 	return m, nil
 }
@@ -202,6 +209,7 @@ func (m *Manager) Close() error {
 	m.closed = true
 	m.mu.Unlock()
 	m.cancel()
+	m.events.close()
 	m.wg.Wait()
 	m.bus.closeAll()
 	return nil

@@ -395,13 +395,29 @@ func (m *Manager) handleRuntimeEvent(ev RuntimeEvent) {
 			return
 		}
 	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
-		defer cancel()
-		if _, err := m.ReconcileOne(ctx, ev.SandboxID); err != nil && m.ctx.Err() == nil {
-			m.log.Warn("reconcile after engine event", zap.String("id", ev.SandboxID), zap.String("action", ev.Action), zap.Error(err))
+	m.events.add(ev.SandboxID)
+}
+
+// eventWorkers is how many goroutines reconcile sandboxes named by engine
+// events: enough that one slow inspect does not hold up the others, few
+// enough that a burst (a daemon restart reports every container) is not a
+// goroutine and an inspect per event at once.
+const eventWorkers = 4
+
+// runEventWorker reconciles the sandboxes the event queue hands out until
+// the manager closes.
+func (m *Manager) runEventWorker() {
+	defer m.wg.Done()
+	for {
+		id, ok := m.events.get()
+		if !ok {
+			return
 		}
-	}()
+		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		if _, err := m.ReconcileOne(ctx, id); err != nil && m.ctx.Err() == nil {
+			m.log.Warn("reconcile after engine event", zap.String("id", id), zap.Error(err))
+		}
+		cancel()
+		m.events.done(id)
+	}
 }

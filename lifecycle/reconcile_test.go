@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -601,4 +602,84 @@ func TestRuntimeEvents(t *testing.T) {
 			t.Fatal("subscription context live after Close")
 		}
 	})
+}
+
+// TestEventFloodIsQueued: a burst of engine events (a daemon restart reports
+// every container, a die comes with a destroy) costs at most two reconciles
+// per sandbox and a bounded number of goroutines, not one per event.
+func TestEventFloodIsQueued(t *testing.T) {
+	e, er := eventsEnv(t, Config{WatchEvents: true})
+	s := receive(t, er.streams, "the subscription")
+	const sandboxes, perSandbox = 50, 20
+	ids := make([]string, sandboxes)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("app%d", i)
+		e.seed(t, ids[i], Running)
+		e.rt.put(ids[i], "")
+	}
+	e.rt.resetCalls()
+	// Every inspect waits at the gate while the flood arrives: the workers
+	// are busy, everything else is queued.
+	g := e.rt.hold(t, "Inspect", "")
+	before := runtime.NumGoroutine()
+	for range perSandbox {
+		for _, id := range ids {
+			s.send(t, RuntimeEvent{SandboxID: id, Action: "die"})
+		}
+	}
+	if grown := runtime.NumGoroutine() - before; grown > 10 {
+		t.Fatalf("%d goroutines more during a flood of %d events", grown, sandboxes*perSandbox)
+	}
+	if n := e.m.events.len(); n > sandboxes {
+		t.Fatalf("%d ids queued for %d sandboxes", n, sandboxes)
+	}
+	g.release()
+	for _, id := range ids {
+		waitFor(t, id+" to be killed", func() bool { return e.state(t, id) == Killed })
+	}
+	waitFor(t, "the queue to drain", func() bool { return e.m.events.len() == 0 })
+	e.m.Close()
+	// Each sandbox: one inspect, plus at most one more for the worker that
+	// held it when its later events came (they may report something newer).
+	if n := e.rt.count("Inspect"); n < sandboxes || n > 2*sandboxes {
+		t.Fatalf("%d inspects for %d events over %d sandboxes; want %d to %d", n, sandboxes*perSandbox, sandboxes, sandboxes, 2*sandboxes)
+	}
+}
+
+func TestWorkQueue(t *testing.T) {
+	q := newWorkQueue()
+	q.add("a")
+	q.add("b")
+	q.add("a") // queued already
+	if n := q.len(); n != 2 {
+		t.Fatalf("len %d, want 2", n)
+	}
+	id, _ := q.get()
+	if id != "a" {
+		t.Fatalf("got %q, want a", id)
+	}
+	q.add("a") // while processing: queued again after done, not before
+	if n := q.len(); n != 1 {
+		t.Fatalf("len %d while a is processed, want 1 (b)", n)
+	}
+	q.done("a")
+	if id, _ := q.get(); id != "b" {
+		t.Fatalf("got %q, want b", id)
+	}
+	if id, _ := q.get(); id != "a" {
+		t.Fatalf("got %q, want a again", id)
+	}
+	done := make(chan bool)
+	go func() {
+		_, ok := q.get()
+		done <- ok
+	}()
+	q.close()
+	if <-done {
+		t.Fatal("get after close returned an id")
+	}
+	q.add("c")
+	if n := q.len(); n != 0 {
+		t.Fatalf("add after close queued %d", n)
+	}
 }
