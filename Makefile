@@ -15,7 +15,7 @@ build:
 
 ## test: formatting, vet, staticcheck, then every test under the race detector
 test: tools vet lint
-	$(GO) test -count=1 -race -timeout 25m ./...
+	$(GO) test -count=1 -race -timeout 60m ./...
 
 ## tools: what the tests need beyond Go: Debian's chromium for the browser tests
 tools:
