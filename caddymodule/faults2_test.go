@@ -219,6 +219,11 @@ func TestDockerCutMidWake(t *testing.T) {
 	host := h.host(rec.ID, 8080)
 	name := docker.ContainerName(rec.ID)
 	e := engineFor(t, h)
+	ci, err := h.cli.ContainerInspect(context.Background(), name, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cid := ci.Container.ID
 
 	phases := []struct {
 		name string
@@ -234,7 +239,9 @@ func TestDockerCutMidWake(t *testing.T) {
 		{"readiness phase", func(_ *testing.T, completed, inflight []string) (bool, string) {
 			started := -1
 			for i, c := range completed {
-				if strings.HasPrefix(c, "POST ") && strings.HasSuffix(c, "/containers/"+name+"/start") {
+				// The start addresses the container by its engine id (checked
+				// to be this gateway's), the inspects by its name.
+				if strings.HasPrefix(c, "POST ") && (strings.HasSuffix(c, "/containers/"+name+"/start") || strings.HasSuffix(c, "/containers/"+cid+"/start")) {
 					started = i
 				}
 				if started >= 0 && i > started && strings.HasPrefix(c, "GET ") && strings.HasSuffix(c, "/containers/"+name+"/json") {
