@@ -61,6 +61,15 @@ type App struct {
 	// IdleStop: a running or paused sandbox idle this long is stopped
 	// (memory freed, disk kept). 0 turns the tier off. Default: 30m.
 	IdleStop *caddy.Duration `json:"idle_stop,omitempty"`
+	// MinResident: a sandbox active or woken this recently is not evicted
+	// to make room for another wake (memory pressure excepted), so that
+	// sandboxes in use between two requests are not stopped and woken
+	// again. 0 turns it off. Default: 30s.
+	MinResident *caddy.Duration `json:"min_resident,omitempty"`
+	// CapacityWait is how long a wake waits for room when every resident
+	// sandbox is in use before it is refused (503 capacity). 0: no wait.
+	// Default: 10s.
+	CapacityWait *caddy.Duration `json:"capacity_wait,omitempty"`
 	// MaxLifetime: a sandbox this old is expired: container removed, volume
 	// kept. 0 means never. Default: 0.
 	MaxLifetime caddy.Duration `json:"max_lifetime,omitempty"`
@@ -200,6 +209,8 @@ const (
 	DefaultStopTimeout       = 10 * time.Second
 	DefaultIdlePause         = 3 * time.Minute
 	DefaultIdleStop          = 30 * time.Minute
+	DefaultMinResident       = 30 * time.Second
+	DefaultCapacityWait      = 10 * time.Second
 	DefaultReapInterval      = 10 * time.Second
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultMinFreeMemory     = "10%"
@@ -257,6 +268,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.IdleStop == nil {
 		d := caddy.Duration(DefaultIdleStop)
 		a.IdleStop = &d
+	}
+	if a.MinResident == nil {
+		d := caddy.Duration(DefaultMinResident)
+		a.MinResident = &d
+	}
+	if a.CapacityWait == nil {
+		d := caddy.Duration(DefaultCapacityWait)
+		a.CapacityWait = &d
 	}
 	if a.RobotsTxt == nil {
 		on := true
@@ -424,6 +443,9 @@ func (a *App) Validate() error {
 	}
 	if *a.IdlePause < 0 || *a.IdleStop < 0 || a.MaxLifetime < 0 || a.ReapInterval < 0 || a.ReconcileInterval < 0 {
 		return errors.New("sandwake: idle_pause, idle_stop, max_lifetime, reap_interval and reconcile_interval must not be negative")
+	}
+	if *a.MinResident < 0 || *a.CapacityWait < 0 {
+		return errors.New("sandwake: min_resident and capacity_wait must not be negative")
 	}
 	if *a.MaxResident < 0 {
 		return errors.New("sandwake: max_resident must not be negative")
@@ -629,6 +651,8 @@ func openEngine(a *App) (*engine, error) {
 		ActivityFlush:     time.Duration(a.ActivityFlush),
 		IdlePause:         time.Duration(*a.IdlePause),
 		IdleStop:          time.Duration(*a.IdleStop),
+		MinResident:       time.Duration(*a.MinResident),
+		CapacityWait:      time.Duration(*a.CapacityWait),
 		MaxLifetime:       time.Duration(a.MaxLifetime),
 		ExpiredWake:       a.ExpiredWake,
 		MinFreeMemory:     a.minFreeBytes,
@@ -725,6 +749,8 @@ func (e *engine) apply(a *App) {
 		MaxResident:    *a.MaxResident,
 		IdlePause:      time.Duration(*a.IdlePause),
 		IdleStop:       time.Duration(*a.IdleStop),
+		MinResident:    time.Duration(*a.MinResident),
+		CapacityWait:   time.Duration(*a.CapacityWait),
 		MaxLifetime:    time.Duration(a.MaxLifetime),
 		ExpiredWake:    a.ExpiredWake,
 		MinFreeMemory:  a.minFreeBytes,

@@ -33,6 +33,8 @@ func init() {
 //		upstream_mode  published | network <docker network>
 //		idle_pause     <duration>
 //		idle_stop      <duration>
+//		min_resident   <duration>
+//		capacity_wait  <duration>
 //		max_lifetime   <duration>
 //		expired_wake   recreate | refuse
 //		min_free_memory <size> | <percent>%
@@ -139,7 +141,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			case "min_free_memory":
 				a.MinFreeMemory = v
 			}
-		case "idle_pause", "idle_stop":
+		case "idle_pause", "idle_stop", "min_resident", "capacity_wait":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -149,10 +151,15 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("%s %q: want a duration >= 0 like 3m (0 turns it off)", opt, v)
 			}
 			cd := caddy.Duration(dur)
-			if opt == "idle_pause" {
+			switch opt {
+			case "idle_pause":
 				a.IdlePause = &cd
-			} else {
+			case "idle_stop":
 				a.IdleStop = &cd
+			case "min_resident":
+				a.MinResident = &cd
+			case "capacity_wait":
+				a.CapacityWait = &cd
 			}
 		case "domain", "storage", "docker_host", "preview_url", "instance", "sandbox_network", "default_memory", "pull":
 			var v string

@@ -113,10 +113,14 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	return g.serveSleeping(w, r, next, e, s, rt, port)
 }
 
-// serveRunning proxies to a sandbox believed running. If the upstream cannot
-// be reached, the belief is checked at once against Docker: when the
-// container is gone or has exited, the request (if nothing of it was sent) is
-// held through a wake instead of failing with a bare 502.
+// serveRunning proxies to a sandbox believed running. A sandbox sandwake is
+// pausing or stopping gets no request: the request is held through the next
+// wake. If the upstream cannot be reached, the belief is checked at once
+// against Docker: when the container is gone or has exited, the request (if
+// nothing of it was sent) is held through a wake instead of failing with a
+// bare 502. A request cut because sandwake stopped the sandbox under it (the
+// API, expiry) is held the same way, or answered 503 interrupted once part of
+// its body was sent.
 func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
 	var body *unreadBody
 	if r.Body != nil && r.Body != http.NoBody {
@@ -124,7 +128,23 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 		r.Body = body
 	}
 	err := g.proxy(w, r, next, rt, port)
-	if err == nil || !isUpstreamFailure(err) || (body != nil && body.read) {
+	if err == errGoingDown {
+		return g.holdThrough(w, r, next, e, s, rt, port)
+	}
+	if err == nil || !isUpstreamFailure(err) {
+		return err
+	}
+	if a := rt.activity; a.GoingDown() || a.Downs() != rt.downs {
+		// sandwake paused or stopped the sandbox under this request.
+		if body != nil && body.read {
+			countRequest(outcomeInterrupted)
+			writeJSONError(w, http.StatusServiceUnavailable, "interrupted",
+				fmt.Sprintf("sandbox %s was paused or stopped by sandwake while this request was being sent; it is woken again on the next request: retry", rt.id), 1)
+			return nil
+		}
+		return g.holdThrough(w, r, next, e, s, rt, port)
+	}
+	if body != nil && body.read {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -157,6 +177,15 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return g.hold(w, r, next, e, s, fresh, port)
 	}
+}
+
+// holdThrough holds a request whose sandbox sandwake was putting to sleep
+// until it is woken again (a wake waits for the pause or stop to end).
+func (g *Gate) holdThrough(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+	if g.refuseWake(w, r, e, rt, port) {
+		return nil
+	}
+	return g.hold(w, r, next, e, s, rt, port)
 }
 
 // refuseWake answers a request that must not wake the sandbox now and
@@ -258,17 +287,26 @@ func isUpstreamFailure(err error) bool {
 	return errors.As(err, &he) && he.StatusCode == http.StatusBadGateway
 }
 
-// proxy is the hot path: no store, no Docker, no allocation of its own.
+// errGoingDown: proxy sent nothing because sandwake is pausing or stopping
+// the sandbox, or did since the route was read.
+var errGoingDown = errors.New("sandbox going down")
+
+// proxy is the hot path: no store, no Docker, no lock, no allocation of its
+// own. The request is registered as open before it is sent (Activity.Enter),
+// so a pause or stop either sees it and backs off or has marked the sandbox
+// first, and then proxy sends nothing and returns errGoingDown.
 func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, rt *route, port int) error {
 	ups := rt.upstreams[port]
 	if ups == nil {
 		writeJSONError(w, http.StatusBadGateway, "no_upstream", fmt.Sprintf("sandbox %s has no address for port %d", rt.id, port), 1)
 		return nil
 	}
-	caddyhttp.SetVar(r.Context(), varUpstream, ups)
 	a := rt.activity
-	a.Open()
+	if !a.Enter(rt.downs) {
+		return errGoingDown
+	}
 	defer a.Finish() // long exchanges (websockets, SSE) count until they end
+	caddyhttp.SetVar(r.Context(), varUpstream, ups)
 	return next.ServeHTTP(w, r)
 }
 
@@ -323,16 +361,43 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 	if _, waking := e.mgr.Waking(rt.id); waking {
 		metricWaitersCollapsed.Inc()
 	}
+	for range 10 {
+		if err := g.wakeForHold(ctx, w, r, e, s, rt); err != nil {
+			return nil // answered
+		}
+		woke, err := e.routes.get(rt.id)
+		if err != nil || woke.state != lifecycle.Running {
+			countRequest(outcomeWakeFailed)
+			writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.id), 1)
+			return nil
+		}
+		if err := g.proxy(w, r, next, woke, port); err != errGoingDown {
+			countRequest(outcomeHeldProxied)
+			return err
+		}
+		// Put to sleep again between the wake and now: hold on.
+	}
+	countRequest(outcomeWakeFailed)
+	writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s keeps being put to sleep while waking; retry", rt.id), 1)
+	return nil
+}
+
+// errAnswered: wakeForHold answered the request itself.
+var errAnswered = errors.New("answered")
+
+// wakeForHold wakes rt's sandbox for a held request; when the wake fails (or
+// the client left) it answers the request and returns errAnswered.
+func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route) error {
 	_, err := e.mgr.Wake(ctx, rt.id)
 	if err != nil {
 		if r.Context().Err() != nil {
-			return nil // the client left; the wake goes on for others
+			return errAnswered // the client left; the wake goes on for others
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			countRequest(outcomeHoldTimeout)
 			writeJSONError(w, http.StatusServiceUnavailable, "waking",
 				fmt.Sprintf("sandbox %s is still waking after %s; retry", rt.id, s.holdTimeout), 1)
-			return nil
+			return errAnswered
 		}
 		status, code, retry := errorStatus(err)
 		switch code {
@@ -344,16 +409,9 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 			countRequest(outcomeWakeFailed)
 		}
 		writeJSONError(w, status, code, err.Error(), retry)
-		return nil
+		return errAnswered
 	}
-	woke, err := e.routes.get(rt.id)
-	if err != nil || woke.state != lifecycle.Running {
-		countRequest(outcomeWakeFailed)
-		writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.id), 1)
-		return nil
-	}
-	countRequest(outcomeHeldProxied)
-	return g.proxy(w, r, next, woke, port)
+	return nil
 }
 
 // serveReserved answers /.well-known/sandwake/*.

@@ -26,6 +26,7 @@ const (
 	outcomeCrawler      = "crawler"      // a crawler or monitor, not woken
 	outcomeBackoff      = "backoff"      // wakes of this sandbox keep failing
 	outcomeRateLimited  = "rate_limited" // past wake_rate
+	outcomeInterrupted  = "interrupted"  // sandwake stopped the sandbox mid-request (body partly sent): 503
 )
 
 // Collectors are created once per process and registered on every config's

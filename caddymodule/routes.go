@@ -23,6 +23,10 @@ type route struct {
 	reason   string
 	err      string
 	activity *lifecycle.Activity
+	// downs is activity.Downs() as it was before the record was read: if it
+	// moved on, the sandbox was paused or stopped since and this route is
+	// stale (see Activity.Enter).
+	downs uint64
 	// upstreams holds, per declared port, the address handed to
 	// reverse_proxy (a pointer, so storing it in the request vars allocates
 	// nothing).
@@ -64,6 +68,8 @@ func (c *routeCache) get(id string) (*route, error) {
 		return rt, nil
 	}
 	gen := c.gen.Load()
+	act := c.mgr.Activity(id)
+	downs := act.Downs() // before the record: see route.downs
 	rec, err := c.mgr.Get(id)
 	if err != nil {
 		return nil, err
@@ -76,7 +82,8 @@ func (c *routeCache) get(id string) (*route, error) {
 		ports:     rec.Spec.Ports,
 		reason:    rec.Reason,
 		err:       rec.Error,
-		activity:  c.mgr.Activity(id),
+		activity:  act,
+		downs:     downs,
 		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),
 	}
 	for port, addr := range rec.Upstreams {

@@ -12,9 +12,21 @@ import (
 // and how many proxied exchanges (websockets and SSE included) are open. The
 // request path only does atomic operations on it; the store learns of it in
 // one batch every activity_flush.
+//
+// It is also the hand-off between the request path and everything that
+// pauses or stops the sandbox: a request registers with Enter, a pause or
+// stop marks the sandbox as going down (beginDown) on the same atomic word,
+// so exactly one of them goes first. Either the request is registered and an
+// idle pause or eviction backs off, or the sandbox is going down and the
+// request is not sent to it (the gate holds it through the next wake).
 type Activity struct {
-	last  atomic.Int64 // unix nanoseconds of the last request
-	open  atomic.Int64
+	last atomic.Int64 // unix nanoseconds of the last request
+	// open counts open exchanges in its low bits; goingDown (added once
+	// per pause or stop in progress) marks the sandbox as going down.
+	open atomic.Int64
+	// downs counts the pauses and stops begun: a route read before one of
+	// them is stale even if the sandbox is up again.
+	downs atomic.Uint64
 	clock func() time.Time
 	// flushed is the last value written to the store, guarded by the
 	// manager's flushMu.
@@ -29,6 +41,48 @@ func (a *Activity) Touch() {
 		a.last.Store(n)
 	}
 }
+
+// goingDown is the unit of Activity.open that marks a pause or stop in
+// progress; the open count stays far below it.
+const goingDown = int64(1) << 40
+
+// Enter registers one more open exchange (and touches) unless the sandbox is
+// going down or has gone down since the caller read downs (see Downs): then
+// it registers nothing and reports false, and the request must not be sent
+// to the container. Lock-free and allocation-free: it is on the hot path.
+func (a *Activity) Enter(downs uint64) bool {
+	a.Touch()
+	if a.open.Add(1) >= goingDown || a.downs.Load() != downs {
+		a.open.Add(-1)
+		return false
+	}
+	return true
+}
+
+// Downs is the number of pauses and stops begun so far; a caller reads it
+// before reading the record it will route by, and passes it to Enter.
+func (a *Activity) Downs() uint64 { return a.downs.Load() }
+
+// GoingDown reports whether a pause or stop of the sandbox is in progress.
+func (a *Activity) GoingDown() bool { return a.open.Load() >= goingDown }
+
+// beginDown marks the sandbox as going down. Unless force, it does so only
+// when no exchange is open, and reports whether it did; a forced one (the
+// API, expiry) always does, and the open exchanges are cut by the stop. The
+// caller holds the sandbox's lock and calls endDown once the new state is
+// recorded (or the operation failed).
+func (a *Activity) beginDown(force bool) bool {
+	if force {
+		a.open.Add(goingDown)
+	} else if !a.open.CompareAndSwap(0, goingDown) {
+		return false
+	}
+	a.downs.Add(1)
+	return true
+}
+
+// endDown ends what beginDown began.
+func (a *Activity) endDown() { a.open.Add(-goingDown) }
 
 // Open counts one more open exchange and touches.
 func (a *Activity) Open() {
@@ -48,7 +102,7 @@ func (a *Activity) Finish() {
 }
 
 // OpenConnections is the number of exchanges open now.
-func (a *Activity) OpenConnections() int64 { return a.open.Load() }
+func (a *Activity) OpenConnections() int64 { return a.open.Load() % goingDown }
 
 // LastActive is the time of the last request seen since the process started
 // (zero if none).

@@ -48,6 +48,12 @@ type Config struct {
 	// ReapInterval is how often the reaper (idle tiers, expiry, pressure)
 	// runs; 0 turns the loop off (ReapOnce can still be called).
 	ReapInterval time.Duration
+	// MinResident: a sandbox active (or woken) this recently is not evicted
+	// to make room for another (memory pressure excepted); 0 = no minimum.
+	MinResident time.Duration
+	// CapacityWait is how long a wake waits for room when every resident
+	// sandbox is in use, before failing with ErrCapacity; 0 = no wait.
+	CapacityWait time.Duration
 	// MinFreeMemory is the host memory (bytes) to keep available; below
 	// it, idle sandboxes are stopped and wakes evict first. 0 = no check.
 	MinFreeMemory uint64
@@ -144,6 +150,7 @@ type Manager struct {
 	resident int              // running + paused, from states
 	reserved int              // admissions granted to wakes and creates in flight
 	waking   map[string]time.Time
+	room     chan struct{} // closed when a resident place is freed; see roomFreed
 
 	onWake   func(WakeResult)
 	onEvent  []func(Event)
@@ -300,6 +307,8 @@ type Settings struct {
 	MaxLifetime   time.Duration
 	ExpiredWake   string
 	MinFreeMemory uint64
+	MinResident   time.Duration
+	CapacityWait  time.Duration
 	// EventRetention: 0 keeps the current value.
 	EventRetention time.Duration
 }
@@ -323,6 +332,8 @@ func (m *Manager) Reconfigure(s Settings) {
 	m.cfg.IdleStop = s.IdleStop
 	m.cfg.MaxLifetime = s.MaxLifetime
 	m.cfg.MinFreeMemory = s.MinFreeMemory
+	m.cfg.MinResident = s.MinResident
+	m.cfg.CapacityWait = s.CapacityWait
 	if s.EventRetention > 0 {
 		m.cfg.EventRetention = s.EventRetention
 	}
@@ -351,6 +362,7 @@ func (m *Manager) setState(id string, to State) {
 	defer m.mu.Unlock()
 	if from, ok := m.states[id]; ok && Resident(from) {
 		m.resident--
+		m.freeRoomLocked()
 	}
 	if to == "" {
 		delete(m.states, id)
@@ -382,23 +394,28 @@ func (m *Manager) Resident() (resident, reserved int) {
 }
 
 // admit reserves room for one more resident sandbox, evicting idle ones to
-// make it (see evictOne), or fails with ErrCapacity when nothing can be
-// evicted. Reservations count wakes in flight, so concurrent wakes never
-// overshoot max_resident. The returned function releases the reservation;
-// call it once the sandbox is resident (or failed).
+// make it (see evictOne). When every resident sandbox is in use (open
+// requests, a keepalive, active within MinResident), it waits up to
+// CapacityWait for room (a sandbox going to sleep, a wake failing, the first
+// MinResident lapsing), then fails with ErrCapacity. Reservations count
+// wakes in flight, so concurrent wakes never overshoot max_resident. The
+// returned function releases the reservation; call it once the sandbox is
+// resident (or failed).
 func (m *Manager) admit(ctx context.Context, id string) (release func(), err error) {
 	cfg := m.config()
 	if cfg.MinFreeMemory > 0 {
 		if avail, err := cfg.MemAvailable(); err == nil && avail < cfg.MinFreeMemory {
-			if _, err := m.evictOne(ctx, id, "evicted_memory"); err != nil {
+			if _, _, err := m.evictOne(ctx, id, "evicted_memory", 0); err != nil {
 				return nil, fmt.Errorf("waking sandbox %s: %w: %d MiB available, %d MiB to keep free", id, ErrCapacity, avail>>20, cfg.MinFreeMemory>>20)
 			}
 		}
 	}
+	var waited <-chan time.Time
 	for range 20 {
+		room := m.roomFreed()
 		m.mu.Lock()
-		max := m.cfg.MaxResident
-		if max <= 0 || m.resident+m.reserved < max {
+		limit := m.cfg.MaxResident
+		if limit <= 0 || m.resident+m.reserved < limit {
 			m.reserved++
 			m.mu.Unlock()
 			var once sync.Once
@@ -406,17 +423,75 @@ func (m *Manager) admit(ctx context.Context, id string) (release func(), err err
 				once.Do(func() {
 					m.mu.Lock()
 					m.reserved--
+					m.freeRoomLocked()
 					m.mu.Unlock()
 				})
 			}, nil
 		}
 		resident, reserved := m.resident, m.reserved
 		m.mu.Unlock()
-		if _, err := m.evictOne(ctx, id, "evicted"); err != nil {
-			return nil, fmt.Errorf("waking sandbox %s: %w: %d of %d resident (%d waking): %v", id, ErrCapacity, resident, max, reserved, err)
+		_, next, err := m.evictOne(ctx, id, "evicted", cfg.MinResident)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, ErrCapacity) {
+			return nil, fmt.Errorf("waking sandbox %s: making room: %w", id, err)
+		}
+		if waited == nil {
+			if cfg.CapacityWait <= 0 {
+				return nil, capacityError(id, limit, resident, reserved, cfg)
+			}
+			t := time.NewTimer(cfg.CapacityWait)
+			defer t.Stop()
+			waited = t.C
+		}
+		var lapse <-chan time.Time
+		if !next.IsZero() {
+			t := time.NewTimer(max(next.Sub(cfg.Now()), 10*time.Millisecond))
+			defer t.Stop()
+			lapse = t.C
+		}
+		select {
+		case <-room:
+		case <-lapse:
+		case <-waited:
+			return nil, capacityError(id, limit, resident, reserved, cfg)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waking sandbox %s: waiting for room: %w", id, ctx.Err())
 		}
 	}
-	return nil, fmt.Errorf("waking sandbox %s: %w: room made was taken by other wakes", id, ErrCapacity)
+	return nil, fmt.Errorf("waking sandbox %s: %w: the room made was taken by other wakes; retry", id, ErrCapacity)
+}
+
+// capacityError explains a refused admission.
+func capacityError(id string, limit, resident, reserved int, cfg Config) error {
+	msg := fmt.Sprintf("all %d places of max_resident are taken (%d sandboxes running or paused, %d waking) and each is in use", limit, resident, reserved)
+	if cfg.MinResident > 0 {
+		msg += fmt.Sprintf(" or was active in the last %s (min_resident)", cfg.MinResident)
+	}
+	if cfg.CapacityWait > 0 {
+		msg += fmt.Sprintf("; waited %s for room", cfg.CapacityWait)
+	}
+	return fmt.Errorf("waking sandbox %s: %w: %s; retry later", id, ErrCapacity, msg)
+}
+
+// roomFreed returns a channel closed the next time a resident place is freed
+// (a sandbox leaves running or paused, a reservation is released).
+func (m *Manager) roomFreed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.room == nil {
+		m.room = make(chan struct{})
+	}
+	return m.room
+}
+
+// freeRoomLocked wakes the admissions waiting for room; m.mu is held.
+func (m *Manager) freeRoomLocked() {
+	if m.room != nil {
+		close(m.room)
+		m.room = nil
+	}
 }
 
 // transition moves id to state to through the store (compare-and-set against
@@ -705,7 +780,7 @@ func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) 
 	if err != nil {
 		return Record{}, err
 	}
-	return m.pauseLocked(ctx, rec, reason)
+	return m.goDown(id, true, func() (Record, error) { return m.pauseLocked(ctx, rec, reason) })
 }
 
 // pauseLocked pauses rec's sandbox; the caller holds its lock.
@@ -740,7 +815,30 @@ func (m *Manager) Stop(ctx context.Context, id, reason string) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	return m.stopLocked(ctx, rec, reason)
+	return m.goDown(id, true, func() (Record, error) { return m.stopLocked(ctx, rec, reason) })
+}
+
+// errInUse: a pause or stop that yields to traffic backed off because a
+// request was registered first.
+var errInUse = errors.New("in use")
+
+// goDown runs op, a pause, stop or expiry of sandbox id under its lock, with
+// the sandbox marked as going down, so that no request is sent to it
+// meanwhile (see Activity). Unless force, it backs off with errInUse when an
+// exchange is open. A forced one (the API, expiry) cuts open exchanges.
+func (m *Manager) goDown(id string, force bool, op func() (Record, error)) (Record, error) {
+	a := m.activity.get(id)
+	if !a.beginDown(force) {
+		return Record{}, errInUse
+	}
+	defer a.endDown()
+	rec, err := op()
+	if err != nil {
+		// Routes read while it was going down are stale (Downs moved on)
+		// though the record did not change: have them read again.
+		m.changed(id)
+	}
+	return rec, err
 }
 
 // stopLocked stops rec's sandbox; the caller holds its lock.

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -51,7 +50,13 @@ func (m *Manager) relievePressure(ctx context.Context, stats *ReapStats) {
 		if reason == "" || ctx.Err() != nil {
 			return
 		}
-		id, err := m.evictOne(ctx, "", "pressure_"+reason)
+		// Memory pressure is the host's safety: it does not wait for
+		// min_resident.
+		minResident := cfg.MinResident
+		if reason == "memory" {
+			minResident = 0
+		}
+		id, _, err := m.evictOne(ctx, "", "pressure_"+reason, minResident)
 		if err != nil {
 			m.log.Warn("under pressure and nothing can be stopped", zap.String("pressure", reason), zap.Error(err))
 			return
@@ -63,15 +68,32 @@ func (m *Manager) relievePressure(ctx context.Context, stats *ReapStats) {
 
 // evictOne stops the least valuable resident sandbox other than exclude:
 // paused ones before running ones, least recently active first, never one
-// with an open connection or a keepalive, never one another operation holds.
-func (m *Manager) evictOne(ctx context.Context, exclude, reason string) (string, error) {
+// with an open connection or a keepalive, never one active (or woken) within
+// minResident, never one another operation holds. When none can be stopped
+// it fails with ErrCapacity and, when a sandbox is held only by
+// minResident, reports when the first of them may be evicted.
+func (m *Manager) evictOne(ctx context.Context, exclude, reason string, minResident time.Duration) (string, time.Time, error) {
 	cfg := m.config()
 	now := cfg.Now()
+	var next time.Time
+	recent := func(r *Record, now time.Time) bool {
+		if minResident <= 0 {
+			return false
+		}
+		until := m.lastActive(r).Add(minResident)
+		if !now.Before(until) {
+			return false
+		}
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+		return true
+	}
 	cands, err := m.store.List(func(r *Record) bool {
-		return r.ID != exclude && Resident(r.State) && !m.busy(r, now)
+		return r.ID != exclude && Resident(r.State) && !m.busy(r, now) && !recent(r, now)
 	})
 	if err != nil {
-		return "", err
+		return "", time.Time{}, err
 	}
 	last := make(map[string]time.Time, len(cands))
 	for i := range cands {
@@ -93,20 +115,25 @@ func (m *Manager) evictOne(ctx context.Context, exclude, reason string) (string,
 			continue
 		}
 		rec, err := m.store.Get(id)
-		if err != nil || !Resident(rec.State) || m.busy(&rec, cfg.Now()) {
+		if err != nil || !Resident(rec.State) || m.busy(&rec, cfg.Now()) || recent(&rec, cfg.Now()) {
 			unlock()
 			continue
 		}
-		_, err = m.stopLocked(ctx, rec, reason)
+		// Marked as going down only if no request is open on it; one that
+		// arrives from here on is held until the sandbox is woken again.
+		_, err = m.goDown(id, false, func() (Record, error) { return m.stopLocked(ctx, rec, reason) })
 		unlock()
+		if errors.Is(err, errInUse) {
+			continue
+		}
 		if err != nil {
 			m.log.Warn("evicting", zap.String("id", id), zap.Error(err))
 			if errors.Is(err, ErrUnavailable) {
-				return "", err
+				return "", time.Time{}, err
 			}
 			continue
 		}
-		return id, nil
+		return id, time.Time{}, nil
 	}
-	return "", fmt.Errorf("%w: every resident sandbox is in use", ErrCapacity)
+	return "", next, ErrCapacity
 }

@@ -164,11 +164,14 @@ func (m *Manager) reapOne(ctx context.Context, id string) (reaper, action string
 	reaper, action = m.reapDecision(&rec, &cfg, cfg.Now())
 	switch action {
 	case ActionPause:
-		_, err = m.pauseLocked(ctx, rec, "idle")
+		_, err = m.goDown(id, false, func() (Record, error) { return m.pauseLocked(ctx, rec, "idle") })
 	case ActionStop:
-		_, err = m.stopLocked(ctx, rec, "idle")
+		_, err = m.goDown(id, false, func() (Record, error) { return m.stopLocked(ctx, rec, "idle") })
 	case ActionExpire:
-		_, err = m.expireLocked(ctx, rec)
+		_, err = m.goDown(id, true, func() (Record, error) { return m.expireLocked(ctx, rec) })
+	}
+	if errors.Is(err, errInUse) {
+		return "", "", nil // a request came first: not idle
 	}
 	return reaper, action, err
 }

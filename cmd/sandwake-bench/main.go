@@ -10,15 +10,19 @@
 //   - wake storm: concurrent requests to a stopped sandbox (Docker start calls,
 //     answers, p99);
 //   - scale: 10,000 records (gate lookup, reaper pass, boot reconcile, memory
-//     per sandbox) and real containers woken in sequence and at once.
+//     per sandbox) and real containers woken in sequence and at once;
+//   - soak (only with --only soak): clients posting random bodies to random
+//     sandboxes of a fleet larger than max_resident, with short idle tiers,
+//     for minutes: bare 502s, wrong bodies, 503s by code, wakes per request,
+//     evictions, Caddy's RSS and goroutines.
 //
 // Everything listens on loopback, every scenario is bounded, and everything
 // the run creates on the Docker engine (image, containers, volumes, labelled
 // with the run's id) is removed at the end, also after an error or Ctrl-C.
 //
 //	go run ./cmd/sandwake-bench [--quick] [--skip-containers] [--caddy bin/caddy]
-//	    [--only hotpath,wake,storm,containers,records] [--profile cpu.prof]
-//	    [--markdown results.md]
+//	    [--only hotpath,wake,storm,containers,records,soak] [--profile cpu.prof]
+//	    [--markdown results.md] [--soak-duration 8m --soak-clients 12 …]
 //
 // `make bench` builds bin/caddy and runs it (BENCH_FLAGS passes flags). The
 // full run takes 7–9 minutes on 2 cores; --quick takes about 2–3 (shorter
@@ -71,6 +75,7 @@ type options struct {
 	burst          int
 	profile        string
 	markdown       string
+	soak           soakConfig
 }
 
 func parseFlags(args []string) (options, error) {
@@ -89,6 +94,19 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.burst, "burst", 0, "scale: containers woken at once (default 20, 5 with --quick)")
 	fs.StringVar(&o.profile, "profile", "", "after the hot path, write a 10 s CPU profile of Caddy under sandwake load to this file and print its top")
 	fs.StringVar(&o.markdown, "markdown", "", "also write the tables as Markdown to this file")
+	fs.DurationVar(&o.soak.duration, "soak-duration", 8*time.Minute, "soak: how long the clients run")
+	fs.IntVar(&o.soak.clients, "soak-clients", 12, "soak: concurrent clients")
+	fs.IntVar(&o.soak.sandboxes, "soak-sandboxes", 16, "soak: sandboxes the clients pick from at random")
+	fs.IntVar(&o.soak.maxResident, "soak-max-resident", 8, "soak: max_resident")
+	fs.DurationVar(&o.soak.idlePause, "soak-idle-pause", 2*time.Second, "soak: idle_pause")
+	fs.DurationVar(&o.soak.idleStop, "soak-idle-stop", 6*time.Second, "soak: idle_stop")
+	fs.DurationVar(&o.soak.reap, "soak-reap", 500*time.Millisecond, "soak: reap_interval")
+	fs.DurationVar(&o.soak.reconcile, "soak-reconcile", 5*time.Second, "soak: reconcile_interval")
+	fs.IntVar(&o.soak.memoryMB, "soak-memory-mb", 32, "soak: memory_mb of each sandbox")
+	fs.IntVar(&o.soak.maxBody, "soak-max-body", 4096, "soak: largest random body, bytes")
+	fs.DurationVar(&o.soak.maxSleep, "soak-max-sleep", 3*time.Second, "soak: longest random pause between a client's requests")
+	fs.DurationVar(&o.soak.sample, "soak-sample", 15*time.Second, "soak: how often Caddy's RSS and goroutines are sampled")
+	fs.StringVar(&o.soak.extra, "soak-options", "", "soak: more lines for the sandwake global option (e.g. \"min_resident 30s\")")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -110,6 +128,9 @@ func parseFlags(args []string) (options, error) {
 	def(&o.stormRounds, 3, 1)
 	def(&o.containers, 100, 20)
 	def(&o.burst, 20, 5)
+	if o.soak.clients < 1 || o.soak.sandboxes < 1 || o.soak.duration <= 0 || o.soak.duration > 2*time.Hour || o.soak.maxBody < 0 || o.soak.sample <= 0 {
+		return o, errors.New("--soak-*: want clients and sandboxes >= 1, a duration up to 2h, a body size >= 0 and a sample interval > 0")
+	}
 	if o.burst > o.containers {
 		return o, errors.New("--burst must not exceed --containers")
 	}
@@ -121,7 +142,7 @@ func parseFlags(args []string) (options, error) {
 	return o, nil
 }
 
-var scenarios = []string{"hotpath", "wake", "storm", "containers", "records"}
+var scenarios = []string{"hotpath", "wake", "storm", "containers", "records", "soak"}
 
 func validScenario(s string) bool {
 	for _, v := range scenarios {
@@ -137,7 +158,7 @@ func (o *options) runs(s string) bool {
 		return false
 	}
 	if o.only == "" {
-		return true
+		return s != "soak" // the soak runs only when asked for: it takes minutes
 	}
 	for _, v := range strings.Split(o.only, ",") {
 		if strings.TrimSpace(v) == s {
@@ -221,6 +242,16 @@ func run(ctx context.Context, o options) (err error) {
 			return err
 		}
 	}
+	if o.runs("soak") {
+		if err := b.ensureImage(ctx); err != nil {
+			return err
+		}
+		t, err := b.soak(ctx, o.soak)
+		if err != nil {
+			return err
+		}
+		b.show(t)
+	}
 	if o.runs("records") {
 		progress("scale: records")
 		t, err := scaleRecords(ctx, o.caddy, b.tmp, 1000, o.records)
@@ -241,16 +272,9 @@ func run(ctx context.Context, o options) (err error) {
 // mainScenarios runs the scenarios that share one gateway and one sandbox:
 // hot path, wake latency, wake storm and the real containers.
 func (b *bench) mainScenarios(ctx context.Context) error {
-	progress("building and importing the testapp image")
-	bin, err := testenv.BuildTestApp(ctx, b.tmp)
-	if err != nil {
+	if err := b.ensureImage(ctx); err != nil {
 		return err
 	}
-	ref := "sandwake-bench-testapp:" + testenv.RunID()
-	if err := testenv.ImportImage(ctx, b.cli, bin, ref, testenv.Labels()); err != nil {
-		return err
-	}
-	b.image = ref
 
 	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "gateway"), true)
 	if err != nil {
@@ -323,6 +347,24 @@ func (b *bench) mainScenarios(ctx context.Context) error {
 	g.stop()
 	// What follows runs on a quiet engine.
 	return removeRunContainers(ctx, b.cli)
+}
+
+// ensureImage builds and imports the testapp image once per run.
+func (b *bench) ensureImage(ctx context.Context) error {
+	if b.image != "" {
+		return nil
+	}
+	progress("building and importing the testapp image")
+	bin, err := testenv.BuildTestApp(ctx, b.tmp)
+	if err != nil {
+		return err
+	}
+	ref := "sandwake-bench-testapp:" + testenv.RunID()
+	if err := testenv.ImportImage(ctx, b.cli, bin, ref, testenv.Labels()); err != nil {
+		return err
+	}
+	b.image = ref
+	return nil
 }
 
 // removeRunContainers removes, a few at a time, the containers and volumes
