@@ -135,6 +135,16 @@ type App struct {
 	// StopTimeout is how long a stop waits for a sandbox's app to exit
 	// before Docker kills it. Default: 10s.
 	StopTimeout caddy.Duration `json:"stop_timeout,omitempty"`
+	// MaxEventStreams caps the event streams (/.well-known/sandwake/events,
+	// which any visitor may open) open on preview hosts at once; past it,
+	// 503 + Retry-After, and the warming page polls the status instead.
+	// 0 means no cap. Default: 1000 (about 50 MiB of streams).
+	MaxEventStreams *int `json:"max_event_streams,omitempty"`
+	// MaxEventStreamsPerClient caps the preview hosts' event streams of one
+	// client address (Caddy's client IP: the forwarded address only behind
+	// trusted_proxies; an IPv6 address counts as its /64); past it, 429 +
+	// Retry-After. 0 means no cap. Default: 16.
+	MaxEventStreamsPerClient *int `json:"max_event_streams_per_client,omitempty"`
 
 	storageDir    string
 	minFreeBytes  uint64
@@ -290,6 +300,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 		n := DefaultMaxResident
 		a.MaxResident = &n
 	}
+	if a.MaxEventStreams == nil {
+		n := DefaultMaxEventStreams
+		a.MaxEventStreams = &n
+	}
+	if a.MaxEventStreamsPerClient == nil {
+		n := DefaultMaxEventStreamsPerClient
+		a.MaxEventStreamsPerClient = &n
+	}
 	if a.PreviewURL == "" {
 		a.PreviewURL = "https://*.preview." + a.Domain
 		if a.Domain == DefaultDomain {
@@ -363,6 +381,9 @@ func (a *App) Validate() error {
 	}
 	if *a.MaxResident < 0 {
 		return errors.New("sandwake: max_resident must not be negative")
+	}
+	if *a.MaxEventStreams < 0 || *a.MaxEventStreamsPerClient < 0 {
+		return errors.New("sandwake: max_event_streams and max_event_streams_per_client must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range a.Webhooks {
@@ -468,6 +489,7 @@ type engine struct {
 	ready   atomic.Bool
 	current atomic.Pointer[settings]
 	guard   *wakeGuard
+	streams *streamLimiter
 	// storedSecret is the preview secret kept in the store, used when no
 	// preview_secret is configured.
 	storedSecret []byte
@@ -521,6 +543,7 @@ func openEngine(a *App) (*engine, error) {
 	}
 	e.routes = newRouteCache(mgr)
 	e.guard = newWakeGuard()
+	e.streams = newStreamLimiter()
 	e.storedSecret, err = st.Secret("preview", func() ([]byte, error) {
 		b := make([]byte, 32)
 		_, err := rand.Read(b)
@@ -542,6 +565,11 @@ func openEngine(a *App) (*engine, error) {
 			// The host, not the sandbox: no backoff for it.
 		default:
 			e.guard.failed(w.ID, time.Now())
+		}
+		if w.Err != nil {
+			// Visitors see only a reason code; the engine's words are here
+			// and in the record, behind the management API.
+			log.Warn("wake failed", zap.String("id", w.ID), zap.String("from", string(w.From)), zap.Error(w.Err))
 		}
 	})
 	mgr.OnReap(observeReap)
@@ -580,6 +608,7 @@ func (e *engine) apply(a *App) {
 		previewSecret: secret, robotsTxt: *a.RobotsTxt, xRobotsTag: xrt,
 	})
 	e.guard.configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)
+	e.streams.configure(*a.MaxEventStreams, *a.MaxEventStreamsPerClient)
 	e.mgr.Reconfigure(lifecycle.Settings{
 		WakeTimeout:    time.Duration(a.WakeTimeout),
 		KeepaliveMax:   time.Duration(a.KeepaliveMax),

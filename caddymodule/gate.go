@@ -155,7 +155,7 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 		if g.refuseWake(w, r, e, fresh, port) {
 			return nil
 		}
-		return g.hold(w, r, next, e, s, fresh, port)
+		return g.hold(w, r, next, e, s, fresh, port, false)
 	}
 }
 
@@ -179,8 +179,7 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 		retry := int(left.Seconds()) + 1
 		if isPageLoad(r) {
 			d := g.page(rt, port, pageError, time.Time{})
-			d.Error = rt.err
-			d.Message = fmt.Sprintf("Sandbox %s failed to start; it is tried again in %ds.", rt.id, retry)
+			d.Message = fmt.Sprintf("Sandbox %s failed to start. %s It is tried again in %ds.", rt.id, reasonSentence(rt.reason), retry)
 			d.RetryAfter = retry
 			renderPage(w, r, http.StatusServiceUnavailable, d)
 			return true
@@ -286,7 +285,7 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
 			return nil
 		}
-		return g.hold(w, r, next, e, s, rt, port)
+		return g.hold(w, r, next, e, s, rt, port, false)
 	case lifecycle.Creating:
 		countRequest(outcomeRefused)
 		if isPageLoad(r) {
@@ -296,34 +295,64 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 		writeJSONError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
 		return nil
 	default: // killed, expired, error: explained, woken only on request
-		if since, waking := e.mgr.Waking(rt.id); waking && isPageLoad(r) {
-			countRequest(outcomeWarming)
-			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
-			return nil
+		if since, waking := e.mgr.Waking(rt.id); waking {
+			// Someone asked for the wake: ride on it as for a stopped
+			// sandbox, without ever starting one.
+			if isPageLoad(r) {
+				countRequest(outcomeWarming)
+				renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
+				return nil
+			}
+			return g.hold(w, r, next, e, s, rt, port, true)
 		}
-		countRequest(outcomeRefused)
 		if isPageLoad(r) {
+			countRequest(outcomeRefused)
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, string(rt.state), time.Time{}))
 			return nil
 		}
-		msg := fmt.Sprintf("sandbox %s is %s", rt.id, rt.state)
-		if rt.err != "" {
-			msg += ": " + rt.err
-		}
-		writeJSONError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state), msg+"; POST "+pathWake+" to wake it", 0)
+		g.writeAsleep(w, rt)
 		return nil
 	}
 }
 
+// writeAsleep answers an API client of a killed, expired or failed sandbox
+// that nobody is waking: what happened, as a reason code's sentence (never
+// the raw error), and how to wake it.
+func (g *Gate) writeAsleep(w http.ResponseWriter, rt *route) {
+	countRequest(outcomeRefused)
+	writeJSONError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state),
+		fmt.Sprintf("sandbox %s is %s: %s POST %s to wake it", rt.id, rt.state, reasonSentence(rt.reason), pathWake), 0)
+}
+
 // hold keeps a non-browser request, body untouched, until the sandbox is
 // running, then proxies it; past hold_timeout it answers 503 + Retry-After.
-func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+// With joinOnly it only waits for a wake in flight and never starts one.
+// A failed wake is answered with its code and a plain sentence: the engine's
+// error text is for the management API and the logs, not for visitors.
+func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int, joinOnly bool) error {
 	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
 	defer cancel()
 	if _, waking := e.mgr.Waking(rt.id); waking {
 		metricWaitersCollapsed.Inc()
 	}
-	_, err := e.mgr.Wake(ctx, rt.id)
+	var err error
+	if joinOnly {
+		var joined bool
+		if _, joined, err = e.mgr.JoinWake(ctx, rt.id); !joined {
+			// The wake ended between the check and the join: answer from
+			// the record it left.
+			fresh, ferr := e.routes.get(rt.id)
+			if ferr != nil || fresh.state != lifecycle.Running {
+				if ferr == nil {
+					rt = fresh
+				}
+				g.writeAsleep(w, rt)
+				return nil
+			}
+		}
+	} else {
+		_, err = e.mgr.Wake(ctx, rt.id)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return nil // the client left; the wake goes on for others
@@ -343,7 +372,7 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 		default:
 			countRequest(outcomeWakeFailed)
 		}
-		writeJSONError(w, status, code, err.Error(), retry)
+		writeJSONError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(code)), retry)
 		return nil
 	}
 	woke, err := e.routes.get(rt.id)
@@ -393,21 +422,27 @@ func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, 
 	return nil
 }
 
-// previewStatus is the JSON of GET /.well-known/sandwake/status.
+// previewStatus is the JSON of GET /.well-known/sandwake/status. It is
+// public: a failure shows as its reason code and a plain sentence, never the
+// engine's error text.
 type previewStatus struct {
 	ID          string     `json:"id"`
 	Port        int        `json:"port"`
 	State       string     `json:"state"`
 	Reason      string     `json:"reason,omitempty"`
-	Error       string     `json:"error,omitempty"`
+	Message     string     `json:"message,omitempty"`
 	Waking      bool       `json:"waking"`
 	WakingSince *time.Time `json:"waking_since,omitempty"`
 }
 
 func (g *Gate) status(e *engine, rt *route, port int) previewStatus {
-	st := previewStatus{ID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason, Error: rt.err}
+	st := previewStatus{ID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason}
 	if fresh, err := e.routes.get(rt.id); err == nil {
-		st.State, st.Reason, st.Error = string(fresh.state), fresh.reason, fresh.err
+		st.State, st.Reason = string(fresh.state), fresh.reason
+	}
+	switch lifecycle.State(st.State) {
+	case lifecycle.Error, lifecycle.Killed, lifecycle.Expired:
+		st.Message = reasonSentence(st.Reason)
 	}
 	if since, ok := e.mgr.Waking(rt.id); ok {
 		st.Waking = true
@@ -421,8 +456,20 @@ const sseHeartbeat = 15 * time.Second
 
 // serveEvents streams this sandbox's transitions as server-sent events. The
 // first message is the current state, so a page that subscribes after the
-// sandbox became ready still learns of it.
+// sandbox became ready still learns of it. Streams are capped per client
+// and overall (max_event_streams_per_client, max_event_streams); a refused
+// page polls the status instead.
 func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt *route) error {
+	release, refused := e.streams.acquire(streamClient(r))
+	switch refused {
+	case http.StatusTooManyRequests:
+		writeJSONError(w, refused, "too_many_streams", "this client has too many event streams open; close some or poll "+pathStatus, streamRetryAfter)
+		return nil
+	case http.StatusServiceUnavailable:
+		writeJSONError(w, refused, "streams_full", "the gateway has too many event streams open; poll "+pathStatus, streamRetryAfter)
+		return nil
+	}
+	defer release()
 	sub := e.mgr.Subscribe()
 	defer sub.Cancel()
 	rc := http.NewResponseController(w)
@@ -480,7 +527,7 @@ func writeSSE(w http.ResponseWriter, ev lifecycle.Event) error {
 // page builds the data of a state page for rt.
 func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData {
 	d := pageData{
-		Kind: kind, SandboxID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason, Error: rt.err,
+		Kind: kind, SandboxID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason,
 		Since: since, EventsURL: pathEvents, StatusURL: pathStatus, WakeURL: pathWake,
 	}
 	switch kind {
@@ -492,11 +539,11 @@ func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData 
 	case pageCreating:
 		d.Title, d.Message, d.RetryAfter = "Being created…", fmt.Sprintf("Sandbox %s is still being created.", rt.id), 2
 	case pageKilled:
-		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", fmt.Sprintf("The container of sandbox %s is gone (%s). Its files are kept: waking recreates it.", rt.id, rt.reason), true
+		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", fmt.Sprintf("The container of sandbox %s is gone. %s Its files are kept: waking recreates it.", rt.id, reasonSentence(rt.reason)), true
 	case pageExpired:
 		d.Title, d.Message, d.CanWake = "Sandbox expired", fmt.Sprintf("Sandbox %s reached its maximum lifetime and was removed. Its files are kept: waking recreates it.", rt.id), true
 	case pageError:
-		d.Title, d.Message, d.CanWake = "Sandbox failed to start", fmt.Sprintf("Sandbox %s could not be started.", rt.id), true
+		d.Title, d.Message, d.CanWake = "Sandbox failed to start", fmt.Sprintf("Sandbox %s could not be started. %s", rt.id, reasonSentence(rt.reason)), true
 	}
 	return d
 }

@@ -20,8 +20,9 @@ type route struct {
 	access   string
 	tokenGen uint64
 	ports    []int
+	// reason is the record's reason code. The record's error text is left
+	// out on purpose: the request path answers anonymous visitors.
 	reason   string
-	err      string
 	activity *lifecycle.Activity
 	// upstreams holds, per declared port, the address handed to
 	// reverse_proxy (a pointer, so storing it in the request vars allocates
@@ -75,7 +76,6 @@ func (c *routeCache) get(id string) (*route, error) {
 		tokenGen:  rec.TokenGeneration,
 		ports:     rec.Spec.Ports,
 		reason:    rec.Reason,
-		err:       rec.Error,
 		activity:  c.mgr.Activity(id),
 		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),
 	}
