@@ -22,6 +22,8 @@ var reasonSentences = map[string]string{
 	"capacity":           "The host has no room for another running sandbox.",
 	"unavailable":        "The container engine could not be reached.",
 	"timeout":            "It took too long to start.",
+	"failed":             "Its container could not be started.",
+	"conflict":           "It cannot be woken in its current state.",
 }
 
 // reasonSentenceUnknown is the sentence of a code without one of its own.
