@@ -592,7 +592,8 @@ func TestFailingWakesBackOff(t *testing.T) {
 			resp, body := h.preview("POST", host, "/echo", strings.NewReader("x"), apiHeader())
 			code, _ := jsonErrorCode(body)
 			told := resp.StatusCode == http.StatusServiceUnavailable && code == "sandbox_error"
-			held := resp.StatusCode == http.StatusBadGateway && (code == "not_ready" || code == "failed")
+			held := (resp.StatusCode == http.StatusBadGateway && (code == "not_ready" || code == "failed")) ||
+				(resp.StatusCode == http.StatusServiceUnavailable && (code == "waking" || code == "timeout"))
 			if !told && !held {
 				bad = append(bad, fmt.Sprintf("#%d API request: %d %s", i, resp.StatusCode, body))
 			}
