@@ -372,7 +372,11 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 		default:
 			countRequest(outcomeWakeFailed)
 		}
-		writeJSONError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(code)), retry)
+		why := code
+		if errors.Is(err, lifecycle.ErrCircuitOpen) {
+			why = "circuit_open"
+		}
+		writeJSONError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(why)), retry)
 		return nil
 	}
 	woke, err := e.routes.get(rt.id)

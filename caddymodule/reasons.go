@@ -21,6 +21,7 @@ var reasonSentences = map[string]string{
 	"max_lifetime":       "It reached its maximum lifetime.",
 	"capacity":           "The host has no room for another running sandbox.",
 	"unavailable":        "The container engine could not be reached.",
+	"circuit_open":       "The container engine could not be reached; wakes are refused for a few seconds (circuit open).",
 	"timeout":            "It took too long to start.",
 	"failed":             "Its container could not be started.",
 	"conflict":           "It cannot be woken in its current state.",
