@@ -170,6 +170,16 @@ type App struct {
 	// (path.Match) on the image reference as given or normalised, e.g.
 	// "registry.example.com/previews/*" or "node:*". Default: any.
 	AllowedImages []string `json:"allowed_images,omitempty"`
+	// MaxEventStreams caps the event streams (/.well-known/sandwake/events,
+	// which any visitor may open) open on preview hosts at once; past it,
+	// 503 + Retry-After, and the warming page polls the status instead.
+	// 0 means no cap. Default: 1000 (about 50 MiB of streams).
+	MaxEventStreams *int `json:"max_event_streams,omitempty"`
+	// MaxEventStreamsPerClient caps the preview hosts' event streams of one
+	// client address (Caddy's client IP: the forwarded address only behind
+	// trusted_proxies; an IPv6 address counts as its /64); past it, 429 +
+	// Retry-After. 0 means no cap. Default: 16.
+	MaxEventStreamsPerClient *int `json:"max_event_streams_per_client,omitempty"`
 
 	storageDir    string
 	minFreeBytes  uint64
@@ -337,6 +347,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 		n := DefaultMaxResident
 		a.MaxResident = &n
 	}
+	if a.MaxEventStreams == nil {
+		n := DefaultMaxEventStreams
+		a.MaxEventStreams = &n
+	}
+	if a.MaxEventStreamsPerClient == nil {
+		n := DefaultMaxEventStreamsPerClient
+		a.MaxEventStreamsPerClient = &n
+	}
 	if a.PreviewURL == "" {
 		a.PreviewURL = "https://*.preview." + a.Domain
 		if a.Domain == DefaultDomain {
@@ -449,6 +467,9 @@ func (a *App) Validate() error {
 	}
 	if *a.MaxResident < 0 {
 		return errors.New("sandwake: max_resident must not be negative")
+	}
+	if *a.MaxEventStreams < 0 || *a.MaxEventStreamsPerClient < 0 {
+		return errors.New("sandwake: max_event_streams and max_event_streams_per_client must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range a.Webhooks {
@@ -572,6 +593,7 @@ type engine struct {
 	ready   atomic.Bool
 	current atomic.Pointer[settings]
 	guard   *wakeGuard
+	streams *streamLimiter
 	// storedSecret is the preview secret kept in the store, used when no
 	// preview_secret is configured.
 	storedSecret []byte
@@ -679,6 +701,7 @@ func openEngine(a *App) (*engine, error) {
 	}
 	e.routes = newRouteCache(mgr)
 	e.guard = newWakeGuard()
+	e.streams = newStreamLimiter()
 	e.storedSecret, err = st.Secret("preview", func() ([]byte, error) {
 		b := make([]byte, 32)
 		_, err := rand.Read(b)
@@ -700,6 +723,11 @@ func openEngine(a *App) (*engine, error) {
 			// The host, not the sandbox: no backoff for it.
 		default:
 			e.guard.failed(w.ID, time.Now())
+		}
+		if w.Err != nil {
+			// Visitors see only a reason code; the engine's words are here
+			// and in the record, behind the management API.
+			log.Warn("wake failed", zap.String("id", w.ID), zap.String("from", string(w.From)), zap.Error(w.Err))
 		}
 	})
 	mgr.OnReap(observeReap)
@@ -743,6 +771,7 @@ func (e *engine) apply(a *App) {
 		previewSecret: secret, robotsTxt: *a.RobotsTxt, xRobotsTag: xrt,
 	})
 	e.guard.configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)
+	e.streams.configure(*a.MaxEventStreams, *a.MaxEventStreamsPerClient)
 	e.mgr.Reconfigure(lifecycle.Settings{
 		WakeTimeout:    time.Duration(a.WakeTimeout),
 		KeepaliveMax:   time.Duration(a.KeepaliveMax),

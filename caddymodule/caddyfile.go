@@ -61,6 +61,8 @@ func init() {
 //		wake_burst     <n>
 //		webhook_max_age <duration>
 //		event_retention <duration>
+//		max_event_streams <n>
+//		max_event_streams_per_client <n>
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	app := new(App)
@@ -272,16 +274,19 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Labels = map[string]string{}
 			}
 			a.Labels[k] = v
-		case "max_resident":
+		case "max_resident", "max_event_streams", "max_event_streams_per_client":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
 			}
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
-				return d.Errf("max_resident %q: want a whole number >= 0", v)
+				return d.Errf("%s %q: want a whole number >= 0", opt, v)
 			}
-			a.MaxResident = &n
+			*map[string]**int{
+				"max_resident": &a.MaxResident, "max_event_streams": &a.MaxEventStreams,
+				"max_event_streams_per_client": &a.MaxEventStreamsPerClient,
+			}[opt] = &n
 		default:
 			return d.Errf("unknown sandwake option %q", opt)
 		}

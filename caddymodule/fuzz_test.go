@@ -191,6 +191,8 @@ func FuzzAppCaddyfile(f *testing.F) {
 		"expired_wake refuse\norphans remove\nmin_free_memory 10%",
 		"max_resident 200\nwake_rate 20\nwake_burst 40",
 		"max_resident -1",
+		"max_event_streams 1000\nmax_event_streams_per_client 16",
+		"max_event_streams -1\nmax_event_streams_per_client x",
 		"wake_rate -1",
 		"wake_rate 0.5",
 		"wake_rate 1e3",
@@ -238,6 +240,9 @@ func FuzzAppCaddyfile(f *testing.F) {
 		}
 		if a.MaxResident != nil && *a.MaxResident < 0 {
 			t.Fatalf("input %q: accepted max_resident %d", input, *a.MaxResident)
+		}
+		if (a.MaxEventStreams != nil && *a.MaxEventStreams < 0) || (a.MaxEventStreamsPerClient != nil && *a.MaxEventStreamsPerClient < 0) {
+			t.Fatalf("input %q: accepted a negative event stream cap", input)
 		}
 		if a.WakeRate != nil && !(*a.WakeRate >= 0 && !math.IsInf(*a.WakeRate, 0)) {
 			// NaN and ±Inf also make json.Marshal fail, so parseGlobalOption

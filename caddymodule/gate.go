@@ -175,7 +175,7 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 		if g.refuseWake(w, r, e, fresh, port) {
 			return nil
 		}
-		return g.hold(w, r, next, e, s, fresh, port)
+		return g.hold(w, r, next, e, s, fresh, port, false)
 	}
 }
 
@@ -185,7 +185,7 @@ func (g *Gate) holdThrough(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if g.refuseWake(w, r, e, rt, port) {
 		return nil
 	}
-	return g.hold(w, r, next, e, s, rt, port)
+	return g.hold(w, r, next, e, s, rt, port, false)
 }
 
 // refuseWake answers a request that must not wake the sandbox now and
@@ -208,8 +208,7 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 		retry := int(left.Seconds()) + 1
 		if isPageLoad(r) {
 			d := g.page(rt, port, pageError, time.Time{})
-			d.Error = rt.err
-			d.Message = fmt.Sprintf("Sandbox %s failed to start; it is tried again in %ds.", rt.id, retry)
+			d.Message = fmt.Sprintf("Sandbox %s failed to start. %s It is tried again in %ds.", rt.id, reasonSentence(rt.reason), retry)
 			d.RetryAfter = retry
 			renderPage(w, r, http.StatusServiceUnavailable, d)
 			return true
@@ -324,7 +323,7 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
 			return nil
 		}
-		return g.hold(w, r, next, e, s, rt, port)
+		return g.hold(w, r, next, e, s, rt, port, false)
 	case lifecycle.Creating:
 		countRequest(outcomeRefused)
 		if isPageLoad(r) {
@@ -334,35 +333,48 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 		writeJSONError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
 		return nil
 	default: // killed, expired, error: explained, woken only on request
-		if since, waking := e.mgr.Waking(rt.id); waking && isPageLoad(r) {
-			countRequest(outcomeWarming)
-			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
-			return nil
+		if since, waking := e.mgr.Waking(rt.id); waking {
+			// Someone asked for the wake: ride on it as for a stopped
+			// sandbox, without ever starting one.
+			if isPageLoad(r) {
+				countRequest(outcomeWarming)
+				renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
+				return nil
+			}
+			return g.hold(w, r, next, e, s, rt, port, true)
 		}
-		countRequest(outcomeRefused)
 		if isPageLoad(r) {
+			countRequest(outcomeRefused)
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, string(rt.state), time.Time{}))
 			return nil
 		}
-		msg := fmt.Sprintf("sandbox %s is %s", rt.id, rt.state)
-		if rt.err != "" {
-			msg += ": " + rt.err
-		}
-		writeJSONError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state), msg+"; POST "+pathWake+" to wake it", 0)
+		g.writeAsleep(w, rt)
 		return nil
 	}
 }
 
+// writeAsleep answers an API client of a killed, expired or failed sandbox
+// that nobody is waking: what happened, as a reason code's sentence (never
+// the raw error), and how to wake it.
+func (g *Gate) writeAsleep(w http.ResponseWriter, rt *route) {
+	countRequest(outcomeRefused)
+	writeJSONError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state),
+		fmt.Sprintf("sandbox %s is %s: %s POST %s to wake it", rt.id, rt.state, reasonSentence(rt.reason), pathWake), 0)
+}
+
 // hold keeps a non-browser request, body untouched, until the sandbox is
 // running, then proxies it; past hold_timeout it answers 503 + Retry-After.
-func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+// With joinOnly it only waits for a wake in flight and never starts one.
+// A failed wake is answered with its code and a plain sentence: the engine's
+// error text is for the management API and the logs, not for visitors.
+func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int, joinOnly bool) error {
 	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
 	defer cancel()
 	if _, waking := e.mgr.Waking(rt.id); waking {
 		metricWaitersCollapsed.Inc()
 	}
-	for range 10 {
-		if err := g.wakeForHold(ctx, w, r, e, s, rt); err != nil {
+	for attempt := range 10 {
+		if err := g.wakeForHold(ctx, w, r, e, s, rt, joinOnly && attempt == 0); err != nil {
 			return nil // answered
 		}
 		woke, err := e.routes.get(rt.id)
@@ -385,10 +397,28 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 // errAnswered: wakeForHold answered the request itself.
 var errAnswered = errors.New("answered")
 
-// wakeForHold wakes rt's sandbox for a held request; when the wake fails (or
-// the client left) it answers the request and returns errAnswered.
-func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route) error {
-	_, err := e.mgr.Wake(ctx, rt.id)
+// wakeForHold wakes rt's sandbox for a held request (with joinOnly it only
+// joins a wake in flight, never starts one); when the wake fails (or the
+// client left) it answers the request and returns errAnswered.
+func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route, joinOnly bool) error {
+	var err error
+	if joinOnly {
+		var joined bool
+		if _, joined, err = e.mgr.JoinWake(ctx, rt.id); !joined {
+			// The wake ended between the check and the join: answer from
+			// the record it left.
+			fresh, ferr := e.routes.get(rt.id)
+			if ferr != nil || fresh.state != lifecycle.Running {
+				if ferr == nil {
+					rt = fresh
+				}
+				g.writeAsleep(w, rt)
+				return errAnswered
+			}
+		}
+	} else {
+		_, err = e.mgr.Wake(ctx, rt.id)
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			return errAnswered // the client left; the wake goes on for others
@@ -408,7 +438,11 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 		default:
 			countRequest(outcomeWakeFailed)
 		}
-		writeJSONError(w, status, code, err.Error(), retry)
+		why := code
+		if errors.Is(err, lifecycle.ErrCircuitOpen) {
+			why = "circuit_open"
+		}
+		writeJSONError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(why)), retry)
 		return errAnswered
 	}
 	return nil
@@ -451,21 +485,27 @@ func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, 
 	return nil
 }
 
-// previewStatus is the JSON of GET /.well-known/sandwake/status.
+// previewStatus is the JSON of GET /.well-known/sandwake/status. It is
+// public: a failure shows as its reason code and a plain sentence, never the
+// engine's error text.
 type previewStatus struct {
 	ID          string     `json:"id"`
 	Port        int        `json:"port"`
 	State       string     `json:"state"`
 	Reason      string     `json:"reason,omitempty"`
-	Error       string     `json:"error,omitempty"`
+	Message     string     `json:"message,omitempty"`
 	Waking      bool       `json:"waking"`
 	WakingSince *time.Time `json:"waking_since,omitempty"`
 }
 
 func (g *Gate) status(e *engine, rt *route, port int) previewStatus {
-	st := previewStatus{ID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason, Error: rt.err}
+	st := previewStatus{ID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason}
 	if fresh, err := e.routes.get(rt.id); err == nil {
-		st.State, st.Reason, st.Error = string(fresh.state), fresh.reason, fresh.err
+		st.State, st.Reason = string(fresh.state), fresh.reason
+	}
+	switch lifecycle.State(st.State) {
+	case lifecycle.Error, lifecycle.Killed, lifecycle.Expired:
+		st.Message = reasonSentence(st.Reason)
 	}
 	if since, ok := e.mgr.Waking(rt.id); ok {
 		st.Waking = true
@@ -479,8 +519,20 @@ const sseHeartbeat = 15 * time.Second
 
 // serveEvents streams this sandbox's transitions as server-sent events. The
 // first message is the current state, so a page that subscribes after the
-// sandbox became ready still learns of it.
+// sandbox became ready still learns of it. Streams are capped per client
+// and overall (max_event_streams_per_client, max_event_streams); a refused
+// page polls the status instead.
 func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt *route) error {
+	release, refused := e.streams.acquire(streamClient(r))
+	switch refused {
+	case http.StatusTooManyRequests:
+		writeJSONError(w, refused, "too_many_streams", "this client has too many event streams open; close some or poll "+pathStatus, streamRetryAfter)
+		return nil
+	case http.StatusServiceUnavailable:
+		writeJSONError(w, refused, "streams_full", "the gateway has too many event streams open; poll "+pathStatus, streamRetryAfter)
+		return nil
+	}
+	defer release()
 	sub := e.mgr.Subscribe()
 	defer sub.Cancel()
 	rc := http.NewResponseController(w)
@@ -538,7 +590,7 @@ func writeSSE(w http.ResponseWriter, ev lifecycle.Event) error {
 // page builds the data of a state page for rt.
 func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData {
 	d := pageData{
-		Kind: kind, SandboxID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason, Error: rt.err,
+		Kind: kind, SandboxID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason,
 		Since: since, EventsURL: pathEvents, StatusURL: pathStatus, WakeURL: pathWake,
 	}
 	switch kind {
@@ -550,11 +602,11 @@ func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData 
 	case pageCreating:
 		d.Title, d.Message, d.RetryAfter = "Being created…", fmt.Sprintf("Sandbox %s is still being created.", rt.id), 2
 	case pageKilled:
-		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", fmt.Sprintf("The container of sandbox %s is gone (%s). Its files are kept: waking recreates it.", rt.id, rt.reason), true
+		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", fmt.Sprintf("The container of sandbox %s is gone. %s Its files are kept: waking recreates it.", rt.id, reasonSentence(rt.reason)), true
 	case pageExpired:
 		d.Title, d.Message, d.CanWake = "Sandbox expired", fmt.Sprintf("Sandbox %s reached its maximum lifetime and was removed. Its files are kept: waking recreates it.", rt.id), true
 	case pageError:
-		d.Title, d.Message, d.CanWake = "Sandbox failed to start", fmt.Sprintf("Sandbox %s could not be started.", rt.id), true
+		d.Title, d.Message, d.CanWake = "Sandbox failed to start", fmt.Sprintf("Sandbox %s could not be started. %s", rt.id, reasonSentence(rt.reason)), true
 	}
 	return d
 }

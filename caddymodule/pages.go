@@ -18,9 +18,8 @@ type pageData struct {
 	Message    string // one human sentence explaining what is happening
 	SandboxID  string
 	Port       int
-	State      string // sandbox state: creating, running, paused, stopped, killed, expired, error
-	Reason     string
-	Error      string    // error text (for kind "error")
+	State      string    // sandbox state: creating, running, paused, stopped, killed, expired, error
+	Reason     string    // the record's reason code; never the raw error, pages are public
 	Since      time.Time // when the wake (or the state) began; zero if unknown
 	CanWake    bool      // show a Wake button (POST to WakeURL)
 	EventsURL  string    // "/.well-known/sandwake/events"
@@ -36,7 +35,7 @@ const (
 	pageCreating     = "creating"     // still being created (auto-reloads like warming)
 	pageKilled       = "killed"       // container gone; Wake button
 	pageExpired      = "expired"      // removed at max lifetime; Wake button if CanWake
-	pageError        = "error"        // failed create/wake; shows Error; Wake button
+	pageError        = "error"        // failed create/wake; shows the reason; Wake button
 	pageCapacity     = "capacity"     // host full (503); auto-retries
 	pageUnavailable  = "unavailable"  // gateway not ready / docker unreachable (503); auto-retries
 	pageUnauthorized = "unauthorized" // private sandbox without a valid token (401)
@@ -220,9 +219,6 @@ func pageFallback(d pageData) []byte {
 	}
 	if d.Reason != "" {
 		fmt.Fprintf(&b, "reason: %s\n", d.Reason)
-	}
-	if d.Error != "" {
-		fmt.Fprintf(&b, "error: %s\n", d.Error)
 	}
 	if d.CanWake {
 		fmt.Fprintf(&b, "wake: POST %s\n", d.WakeURL)

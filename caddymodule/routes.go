@@ -20,8 +20,9 @@ type route struct {
 	access   string
 	tokenGen uint64
 	ports    []int
+	// reason is the record's reason code. The record's error text is left
+	// out on purpose: the request path answers anonymous visitors.
 	reason   string
-	err      string
 	activity *lifecycle.Activity
 	// downs is activity.Downs() as it was before the record was read: if it
 	// moved on, the sandbox was paused or stopped since and this route is
@@ -81,7 +82,6 @@ func (c *routeCache) get(id string) (*route, error) {
 		tokenGen:  rec.TokenGeneration,
 		ports:     rec.Spec.Ports,
 		reason:    rec.Reason,
-		err:       rec.Error,
 		activity:  act,
 		downs:     downs,
 		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),

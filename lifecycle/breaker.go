@@ -42,8 +42,8 @@ func (b *breaker) do(fn func() error) error {
 	b.mu.Lock()
 	if until := b.openUntil; b.now().Before(until) {
 		b.mu.Unlock()
-		return fmt.Errorf("%w: circuit open after %d consecutive engine failures, retrying after %s",
-			ErrUnavailable, breakerThreshold, until.UTC().Format(time.RFC3339))
+		return fmt.Errorf("%w after %d consecutive engine failures, retrying after %s",
+			ErrCircuitOpen, breakerThreshold, until.UTC().Format(time.RFC3339))
 	}
 	b.mu.Unlock()
 	err := fn()

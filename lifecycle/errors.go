@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/sandwake/sandwake/store"
 )
@@ -26,6 +27,9 @@ var (
 	// transiently (daemon down, timeout, 5xx). The record is left unchanged;
 	// retrying later may succeed.
 	ErrUnavailable = errors.New("container engine unavailable")
+	// ErrCircuitOpen: engine calls are refused without trying, for a few
+	// seconds after repeated engine failures. It wraps ErrUnavailable.
+	ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
 	// ErrContainerNotFound: the engine has no container for the sandbox.
 	ErrContainerNotFound = errors.New("container not found")
 	// ErrImageNotFound: the image is not on the engine and could not be pulled.

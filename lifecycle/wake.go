@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 )
 
 // WakeResult is the outcome of one wake, as reported to observers (metrics).
@@ -26,7 +28,28 @@ type WakeResult struct {
 // failure (ErrUnavailable) leaves the record as it was; other failures put the
 // sandbox in state error.
 func (m *Manager) Wake(ctx context.Context, id string) (Record, error) {
-	ch := m.wakes.DoChan(id, func() (any, error) { return m.wake(id) })
+	return m.await(ctx, id, m.flight(id))
+}
+
+// JoinWake waits for the wake of sandbox id in flight, if there is one, and
+// reports whether there was: unlike Wake it never starts one. It is for
+// requests that may ride on a wake someone else asked for (a killed sandbox
+// being recreated) but must not start one themselves.
+func (m *Manager) JoinWake(ctx context.Context, id string) (Record, bool, error) {
+	m.mu.Lock()
+	if _, ok := m.waking[id]; !ok {
+		m.mu.Unlock()
+		return Record{}, false, nil
+	}
+	// The mark and the flight end together under mu, so a mark seen here
+	// means the flight is still in the group: DoChan joins it.
+	ch := m.wakes.DoChan(id, m.wakeFn(id))
+	m.mu.Unlock()
+	rec, err := m.await(ctx, id, ch)
+	return rec, true, err
+}
+
+func (m *Manager) await(ctx context.Context, id string, ch <-chan singleflight.Result) (Record, error) {
 	select {
 	case res := <-ch:
 		if res.Err != nil {
@@ -40,8 +63,37 @@ func (m *Manager) Wake(ctx context.Context, id string) (Record, error) {
 
 // StartWake starts a wake of sandbox id (or joins the one in flight) without
 // waiting for it: for a browser that is shown the warming page at once.
-func (m *Manager) StartWake(id string) {
-	m.wakes.DoChan(id, func() (any, error) { return m.wake(id) })
+func (m *Manager) StartWake(id string) { m.flight(id) }
+
+// flight starts the wake of sandbox id or joins the one in flight. The
+// sandbox is marked waking here, before the flight's goroutine runs, so that
+// Waking is true as soon as StartWake or Wake returns or blocks: a request
+// right after a wake was asked for joins it instead of being told the
+// sandbox is down.
+func (m *Manager) flight(id string) <-chan singleflight.Result {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.waking == nil {
+		m.waking = make(map[string]time.Time)
+	}
+	if _, ok := m.waking[id]; !ok {
+		m.waking[id] = m.cfg.Now()
+	}
+	return m.wakes.DoChan(id, m.wakeFn(id))
+}
+
+func (m *Manager) wakeFn(id string) func() (any, error) {
+	return func() (any, error) { return m.wake(id) }
+}
+
+// endFlight clears the waking mark and forgets the flight in one step under
+// mu: a caller of flight either joins this flight before it ends or starts
+// a new one with a mark of its own, never a flight whose mark is gone.
+func (m *Manager) endFlight(id string) {
+	m.mu.Lock()
+	delete(m.waking, id)
+	m.wakes.Forget(id)
+	m.mu.Unlock()
 }
 
 // Waking reports whether a wake of sandbox id is in flight, and since when.
@@ -59,9 +111,11 @@ func (m *Manager) OnWake(fn func(WakeResult)) { m.onWake = fn }
 func (m *Manager) wake(id string) (Record, error) {
 	done, err := m.track()
 	if err != nil {
+		m.endFlight(id)
 		return Record{}, err
 	}
 	defer done()
+	defer m.endFlight(id) // before done: Close returns with no wake marked
 	unlock := m.locks.lock(id)
 	defer unlock()
 
@@ -82,18 +136,6 @@ func (m *Manager) wake(id string) (Record, error) {
 	}
 
 	start := m.cfg.Now()
-	m.mu.Lock()
-	if m.waking == nil {
-		m.waking = make(map[string]time.Time)
-	}
-	m.waking[id] = start
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		delete(m.waking, id)
-		m.mu.Unlock()
-	}()
-
 	rec, err = m.bringUp(rec)
 	if fn := m.onWake; fn != nil {
 		fn(WakeResult{ID: id, From: from, Err: err, Duration: m.cfg.Now().Sub(start)})

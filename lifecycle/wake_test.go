@@ -1,0 +1,58 @@
+package lifecycle
+
+import (
+	"context"
+	"testing"
+)
+
+// A wake asked for while the sandbox's lock is held (here by a stop) is in
+// flight from the moment it was asked for: Waking says so at once, and
+// JoinWake rides on it instead of reporting nothing to join.
+func TestWakeIsInFlightFromTheAsking(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	e.seed(t, "app1", Running)
+	e.seed(t, "idle1", Stopped)
+	g := e.rt.hold(t, "Stop", "app1")
+	stopped := make(chan error, 1)
+	go func() {
+		_, err := e.m.Stop(context.Background(), "app1", "test")
+		stopped <- err
+	}()
+	receive(t, g.entered, "the stop")
+
+	e.m.StartWake("app1")
+	if _, ok := e.m.Waking("app1"); !ok {
+		t.Fatal("Waking = false right after StartWake")
+	}
+	type joined struct {
+		rec Record
+		ok  bool
+		err error
+	}
+	join := make(chan joined, 1)
+	go func() {
+		rec, ok, err := e.m.JoinWake(context.Background(), "app1")
+		join <- joined{rec, ok, err}
+	}()
+	g.release()
+	if err := receive(t, stopped, "the stop"); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	j := receive(t, join, "the joined wake")
+	if j.err != nil || !j.ok || j.rec.State != Running {
+		t.Fatalf("JoinWake = %v, %v, %v; want a running record, true, nil", j.rec.State, j.ok, j.err)
+	}
+	waitFor(t, "the wake to end", func() bool { _, ok := e.m.Waking("app1"); return !ok })
+
+	// Nothing in flight: JoinWake starts nothing.
+	before := e.rt.count("Start")
+	if _, ok, err := e.m.JoinWake(context.Background(), "idle1"); ok || err != nil {
+		t.Fatalf("JoinWake with no wake in flight = %v, %v; want false, nil", ok, err)
+	}
+	if n := e.rt.count("Start"); n != before {
+		t.Fatalf("JoinWake started a wake: %d starts, want %d", n, before)
+	}
+	if s := e.state(t, "idle1"); s != Stopped {
+		t.Fatalf("idle1 is %s, want stopped", s)
+	}
+}
