@@ -129,11 +129,11 @@ type Manager struct {
 	cfg     Config
 	log     *zap.Logger
 
-	locks    idLocks
-	wakes    singleflight.Group
+	locks idLocks
+	wakes singleflight.Group
 	// events queues the sandboxes engine events name, for the workers that
 	// reconcile them.
-	events *workQueue
+	events   *workQueue
 	bus      bus
 	activity activities
 	flushMu  sync.Mutex
