@@ -154,6 +154,9 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 		if e.mgr.LastReconcile().IsZero() {
 			checks["boot_reconcile"], ok = "not done (docker unreachable at start?)", false
 		}
+		if err := e.store.Check(); err != nil {
+			checks["store"], ok = err.Error(), false
+		}
 	}
 	status := http.StatusOK
 	if !ok {

@@ -132,6 +132,11 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 	// The engine's event handler may have recorded the exit first; either
 	// way, after this the record follows Docker.
 	corr, verr := e.mgr.ReconcileOne(ctx, rt.id)
+	if errors.Is(verr, lifecycle.ErrStoreUnavailable) {
+		// Docker says it is not running, but that cannot be recorded, so
+		// it cannot be woken either: not the app's 502, a retry later.
+		return g.storeUnavailable(w, r, rt, port)
+	}
 	if verr != nil {
 		return err
 	}
@@ -336,6 +341,8 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 		}
 		status, code, retry := errorStatus(err)
 		switch code {
+		case "store_unavailable":
+			return g.storeUnavailable(w, r, rt, port)
 		case "capacity":
 			countRequest(outcomeCapacity)
 		case "unavailable":
@@ -508,6 +515,22 @@ func (g *Gate) notFound(w http.ResponseWriter, r *http.Request, id string, port 
 		return nil
 	}
 	writeJSONError(w, http.StatusNotFound, "not_found", msg, 0)
+	return nil
+}
+
+// storeUnavailable answers a request for a sandbox that is not running and
+// cannot be woken now because the store refuses writes (full or not
+// writable): 503 with Retry-After, a page for browsers. Visitors are not
+// told the store's path; readyz and the logs are.
+func (g *Gate) storeUnavailable(w http.ResponseWriter, r *http.Request, rt *route, port int) error {
+	countRequest(outcomeUnavailable)
+	msg := fmt.Sprintf("Sandbox %s is not running, and sandwake cannot record changes right now (its store is full or not writable), so it cannot be woken yet.", rt.id)
+	if isPageLoad(r) {
+		renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Temporarily unavailable", Message: msg + " This page retries by itself.",
+			SandboxID: rt.id, Port: port, RetryAfter: storeRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents})
+		return nil
+	}
+	writeJSONError(w, http.StatusServiceUnavailable, "store_unavailable", msg+" Retry later.", storeRetryAfter)
 	return nil
 }
 
