@@ -56,8 +56,6 @@ func TestStoreFullRecordsLater(t *testing.T) {
 			"the container was stopped, but the store could not record it", ContainerExited, Stopped},
 		{"pause", Running, func(m *Manager, id string) error { _, err := m.Pause(context.Background(), id, "api"); return err },
 			"the container was paused, but the store could not record it", ContainerPaused, Paused},
-		{"wake", Stopped, func(m *Manager, id string) error { _, err := m.Wake(context.Background(), id); return err },
-			"no space left (1 MiB free, reserve 64 MiB)", ContainerRunning, Running},
 		{"stop of a paused sandbox", Paused, func(m *Manager, id string) error { _, err := m.Stop(context.Background(), id, "api"); return err },
 			"the container was stopped", ContainerExited, Stopped},
 	}
@@ -114,5 +112,27 @@ func TestStoreFullStaysUnrecorded(t *testing.T) {
 	waitFor(t, "the record to follow the engine", func() bool { return e.state(t, "sf2") == Stopped })
 	if h := e.history(t, "sf2"); h[len(h)-1].Reason != "exited(0)" {
 		t.Fatalf("last event %+v, want the reconcile's exited correction", h[len(h)-1])
+	}
+}
+
+// TestStoreFullRefusesWake: a wake while the store refuses writes fails with
+// ErrStoreUnavailable before the engine is touched, so no container runs
+// behind a record that says it is stopped.
+func TestStoreFullRefusesWake(t *testing.T) {
+	e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
+	e.seed(t, "sf3", Stopped)
+	e.rt.resetCalls()
+	free.Store(1 << 20)
+	_, err := e.m.Wake(context.Background(), "sf3")
+	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "no space left (1 MiB free, reserve 64 MiB)") {
+		t.Fatalf("wake with the store full: %v; want ErrStoreUnavailable naming the shortage", err)
+	}
+	wantCalls(t, e.rt, map[string]int{})
+	free.Store(1 << 30)
+	if _, err := e.m.Wake(context.Background(), "sf3"); err != nil {
+		t.Fatalf("wake once space is back: %v", err)
+	}
+	if got := e.state(t, "sf3"); got != Running {
+		t.Fatalf("after the wake: %s", got)
 	}
 }
