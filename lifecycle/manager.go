@@ -822,8 +822,10 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 	}
 	if _, err := m.store.Delete(id, store.EventDestroyed, reason); err != nil {
 		if errors.Is(err, ErrStoreUnavailable) {
-			m.markUnrecorded(id)
-			return unrecordedError(id, "removed", err)
+			// Reconcile can only record the container as missing
+			// (killed): the deletion itself needs the DELETE again.
+			return fmt.Errorf("sandbox %s: the container was removed, but the store could not delete the record (%w); "+
+				"send the DELETE again once the store takes writes", id, err)
 		}
 		return err
 	}

@@ -136,3 +136,27 @@ func TestStoreFullRefusesWake(t *testing.T) {
 		t.Fatalf("after the wake: %s", got)
 	}
 }
+
+// TestStoreFullDestroy: a destroy whose record the full store cannot delete
+// says the container is gone and that the DELETE must be sent again; sent
+// again once space is back, it deletes the record.
+func TestStoreFullDestroy(t *testing.T) {
+	e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
+	e.seed(t, "sf4", Running)
+	free.Store(1 << 20)
+	err := e.m.Destroy(context.Background(), "sf4", "api")
+	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "the container was removed, but the store could not delete the record") ||
+		!strings.Contains(err.Error(), "send the DELETE again") {
+		t.Fatalf("destroy with the store full: %v", err)
+	}
+	if got := e.rt.containerState("sf4"); got != "" {
+		t.Fatalf("container after the destroy: %s, want none", got)
+	}
+	free.Store(1 << 30)
+	if err := e.m.Destroy(context.Background(), "sf4", "api"); err != nil {
+		t.Fatalf("destroy sent again once space is back: %v", err)
+	}
+	if got := e.state(t, "sf4"); got != "" {
+		t.Fatalf("record after the second destroy: %s, want none", got)
+	}
+}
