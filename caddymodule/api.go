@@ -154,7 +154,9 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 		if e.mgr.LastReconcile().IsZero() {
 			checks["boot_reconcile"], ok = "not done (docker unreachable at start?)", false
 		}
-		if e.storeWarning != "" {
+		if err := e.store.Check(); err != nil {
+			checks["store"], ok = err.Error(), false
+		} else if e.storeWarning != "" {
 			checks["store"], ok = e.storeWarning, false
 		}
 	}

@@ -719,7 +719,8 @@ func openEngine(a *App) (*engine, error) {
 		switch {
 		case w.Err == nil:
 			e.guard.reset(w.ID)
-		case errors.Is(w.Err, lifecycle.ErrCapacity), errors.Is(w.Err, lifecycle.ErrUnavailable):
+		case errors.Is(w.Err, lifecycle.ErrCapacity), errors.Is(w.Err, lifecycle.ErrUnavailable),
+			errors.Is(w.Err, lifecycle.ErrStoreUnavailable):
 			// The host, not the sandbox: no backoff for it.
 		default:
 			e.guard.failed(w.ID, time.Now())

@@ -40,6 +40,8 @@ func errorStatus(err error) (status int, code string, retryAfter int) {
 		return http.StatusServiceUnavailable, "capacity", 5
 	case errors.Is(err, lifecycle.ErrUnavailable), errors.Is(err, lifecycle.ErrClosed):
 		return http.StatusServiceUnavailable, "unavailable", 5
+	case errors.Is(err, lifecycle.ErrStoreUnavailable):
+		return http.StatusServiceUnavailable, "store_unavailable", storeRetryAfter
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, "timeout", 1
 	case errors.Is(err, lifecycle.ErrImageNotFound):
@@ -50,6 +52,10 @@ func errorStatus(err error) (status int, code string, retryAfter int) {
 		return http.StatusBadGateway, "failed", 0
 	}
 }
+
+// storeRetryAfter is the Retry-After, in seconds, while the store refuses
+// writes: the manager looks at it again every second.
+const storeRetryAfter = 5
 
 // writeJSONError writes {"error":{…}} with status and, when retryAfter > 0, a
 // Retry-After header.

@@ -152,6 +152,11 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 	// The engine's event handler may have recorded the exit first; either
 	// way, after this the record follows Docker.
 	corr, verr := e.mgr.ReconcileOne(ctx, rt.id)
+	if errors.Is(verr, lifecycle.ErrStoreUnavailable) {
+		// Docker says it is not running, but that cannot be recorded, so
+		// it cannot be woken either: not the app's 502, a retry later.
+		return g.storeUnavailable(w, r, rt, port)
+	}
 	if verr != nil {
 		return err
 	}
@@ -374,7 +379,7 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 		metricWaitersCollapsed.Inc()
 	}
 	for attempt := range 10 {
-		if err := g.wakeForHold(ctx, w, r, e, s, rt, joinOnly && attempt == 0); err != nil {
+		if err := g.wakeForHold(ctx, w, r, e, s, rt, port, joinOnly && attempt == 0); err != nil {
 			return nil // answered
 		}
 		woke, err := e.routes.get(rt.id)
@@ -400,7 +405,7 @@ var errAnswered = errors.New("answered")
 // wakeForHold wakes rt's sandbox for a held request (with joinOnly it only
 // joins a wake in flight, never starts one); when the wake fails (or the
 // client left) it answers the request and returns errAnswered.
-func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route, joinOnly bool) error {
+func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route, port int, joinOnly bool) error {
 	var err error
 	if joinOnly {
 		var joined bool
@@ -431,6 +436,9 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 		}
 		status, code, retry := errorStatus(err)
 		switch code {
+		case "store_unavailable":
+			g.storeUnavailable(w, r, rt, port)
+			return errAnswered
 		case "capacity":
 			countRequest(outcomeCapacity)
 		case "unavailable":
@@ -618,6 +626,22 @@ func (g *Gate) notFound(w http.ResponseWriter, r *http.Request, id string, port 
 		return nil
 	}
 	writeJSONError(w, http.StatusNotFound, "not_found", msg, 0)
+	return nil
+}
+
+// storeUnavailable answers a request for a sandbox that is not running and
+// cannot be woken now because the store refuses writes (full or not
+// writable): 503 with Retry-After, a page for browsers. Visitors are not
+// told the store's path; readyz and the logs are.
+func (g *Gate) storeUnavailable(w http.ResponseWriter, r *http.Request, rt *route, port int) error {
+	countRequest(outcomeUnavailable)
+	msg := fmt.Sprintf("Sandbox %s is not running, and sandwake cannot record changes right now (its store is full or not writable), so it cannot be woken yet.", rt.id)
+	if isPageLoad(r) {
+		renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Temporarily unavailable", Message: msg + " This page retries by itself.",
+			SandboxID: rt.id, Port: port, RetryAfter: storeRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents})
+		return nil
+	}
+	writeJSONError(w, http.StatusServiceUnavailable, "store_unavailable", msg+" Retry later.", storeRetryAfter)
 	return nil
 }
 

@@ -89,6 +89,10 @@ type Config struct {
 	// (path.Match globs on the reference as given and as normalised, e.g.
 	// "registry.example.com/previews/*", "node:*").
 	AllowedImages []string
+	// StoreRetry is how often a store that refused to record an engine
+	// change is checked again; once it takes writes, each such sandbox is
+	// reconciled. Default: 1s.
+	StoreRetry time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -109,6 +113,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MemAvailable == nil {
 		c.MemAvailable = HostMemAvailable
+	}
+	if c.StoreRetry <= 0 {
+		c.StoreRetry = time.Second
 	}
 }
 
@@ -161,6 +168,8 @@ type Manager struct {
 
 	memoryRelief bool      // memory pressure seen: relieve with hysteresis
 	reconciledAt time.Time // last successful full reconcile
+
+	unrecorded unrecorded // engine changes the store refused to record
 }
 
 // NewManager returns a Manager over an open store and a runtime. It reads
@@ -506,6 +515,11 @@ func (m *Manager) transition(id string, to State, reason string, mutate func(*Re
 		return nil
 	})
 	if err != nil {
+		if errors.Is(err, ErrStoreUnavailable) {
+			// The engine may have changed already: re-read it once the
+			// store takes writes again.
+			m.markUnrecorded(id)
+		}
 		return Record{}, err
 	}
 	m.setState(id, to)
@@ -795,10 +809,14 @@ func (m *Manager) pauseLocked(ctx context.Context, rec Record, reason string) (R
 	if err := m.runtime.Pause(ctx, rec.ID); err != nil {
 		return Record{}, fmt.Errorf("pausing sandbox %s: %w", rec.ID, err)
 	}
-	return m.transition(rec.ID, Paused, reason, func(r *Record) error {
+	out, err := m.transition(rec.ID, Paused, reason, func(r *Record) error {
 		r.VerifiedAt = m.cfg.Now().UTC()
 		return nil
 	})
+	if errors.Is(err, ErrStoreUnavailable) {
+		return Record{}, unrecordedError(rec.ID, "paused", err)
+	}
+	return out, err
 }
 
 // Stop stops running or paused sandbox id, keeping its container and volume.
@@ -853,12 +871,16 @@ func (m *Manager) stopLocked(ctx context.Context, rec Record, reason string) (Re
 	if err := m.runtime.Stop(ctx, rec.ID); err != nil && !errors.Is(err, ErrContainerNotFound) {
 		return Record{}, fmt.Errorf("stopping sandbox %s: %w", rec.ID, err)
 	}
-	return m.transition(rec.ID, Stopped, reason, func(r *Record) error {
+	out, err := m.transition(rec.ID, Stopped, reason, func(r *Record) error {
 		now := m.cfg.Now().UTC()
 		r.StoppedAt = now
 		r.VerifiedAt = now
 		return nil
 	})
+	if errors.Is(err, ErrStoreUnavailable) {
+		return Record{}, unrecordedError(rec.ID, "stopped", err)
+	}
+	return out, err
 }
 
 // expireLocked removes rec's container at the end of its lifetime, keeping
@@ -971,6 +993,12 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 		return fmt.Errorf("destroying sandbox %s: %w", id, err)
 	}
 	if _, err := m.store.Delete(id, store.EventDestroyed, reason); err != nil {
+		if errors.Is(err, ErrStoreUnavailable) {
+			// Reconcile can only record the container as missing
+			// (killed): the deletion itself needs the DELETE again.
+			return fmt.Errorf("sandbox %s: the container was removed, but the store could not delete the record (%w); "+
+				"send the DELETE again once the store takes writes", id, err)
+		}
 		return err
 	}
 	m.setState(id, "")

@@ -147,6 +147,12 @@ func (m *Manager) wake(id string) (Record, error) {
 // sandbox's lock.
 func (m *Manager) bringUp(rec Record) (Record, error) {
 	id := rec.ID
+	// A wake the store cannot record would leave a container running
+	// behind a record that says otherwise, again on every request: refuse
+	// it before touching the engine.
+	if err := m.store.Check(); err != nil {
+		return Record{}, fmt.Errorf("waking sandbox %s: %w", id, err)
+	}
 	if rec.State != Paused {
 		// Paused sandboxes are resident already; everything else needs room.
 		release, err := m.admit(m.ctx, id)

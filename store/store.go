@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
@@ -75,8 +74,12 @@ type Options struct {
 	// below it, writes fail with an error wrapping syscall.ENOSPC instead
 	// of letting Badger write into its memory-mapped files, which on a full
 	// file system kills the process (SIGBUS). 0 means DefaultMinFreeBytes;
-	// negative turns the check off. Ignored in memory.
+	// negative turns the check off. Ignored in memory unless FreeBytes
+	// is set.
 	MinFreeBytes int64
+	// FreeBytes reports the free space of the store's file system for the
+	// MinFreeBytes check. Default: statfs of Dir.
+	FreeBytes func() (int64, error)
 	// OutboxTargets, when set, names the webhook targets an event must be
 	// delivered to; one outbox entry per target is written in the same
 	// transaction as the event. SetOutboxTargets changes it later.
@@ -100,6 +103,9 @@ type Store struct {
 	onCommit atomic.Pointer[func(Event)]
 	// outboxTargets names the webhook targets of an event (see Options).
 	outboxTargets atomic.Pointer[func(Event) []string]
+	// unwritable is why the last write failed for want of a writable file
+	// system; nil once a write succeeds (see Check).
+	unwritable atomic.Pointer[UnwritableError]
 
 	// fresh: the store had no schema when opened (a new store).
 	fresh bool
@@ -342,22 +348,6 @@ func (s *Store) SetOutboxTargets(fn func(Event) []string) {
 		return
 	}
 	s.outboxTargets.Store(&fn)
-}
-
-// checkSpace refuses a write when the store's file system is nearly full.
-func (s *Store) checkSpace() error {
-	if s.opts.InMemory || s.opts.MinFreeBytes < 0 {
-		return nil
-	}
-	var fs syscall.Statfs_t
-	if err := syscall.Statfs(s.opts.Dir, &fs); err != nil {
-		return nil // cannot tell: let the write decide
-	}
-	if free := int64(fs.Bavail) * int64(fs.Bsize); free < s.opts.MinFreeBytes {
-		return fmt.Errorf("%w: %s has %d KiB free, below the %d KiB the store keeps in reserve",
-			syscall.ENOSPC, s.opts.Dir, free>>10, s.opts.MinFreeBytes>>10)
-	}
-	return nil
 }
 
 // Dir is the directory the store lives in ("" in memory).

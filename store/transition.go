@@ -28,6 +28,7 @@ func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, e
 		return ErrClosed
 	}
 	if err := s.checkSpace(); err != nil {
+		s.unwritable.Store(err)
 		return err
 	}
 	txn := s.db.NewTransaction(true)
@@ -64,7 +65,15 @@ func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, e
 		return err
 	}
 	if err := txn.Commit(); err != nil {
-		return fmt.Errorf("committing: %w", err)
+		if errors.Is(err, badger.ErrConflict) {
+			return fmt.Errorf("committing: %w", err)
+		}
+		uerr := s.commitFailed(err)
+		s.unwritable.Store(uerr)
+		return fmt.Errorf("committing: %w", uerr)
+	}
+	if s.unwritable.Load() != nil {
+		s.unwritable.Store(nil)
 	}
 	s.nextSeq = next
 	if fn := s.onCommit.Load(); fn != nil {

@@ -1,0 +1,162 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandwake/sandwake/store"
+)
+
+// newStoreFullEnv is newTestEnv over a store whose free space the test sets
+// (free, in bytes; the reserve is 64 MiB); checks counts the store's
+// free-space readings.
+func newStoreFullEnv(t *testing.T, cfg Config) (e *testEnv, free, checks *atomic.Int64) {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(srv.Close)
+	cfg.Now = func() time.Time { return testClock }
+	free, checks = new(atomic.Int64), new(atomic.Int64)
+	free.Store(1 << 30)
+	st, err := store.Open(store.Options{InMemory: true, Now: cfg.Now, MinFreeBytes: 64 << 20,
+		FreeBytes: func() (int64, error) { checks.Add(1); return free.Load(), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	rt := newFakeRuntime(map[int]string{testPort: srv.Listener.Addr().String()})
+	m, err := NewManager(st, rt, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return &testEnv{m: m, st: st, rt: rt, srv: srv}, free, checks
+}
+
+// TestStoreFullRecordsLater: an operation whose engine work succeeded but
+// whose transition the full store refused answers ErrStoreUnavailable,
+// saying what the engine did; the record stays as last committed; once
+// space is back the sandbox is re-read and recorded without any further
+// call, and the retry loop ends.
+func TestStoreFullRecordsLater(t *testing.T) {
+	tests := []struct {
+		name          string
+		from          State
+		op            func(m *Manager, id string) error
+		says          string
+		wantContainer ContainerState
+		want          State
+	}{
+		{"stop", Running, func(m *Manager, id string) error { _, err := m.Stop(context.Background(), id, "api"); return err },
+			"the container was stopped, but the store could not record it", ContainerExited, Stopped},
+		{"pause", Running, func(m *Manager, id string) error { _, err := m.Pause(context.Background(), id, "api"); return err },
+			"the container was paused, but the store could not record it", ContainerPaused, Paused},
+		{"stop of a paused sandbox", Paused, func(m *Manager, id string) error { _, err := m.Stop(context.Background(), id, "api"); return err },
+			"the container was stopped", ContainerExited, Stopped},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
+			e.seed(t, "sf1", tt.from)
+			free.Store(1 << 20)
+
+			err := tt.op(e.m, "sf1")
+			if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), tt.says) {
+				t.Fatalf("%s with the store full: %v; want ErrStoreUnavailable saying %q", tt.name, err, tt.says)
+			}
+			if got := e.rt.containerState("sf1"); got != tt.wantContainer {
+				t.Fatalf("engine after %s: container %s, want %s", tt.name, got, tt.wantContainer)
+			}
+			if got := e.state(t, "sf1"); got != tt.from {
+				t.Fatalf("record while the store is full: %s, want %s as last committed", got, tt.from)
+			}
+			if e.m.Unrecorded() != 1 {
+				t.Fatalf("%d sandboxes noted unrecorded, want 1", e.m.Unrecorded())
+			}
+
+			free.Store(1 << 30)
+			waitFor(t, "the record to follow the engine", func() bool { return e.state(t, "sf1") == tt.want })
+			waitFor(t, "the retry loop to end", func() bool {
+				e.m.unrecorded.mu.Lock()
+				defer e.m.unrecorded.mu.Unlock()
+				return !e.m.unrecorded.looping && len(e.m.unrecorded.ids) == 0
+			})
+		})
+	}
+}
+
+// TestStoreFullStaysUnrecorded: while the store stays full, the sandbox stays
+// noted however often the loop looks, and the engine is not asked again
+// (the loop checks the store first).
+func TestStoreFullStaysUnrecorded(t *testing.T) {
+	e, free, checks := newStoreFullEnv(t, Config{StoreRetry: time.Millisecond})
+	e.seed(t, "sf2", Running)
+	free.Store(1 << 20)
+	if _, err := e.m.Stop(context.Background(), "sf2", "api"); !errors.Is(err, ErrStoreUnavailable) {
+		t.Fatalf("stop with the store full: %v", err)
+	}
+	inspects := e.rt.count("Inspect")
+	// Let the loop look at the store 50 times: it must neither drop the
+	// sandbox nor ask the engine while the store refuses.
+	seen := checks.Load()
+	waitFor(t, "50 rounds of the retry loop", func() bool { return checks.Load() >= seen+50 })
+	if e.m.Unrecorded() != 1 || e.rt.count("Inspect") != inspects {
+		t.Fatalf("while full: %d unrecorded (want 1), %d inspects since the stop (want 0)", e.m.Unrecorded(), e.rt.count("Inspect")-inspects)
+	}
+	free.Store(1 << 30)
+	waitFor(t, "the record to follow the engine", func() bool { return e.state(t, "sf2") == Stopped })
+	if h := e.history(t, "sf2"); h[len(h)-1].Reason != "exited(0)" {
+		t.Fatalf("last event %+v, want the reconcile's exited correction", h[len(h)-1])
+	}
+}
+
+// TestStoreFullRefusesWake: a wake while the store refuses writes fails with
+// ErrStoreUnavailable before the engine is touched, so no container runs
+// behind a record that says it is stopped.
+func TestStoreFullRefusesWake(t *testing.T) {
+	e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
+	e.seed(t, "sf3", Stopped)
+	e.rt.resetCalls()
+	free.Store(1 << 20)
+	_, err := e.m.Wake(context.Background(), "sf3")
+	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "no space left (1 MiB free, reserve 64 MiB)") {
+		t.Fatalf("wake with the store full: %v; want ErrStoreUnavailable naming the shortage", err)
+	}
+	wantCalls(t, e.rt, map[string]int{})
+	free.Store(1 << 30)
+	if _, err := e.m.Wake(context.Background(), "sf3"); err != nil {
+		t.Fatalf("wake once space is back: %v", err)
+	}
+	if got := e.state(t, "sf3"); got != Running {
+		t.Fatalf("after the wake: %s", got)
+	}
+}
+
+// TestStoreFullDestroy: a destroy whose record the full store cannot delete
+// says the container is gone and that the DELETE must be sent again; sent
+// again once space is back, it deletes the record.
+func TestStoreFullDestroy(t *testing.T) {
+	e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
+	e.seed(t, "sf4", Running)
+	free.Store(1 << 20)
+	err := e.m.Destroy(context.Background(), "sf4", "api")
+	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "the container was removed, but the store could not delete the record") ||
+		!strings.Contains(err.Error(), "send the DELETE again") {
+		t.Fatalf("destroy with the store full: %v", err)
+	}
+	if got := e.rt.containerState("sf4"); got != "" {
+		t.Fatalf("container after the destroy: %s, want none", got)
+	}
+	free.Store(1 << 30)
+	if err := e.m.Destroy(context.Background(), "sf4", "api"); err != nil {
+		t.Fatalf("destroy sent again once space is back: %v", err)
+	}
+	if got := e.state(t, "sf4"); got != "" {
+		t.Fatalf("record after the second destroy: %s, want none", got)
+	}
+}
