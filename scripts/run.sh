@@ -41,9 +41,11 @@ caddy_pid=$!
 # Whatever ends this script stops Caddy with it (bash runs the EXIT trap
 # when a signal ends it too, even while Caddy is the foreground job). Without
 # a terminal, SIGINT stops Caddy gracefully and the script ends with status 0.
-trap 'kill $caddy_pid 2>/dev/null; wait $caddy_pid 2>/dev/null' EXIT
+# The trap keeps the script's exit status: under set -e, its kill of a Caddy
+# already gone would otherwise end the script with status 1 ("Error 1").
+trap 'status=$?; kill $caddy_pid 2>/dev/null || true; wait $caddy_pid 2>/dev/null || true; exit $status' EXIT
 if [ -z "$interactive" ]; then
-	trap 'kill -INT $caddy_pid 2>/dev/null; wait $caddy_pid 2>/dev/null; echo "sandwake stopped."; exit 0' INT
+	trap 'kill -INT $caddy_pid 2>/dev/null || true; wait $caddy_pid 2>/dev/null || true; echo "sandwake stopped."; exit 0' INT
 fi
 
 for _ in $(seq 1 100); do

@@ -57,13 +57,14 @@ type terminalRun struct {
 	mu     sync.Mutex
 	out    bytes.Buffer
 	exited chan struct{}
-	err    error // once exited is closed
+	err    error         // once exited is closed
+	copied chan struct{} // closed once the terminal's output is all read
 }
 
 func startOnTerminal(t *testing.T, dir string, env []string, name string, args ...string) *terminalRun {
 	t.Helper()
 	ptm, pts := openPTY(t)
-	r := &terminalRun{ptm: ptm, exited: make(chan struct{})}
+	r := &terminalRun{ptm: ptm, exited: make(chan struct{}), copied: make(chan struct{})}
 	r.cmd = exec.Command(name, args...)
 	r.cmd.Dir, r.cmd.Env = dir, env
 	r.cmd.Stdin, r.cmd.Stdout, r.cmd.Stderr = pts, pts, pts
@@ -72,9 +73,8 @@ func startOnTerminal(t *testing.T, dir string, env []string, name string, args .
 		t.Fatal(err)
 	}
 	pts.Close()
-	copied := make(chan struct{})
 	go func() {
-		defer close(copied)
+		defer close(r.copied)
 		buf := make([]byte, 4096)
 		for {
 			n, err := ptm.Read(buf)
@@ -105,7 +105,7 @@ func startOnTerminal(t *testing.T, dir string, env []string, name string, args .
 		}
 		ptm.Close()
 		select {
-		case <-copied:
+		case <-r.copied:
 		case <-time.After(10 * time.Second):
 		}
 	})
@@ -171,6 +171,11 @@ func (r *terminalRun) ctrlC(t *testing.T, ctx context.Context) int {
 	case <-r.exited:
 	case <-ctx.Done():
 		t.Fatalf("still running after Ctrl-C; output:\n%s", tail(r.output()))
+	}
+	// The last words (make's, the script's) may still be in the terminal.
+	select {
+	case <-r.copied:
+	case <-time.After(10 * time.Second):
 	}
 	if r.err == nil {
 		return 0
