@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -172,30 +173,36 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 // decodeBody decodes a JSON object body into v strictly: unknown fields,
-// trailing data and bodies over maxBodyBytes are errors with a clear message.
+// trailing data and bodies over maxBodyBytes are errors with a clear message
+// (see bodyErrorMessage).
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	body := http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	dec := json.NewDecoder(body)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if tooBig, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		writeJSONError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is over %d bytes", tooBig.Limit), 0)
+		return false
+	}
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid", "reading the request body: "+err.Error(), 0)
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	err = dec.Decode(v)
 	if err == nil {
 		// More() would miss a stray } or ]: only end of input may follow.
+		off := dec.InputOffset()
 		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("unexpected data after the JSON object")
+			off += int64(len(body[off:]) - len(bytes.TrimLeft(body[off:], " \t\r\n")))
+			writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("request body has more after the JSON object, at byte %d: send one object", off+1), 0)
+			return false
 		}
-	}
-	if err == nil {
 		return true
 	}
-	var tooBig *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooBig):
-		writeJSONError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is over %d bytes", maxBodyBytes), 0)
-	case errors.Is(err, io.EOF):
+	if errors.Is(err, io.EOF) {
 		writeJSONError(w, http.StatusBadRequest, "invalid", "request body is empty: a JSON object is required", 0)
-	default:
-		writeJSONError(w, http.StatusBadRequest, "invalid", "request body: "+err.Error(), 0)
+		return false
 	}
+	writeJSONError(w, http.StatusBadRequest, "invalid", bodyErrorMessage(body, v, err), 0)
 	return false
 }
 

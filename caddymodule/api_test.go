@@ -379,7 +379,7 @@ func TestAPIBadInput(t *testing.T) {
 		status  int
 		mention string // the message names this (the field, or what is wrong)
 	}{
-		{"not JSON", strPtr("image=alpine&ports=8080"), 400, "invalid character"},
+		{"not JSON", strPtr("image=alpine&ports=8080"), 400, "request body is not valid JSON: unexpected character 'i' at byte 1"},
 		{"empty body", nil, 400, "empty"},
 		{"empty string body", strPtr(""), 400, "empty"},
 		{"JSON array", strPtr(`[1,2]`), 400, "request body"},

@@ -47,7 +47,7 @@ type callError struct {
 func (e *callError) Error() string {
 	msg := fmt.Sprintf("%s (%d)", e.Message, e.Status)
 	if e.Status == http.StatusUnauthorized {
-		msg += "; set --token or $SANDWAKE_TOKEN"
+		msg += "; set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN"
 	}
 	return msg
 }

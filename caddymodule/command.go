@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -35,8 +36,9 @@ Manages sandboxes through sandwake's management API (the sandwake_api
 handler) of a running Caddy.
 
 The API is found at --api, else $SANDWAKE_API, else http://localhost:8081;
-the bearer token is --token, else $SANDWAKE_TOKEN. Output is a table for
-people; --json prints the API's JSON as it answered.
+the bearer token is --token, else $SANDWAKE_TOKEN, else $SANDWAKE_API_TOKEN
+(the variable the example Caddyfile and make run give the server). Output is
+a table for people; --json prints the API's JSON as it answered.
 
   caddy sandwake ls [--state running]
   caddy sandwake create --image app:latest --port 8080 [--id myapp]
@@ -66,7 +68,7 @@ func sandwakeCommand(cmd *cobra.Command) {
 	c := &cli{now: time.Now}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&c.api, "api", "", "management API URL (default $SANDWAKE_API, else "+defaultAPI+")")
-	pf.StringVar(&c.token, "token", "", "API bearer token (default $SANDWAKE_TOKEN)")
+	pf.StringVar(&c.token, "token", "", "API bearer token (default $SANDWAKE_TOKEN, else $SANDWAKE_API_TOKEN)")
 	pf.BoolVar(&c.json, "json", false, "print the API's JSON instead of a table")
 
 	// Errors are printed once, as one line, by c.run and by the flag error
@@ -126,12 +128,16 @@ func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *apiCli
 	return func(cmd *cobra.Command, args []string) error {
 		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		api, err := newAPIClient(c.apiURL(), c.tokenValue())
+		token, from := c.tokenValue()
+		api, err := newAPIClient(c.apiURL(), token)
 		if err == nil {
 			err = body(ctx, cmd, api, args)
 		}
 		if err == nil {
 			return nil
+		}
+		if statusOf(err) == http.StatusUnauthorized {
+			err = fmt.Errorf("%w (%s)", err, from)
 		}
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			err = errors.New("interrupted")
@@ -150,11 +156,23 @@ func (c *cli) apiURL() string {
 	return defaultAPI
 }
 
-func (c *cli) tokenValue() string {
+// tokenEnv are the environment variables the bearer token is read from when
+// --token is not given, first set first: the CLI's own, then the server's
+// (so a shell set up for the gateway, like make run's, works as it is).
+var tokenEnv = []string{"SANDWAKE_TOKEN", "SANDWAKE_API_TOKEN"}
+
+// tokenValue is the bearer token to send and where it came from, said as
+// the 401 hint shows it.
+func (c *cli) tokenValue() (token, from string) {
 	if c.token != "" {
-		return c.token
+		return c.token, "the token sent came from --token"
 	}
-	return os.Getenv("SANDWAKE_TOKEN")
+	for _, name := range tokenEnv {
+		if v := os.Getenv(name); v != "" {
+			return v, "the token sent came from $" + name
+		}
+	}
+	return "", "no token was sent"
 }
 
 // wantArgs checks a subcommand's positional arguments.

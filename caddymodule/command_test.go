@@ -351,7 +351,7 @@ func TestCommandAPIErrors(t *testing.T) {
 	runCLI(t, ctx, "get", missing, "--api", api, "--token", testToken).failed(t, "get unknown", "sandbox "+missing+": not found (404)")
 	runCLI(t, ctx, "get", "Not_An_ID", "--api", api, "--token", testToken).failed(t, "get bad id", `sandbox "Not_An_ID": not found`)
 	runCLI(t, ctx, "wake", missing, "--api", api, "--token", testToken).failed(t, "wake unknown", "not found (404)")
-	runCLI(t, ctx, "ls", "--api", api, "--token", "wrong").failed(t, "wrong token", "missing or wrong bearer token (401); set --token or $SANDWAKE_TOKEN")
+	runCLI(t, ctx, "ls", "--api", api, "--token", "wrong").failed(t, "wrong token", "missing or wrong bearer token (401); set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN (the token sent came from --token)")
 	runCLI(t, ctx, "create", "--image", h.image, "--port", "8080", "--id", "UPPER_case!", "--api", api, "--token", testToken).failed(t, "create bad id", "(400)")
 
 	// The event stream gives up on a 4xx rather than retrying for ever.
@@ -369,6 +369,68 @@ func TestCommandAPIErrors(t *testing.T) {
 	t.Setenv("SANDWAKE_TOKEN", testToken)
 	if out := runCLI(t, ctx, "ls").ok(t, "ls from the environment"); !strings.HasPrefix(out, "ID ") {
 		t.Fatalf("ls printed %q", out)
+	}
+	// So does $SANDWAKE_API_TOKEN, the server's variable (make run's shell).
+	t.Setenv("SANDWAKE_TOKEN", "")
+	t.Setenv("SANDWAKE_API_TOKEN", testToken)
+	if out := runCLI(t, ctx, "ls").ok(t, "ls with $SANDWAKE_API_TOKEN"); !strings.HasPrefix(out, "ID ") {
+		t.Fatalf("ls printed %q", out)
+	}
+}
+
+// TestCommandTokenSources: the token sent is --token, else $SANDWAKE_TOKEN,
+// else $SANDWAKE_API_TOKEN; a refused one says where it came from.
+func TestCommandTokenSources(t *testing.T) {
+	var mu sync.Mutex
+	var sent []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		sent = append(sent, r.Header.Get("Authorization"))
+		mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer right" {
+			writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"sandboxes": []any{}})
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		name                string
+		flag, swToken, apiT string
+		wantSent, wantErr   string
+	}{
+		{name: "flag", flag: "right", wantSent: "Bearer right"},
+		{name: "SANDWAKE_TOKEN", swToken: "right", wantSent: "Bearer right"},
+		{name: "SANDWAKE_API_TOKEN", apiT: "right", wantSent: "Bearer right"},
+		{name: "both variables: SANDWAKE_TOKEN first", swToken: "right", apiT: "other", wantSent: "Bearer right"},
+		{name: "the flag over both", flag: "right", swToken: "a", apiT: "b", wantSent: "Bearer right"},
+		{name: "refused from SANDWAKE_TOKEN", swToken: "stale", apiT: "right", wantSent: "Bearer stale",
+			wantErr: "missing or wrong bearer token (401); set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN (the token sent came from $SANDWAKE_TOKEN)"},
+		{name: "refused from SANDWAKE_API_TOKEN", apiT: "stale", wantSent: "Bearer stale", wantErr: "(the token sent came from $SANDWAKE_API_TOKEN)"},
+		{name: "none", wantSent: "", wantErr: "(401); set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN (no token was sent)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("SANDWAKE_TOKEN", tc.swToken)
+			t.Setenv("SANDWAKE_API_TOKEN", tc.apiT)
+			mu.Lock()
+			sent = nil
+			mu.Unlock()
+			args := []string{"ls", "--api", srv.URL}
+			if tc.flag != "" {
+				args = append(args, "--token", tc.flag)
+			}
+			r := runCLI(t, context.Background(), args...)
+			if tc.wantErr == "" {
+				r.ok(t, tc.name)
+			} else {
+				r.failed(t, tc.name, tc.wantErr)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(sent) != 1 || sent[0] != tc.wantSent {
+				t.Errorf("Authorization headers sent %q, want [%q]", sent, tc.wantSent)
+			}
+		})
 	}
 }
 

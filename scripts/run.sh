@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
 # `make run`: start the gateway with Caddyfile.example (embedded Badger under
-# ./data), import the demo image, create one demo sandbox through the API and
-# print how to use it. Ctrl-C stops Caddy; sandboxes stay (paused/stopped
-# ones are woken by the next request after a restart).
+# ./data), make the demo image (imported only when the demo binary changed),
+# create one demo sandbox through the API and print how to use it. Ctrl-C
+# stops Caddy and ends with status 0; sandboxes stay (paused/stopped ones are
+# woken by the next request after a restart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# In a terminal, job control: Caddy runs as the terminal's foreground job
+# once started, so Ctrl-C reaches Caddy alone, not make or this script, and
+# make sees this script end with Caddy's status (0 after a graceful stop)
+# instead of dying of the signal itself ("make: *** … Interrupt/Error").
+interactive=
+if [ -t 0 ]; then
+	interactive=1
+	set -m
+fi
 
 preview_port=${SANDWAKE_PREVIEW_PORT:-8080}
 demo=${SANDWAKE_DEMO_ID:-demo}
 api_port=${SANDWAKE_API_PORT:-8081}
-export SANDWAKE_PREVIEW_PORT=$preview_port SANDWAKE_API_PORT=$api_port
+image=${SANDWAKE_DEMO_IMAGE:-sandwake-demo}
+export SANDWAKE_PREVIEW_PORT=$preview_port SANDWAKE_API_PORT=$api_port SANDWAKE_DEMO_IMAGE=$image
 mkdir -p data
 chmod 700 data
 if [ -n "${SANDWAKE_API_TOKEN:-}" ]; then
@@ -26,7 +38,15 @@ api="http://localhost:$api_port"
 
 bin/caddy run --config Caddyfile.example --adapter caddyfile &
 caddy_pid=$!
-trap 'kill $caddy_pid 2>/dev/null; wait $caddy_pid 2>/dev/null' INT TERM EXIT
+# Whatever ends this script stops Caddy with it (bash runs the EXIT trap
+# when a signal ends it too, even while Caddy is the foreground job). Without
+# a terminal, SIGINT stops Caddy gracefully and the script ends with status 0.
+# The trap keeps the script's exit status: under set -e, its kill of a Caddy
+# already gone would otherwise end the script with status 1 ("Error 1").
+trap 'status=$?; kill $caddy_pid 2>/dev/null || true; wait $caddy_pid 2>/dev/null || true; exit $status' EXIT
+if [ -z "$interactive" ]; then
+	trap 'kill -INT $caddy_pid 2>/dev/null || true; wait $caddy_pid 2>/dev/null || true; echo "sandwake stopped."; exit 0' INT
+fi
 
 for _ in $(seq 1 100); do
 	if curl -fsS "$api/v1/readyz" >/dev/null 2>&1; then break; fi
@@ -39,7 +59,7 @@ auth=(-H "Authorization: Bearer $SANDWAKE_API_TOKEN")
 if ! curl -fsS "${auth[@]}" "$api/v1/sandboxes/$demo" >/dev/null 2>&1; then
 	echo "creating the demo sandbox…"
 	curl -fsS "${auth[@]}" -X POST "$api/v1/sandboxes" \
-		-d '{"id":"'"$demo"'","image":"sandwake-demo:latest","ports":[8080],"memory_mb":64}' >/dev/null
+		-d '{"id":"'"$demo"'","image":"'"$image"':latest","ports":[8080],"memory_mb":64}' >/dev/null
 fi
 
 cat <<MSG
@@ -56,7 +76,25 @@ cat <<MSG
     curl -H "Authorization: Bearer \$TOKEN" -X POST $api/v1/sandboxes/$demo/wake
     curl -H "Authorization: Bearer \$TOKEN" $api/v1/sandboxes
 
+  Or with the CLI, in another shell in this directory:
+    export SANDWAKE_API=$api SANDWAKE_API_TOKEN=\$(cat data/api-token)
+    bin/caddy sandwake ls
+    bin/caddy sandwake stop $demo
+    bin/caddy sandwake wake $demo
+    bin/caddy sandwake events --sandbox $demo
+
   Ctrl-C stops the gateway.
 
 MSG
-wait $caddy_pid
+status=0
+if [ -n "$interactive" ]; then
+	# Caddy becomes the foreground job: Ctrl-C goes to it alone.
+	fg %+ >/dev/null || status=$?
+else
+	wait $caddy_pid || status=$?
+fi
+if [ "$status" -ne 0 ]; then
+	echo "caddy exited with status $status" >&2
+	exit "$status"
+fi
+echo "sandwake stopped."

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -13,10 +12,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/image"
 	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -101,10 +100,12 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// TestMakeRunFromFreshClone runs `make run` in a fresh clone of this
-// repository's HEAD, waits for the printed preview URL and opens it: the
-// demo sandbox answers. Then it stops the sandbox and checks that the URL
-// wakes it again.
+// TestMakeRunFromFreshClone runs `make run` on a terminal in a fresh clone
+// of this repository's HEAD, waits for the printed preview URL and opens it:
+// the demo sandbox answers. Then it stops the sandbox and checks that the URL
+// wakes it again. Ctrl-C stops the gateway and make exits with status 0. A
+// second `make run` imports nothing: the one demo image stays, none is left
+// dangling; Ctrl-C ends it cleanly too.
 func TestMakeRunFromFreshClone(t *testing.T) {
 	cli := testenv.Docker(t)
 	root := repoRoot(t)
@@ -112,69 +113,39 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 	if out, err := exec.Command("git", "clone", "-q", root, clone).CombinedOutput(); err != nil {
 		t.Fatalf("git clone: %v\n%s", err, out)
 	}
+	// Names of this run: the demo sandbox, and the demo image's repository
+	// (SANDWAKE_DEMO_IMAGE), so a developer's own demo is not touched.
 	demo := "demo" + testenv.RunID()
+	repo := "sandwake-demo-test-" + testenv.RunID()
 	previewPort, apiPort := freePort(t), freePort(t)
+	demoImages := func() []image.Summary {
+		t.Helper()
+		res, err := cli.ImageList(context.Background(), client.ImageListOptions{All: true, Filters: make(client.Filters).Add("label", "sandwake.demo="+repo)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Items
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		cli.ContainerRemove(ctx, "s-"+demo, client.ContainerRemoveOptions{Force: true})
 		cli.VolumeRemove(ctx, "s-"+demo+"-data", client.VolumeRemoveOptions{Force: true})
-		// make run imports the demo image; it imports it again each time.
-		cli.ImageRemove(ctx, "sandwake-demo:latest", client.ImageRemoveOptions{Force: true})
+		for _, im := range demoImages() {
+			cli.ImageRemove(ctx, im.ID, client.ImageRemoveOptions{Force: true})
+		}
 	})
 
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "make", "run")
-	cmd.Dir = clone
-	cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		fmt.Sprintf("SANDWAKE_PREVIEW_PORT=%d", previewPort),
 		fmt.Sprintf("SANDWAKE_API_PORT=%d", apiPort),
 		"SANDWAKE_DEMO_ID="+demo,
+		"SANDWAKE_DEMO_IMAGE="+repo,
 		"SANDWAKE_API_TOKEN=make-run-test-token",
 	)
-	// Its own process group, so the whole tree (make, the script, caddy)
-	// is stopped at the end.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		cmd.Wait()
-	}()
-
 	url := fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/", demo, previewPort)
-	found := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		seen := false
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), url) {
-				seen = true
-				found <- true
-			}
-		}
-		if !seen {
-			found <- false
-		}
-	}()
-	select {
-	case ok := <-found:
-		if !ok {
-			t.Fatalf("make run ended without printing %s\nstderr:\n%s", url, tail(stderr.String()))
-		}
-	case <-ctx.Done():
-		t.Fatalf("make run did not print %s in time\nstderr:\n%s", url, tail(stderr.String()))
-	}
-
 	httpc := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", previewPort))
@@ -188,6 +159,37 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
+	}
+	// interrupt types Ctrl-C once the banner is out and checks the end:
+	// status 0, a short message, no make error, the gateway gone.
+	interrupt := func(run *terminalRun, which string) {
+		t.Helper()
+		run.waitForegroundHandedOver(t, time.Minute)
+		if status := run.ctrlC(t, ctx); status != 0 {
+			t.Fatalf("%s make run: exit status %d after Ctrl-C, want 0; output:\n%s", which, status, tail(run.output()))
+		}
+		out := run.output()
+		if !strings.Contains(out, "sandwake stopped.") || strings.Contains(out, "make: ***") {
+			t.Errorf("%s make run: end of output after Ctrl-C, want \"sandwake stopped.\" and no make error:\n%s", which, tail(out))
+		}
+		for _, port := range []int{apiPort, previewPort} {
+			if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second); err == nil {
+				c.Close()
+				t.Errorf("%s make run: port %d still accepts connections after Ctrl-C: the gateway was not stopped", which, port)
+			}
+		}
+	}
+
+	first := startOnTerminal(t, clone, env, "make", "run")
+	first.waitFor(t, 8*time.Minute, url)
+	for _, want := range []string{
+		fmt.Sprintf("export SANDWAKE_API=http://localhost:%d SANDWAKE_API_TOKEN=$(cat data/api-token)", apiPort),
+		"bin/caddy sandwake ls",
+		"bin/caddy sandwake wake " + demo,
+	} {
+		if !strings.Contains(first.output(), want) {
+			t.Errorf("banner lacks %q", want)
+		}
 	}
 	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("demo sandbox: %d %q", code, body)
@@ -203,6 +205,26 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("demo sandbox after stop (held through the wake): %d %q", code, body)
 	}
+	imgs := demoImages()
+	if len(imgs) != 1 || len(imgs[0].RepoTags) == 0 {
+		t.Fatalf("after the first make run: demo images %+v, want one, tagged", imgs)
+	}
+	imported := imgs[0].ID
+	interrupt(first, "first")
+
+	second := startOnTerminal(t, clone, env, "make", "run")
+	second.waitFor(t, 8*time.Minute, url)
+	if want := "demo image " + repo + ":latest: up to date"; !strings.Contains(second.output(), want) {
+		t.Errorf("second make run did not say %q:\n%s", want, tail(second.output()))
+	}
+	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("demo sandbox on the second run: %d %q", code, body)
+	}
+	imgs = demoImages()
+	if len(imgs) != 1 || imgs[0].ID != imported || len(imgs[0].RepoTags) == 0 {
+		t.Fatalf("after the second make run: demo images %+v, want only the first one (%s), tagged", imgs, imported)
+	}
+	interrupt(second, "second")
 }
 
 func tail(s string) string {

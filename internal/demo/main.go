@@ -1,12 +1,15 @@
-// Command demo imports the demo sandbox image (internal/testapp, compiled
-// static and imported through the Docker API: nothing is pulled) as
-// sandwake-demo:latest. `make run` calls it.
+// Command demo makes the demo sandbox image (internal/testapp, compiled
+// static and imported through the Docker API: nothing is pulled) available
+// as sandwake-demo:latest, or <$SANDWAKE_DEMO_IMAGE>:latest. `make run`
+// calls it. The image is imported only when the binary changed; the one it
+// replaces is removed (see ensureImage).
 package main
 
 import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/moby/moby/client"
@@ -14,8 +17,9 @@ import (
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
-// Image is the demo image's reference.
-const Image = "sandwake-demo:latest"
+// defaultRepo is the demo image's repository unless $SANDWAKE_DEMO_IMAGE
+// names another.
+const defaultRepo = "sandwake-demo"
 
 func main() {
 	if err := run(); err != nil {
@@ -25,6 +29,10 @@ func main() {
 }
 
 func run() error {
+	repo := os.Getenv("SANDWAKE_DEMO_IMAGE")
+	if repo == "" {
+		repo = defaultRepo
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cli, err := client.New(client.FromEnv)
@@ -44,15 +52,20 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	old, _ := cli.ImageInspect(ctx, Image)
-	if err := testenv.ImportImage(ctx, cli, bin, Image, map[string]string{"sandwake.demo": "true"}); err != nil {
+	res, err := ensureImage(ctx, cli, bin, repo, nil)
+	if err != nil {
 		return err
 	}
-	// The previous import, now untagged, is removed unless a sandbox still
-	// runs it (then the engine refuses, and it goes with that container).
-	if old.ID != "" {
-		cli.ImageRemove(ctx, old.ID, client.ImageRemoveOptions{})
+	how := "up to date"
+	if res.Imported {
+		how = "imported"
 	}
-	fmt.Println("imported", Image)
+	fmt.Printf("demo image %s:latest: %s (%s)\n", repo, how, res.Ref)
+	if len(res.Removed) > 0 {
+		fmt.Printf("removed the earlier demo image(s) %s\n", strings.Join(res.Removed, ", "))
+	}
+	if len(res.Kept) > 0 {
+		fmt.Printf("kept %s: a container still uses it (removed by a later run once unused)\n", strings.Join(res.Kept, ", "))
+	}
 	return nil
 }
