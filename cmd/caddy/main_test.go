@@ -126,11 +126,19 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 		}
 		return res.Items
 	}
+	// make run uses the default sandbox network; one this test made is
+	// removed with the rest (one that was there stays, and one another
+	// gateway uses cannot be removed anyway).
+	_, netErr := cli.NetworkInspect(context.Background(), "sandwake", client.NetworkInspectOptions{})
+	madeNetwork := netErr != nil
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		cli.ContainerRemove(ctx, "s-"+demo, client.ContainerRemoveOptions{Force: true})
 		cli.VolumeRemove(ctx, "s-"+demo+"-data", client.VolumeRemoveOptions{Force: true})
+		if madeNetwork {
+			cli.NetworkRemove(ctx, "sandwake", client.NetworkRemoveOptions{})
+		}
 		for _, im := range demoImages() {
 			cli.ImageRemove(ctx, im.ID, client.ImageRemoveOptions{Force: true})
 		}
