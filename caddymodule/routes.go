@@ -27,6 +27,9 @@ type route struct {
 	// reverse_proxy (a pointer, so storing it in the request vars allocates
 	// nothing).
 	upstreams map[int]*upstreamSet
+	// incarnation is the record's incarnation, which preview tokens are
+	// bound to besides tokenGen.
+	incarnation string
 }
 
 // upstreamSet is the value stored in the request's vars for the dynamic
@@ -78,6 +81,8 @@ func (c *routeCache) get(id string) (*route, error) {
 		err:       rec.Error,
 		activity:  c.mgr.Activity(id),
 		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),
+
+		incarnation: rec.Incarnation,
 	}
 	for port, addr := range rec.Upstreams {
 		rt.upstreams[port] = &upstreamSet{dial: addr}
