@@ -228,7 +228,8 @@ func withoutCookie(header, name string) (string, bool) {
 	if !removed {
 		return header, false
 	}
-	return b.String(), true
+	// A pair removed at the end leaves the space that preceded it.
+	return strings.TrimRight(b.String(), " \t"), true
 }
 
 // withoutToken is r's URL (path and query) with the token parameter removed,

@@ -161,6 +161,7 @@ func TestWithoutCookie(t *testing.T) {
 		{"first", "sandwake_token=swt_x; a=1", "a=1", true},
 		{"middle", "a=1; sandwake_token=swt_x; b=2", "a=1; b=2", true},
 		{"last", "a=1; sandwake_token=swt_x", "a=1", true},
+		{"last after a space", "a=1; b=2 ; sandwake_token=swt_x", "a=1; b=2", true},
 		{"twice", "sandwake_token=old; a=1; sandwake_token=new", "a=1", true},
 		{"no space", "a=1;sandwake_token=swt_x;b=2", "a=1;b=2", true},
 		{"odd bytes kept", `sandwake_token=swt_x; d=a"b; e=ü; c=x y; f="q"; g`, `d=a"b; e=ü; c=x y; f="q"; g`, true},
