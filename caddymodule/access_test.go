@@ -370,8 +370,9 @@ func TestPrivatePreview(t *testing.T) {
 	if n := h.startEvents(b.ID, since); n != 0 {
 		t.Errorf("b was started %d times by requests with a's token", n)
 	}
-	// (The testapp echoes no headers, so that the app never sees the token
-	// is checked by stripToken's unit path, not here.)
+	// (That the app never sees the token, and gets its own cookies byte for
+	// byte, is checked through the testapp's /headers in
+	// access_hardening_test.go.)
 
 	// Revoking closes the running sandbox to the cookie at once.
 	h.revokeTokens(a.ID)
