@@ -88,17 +88,24 @@ func verifyToken(secret []byte, token, id, inc string, gen uint64, now time.Time
 	if err1 != nil || err2 != nil {
 		return errTokenMalformed
 	}
+	parts := strings.SplitN(string(payload), "|", 5)
+	if len(parts) != 5 || (parts[0] != tokenVersion && parts[0] != "v1") {
+		return errTokenInvalid // not a payload sandwake signs
+	}
+	// Another sandbox's token is signed for that sandbox's incarnation,
+	// which is not known here: the id is read before the MAC is checked
+	// (the id is readable in the token anyway, and the token is refused
+	// either way).
+	if parts[1] != id {
+		return errTokenOther
+	}
 	// A v1 token binds no incarnation: it can only be for a record made
 	// before incarnations.
-	if strings.HasPrefix(string(payload), "v1|") && inc != "" {
+	if parts[0] == "v1" && inc != "" {
 		return errTokenInvalid
 	}
 	if !hmac.Equal(mac, tokenMAC(secret, string(payload), inc)) {
 		return errTokenInvalid
-	}
-	parts := strings.SplitN(string(payload), "|", 5)
-	if len(parts) != 5 || (parts[0] != tokenVersion && parts[0] != "v1") {
-		return errTokenMalformed
 	}
 	tgen, err1 := strconv.ParseUint(parts[2], 10, 64)
 	exp, err2 := strconv.ParseInt(parts[3], 10, 64)
@@ -106,8 +113,6 @@ func verifyToken(secret []byte, token, id, inc string, gen uint64, now time.Time
 		return errTokenMalformed
 	}
 	switch {
-	case parts[1] != id:
-		return errTokenOther
 	case tgen != gen:
 		return errTokenRevoked
 	case !now.Before(time.Unix(exp, 0)):

@@ -77,6 +77,7 @@ func TestTokenRoundTrip(t *testing.T) {
 	}{
 		{"valid", tok, "abc", inc, 3, now, nil},
 		{"other sandbox", tok, "abd", inc, 3, now, errTokenOther},
+		{"other sandbox, other incarnation", tok, "abd", "fedcba9876543210", 0, now, errTokenOther},
 		{"revoked", tok, "abc", inc, 4, now, errTokenRevoked},
 		{"expired", tok, "abc", inc, 3, now.Add(time.Hour), errTokenExpired},
 		{"missing", "", "abc", inc, 3, now, errTokenMissing},
@@ -94,7 +95,8 @@ func TestTokenRoundTrip(t *testing.T) {
 		{"v1 token, record without incarnation", v1, "abc", "", 3, now, nil},
 		{"v1 token, revoked", v1, "abc", "", 4, now, errTokenRevoked},
 		{"v1 token, sandbox with an incarnation", v1, "abc", inc, 3, now, errTokenInvalid},
-		{"unknown version", forgeVersion(secret, "v9|abc|3|1800003600|", inc), "abc", inc, 3, now, errTokenMalformed},
+		{"unknown version", forgeVersion(secret, "v9|abc|3|1800003600|", inc), "abc", inc, 3, now, errTokenInvalid},
+		{"garbage payload", "swt_abc.def", "abc", inc, 3, now, errTokenInvalid},
 	}
 	for _, tt := range tests {
 		if err := verifyToken(secret, tt.token, tt.id, tt.inc, tt.gen, tt.now); !errors.Is(err, tt.want) {
