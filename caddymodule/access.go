@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,15 +18,24 @@ import (
 // Preview tokens.
 //
 // A token is "swt_" + base64url(payload) + "." + base64url(HMAC-SHA256(secret,
-// payload)), payload being "v1|<sandbox id>|<generation>|<expiry unix>|<subject>".
-// It opens one sandbox until its expiry or until the sandbox's token
-// generation is rotated (DELETE /v1/sandboxes/{id}/tokens). Given once as
-// ?sandwake_token=, it becomes a host-only HttpOnly cookie and the URL is
+// payload + NUL + incarnation)), payload being
+// "v2|<sandbox id>|<generation>|<expiry unix>|<subject>". It opens one
+// sandbox until its expiry or until the sandbox's token generation is
+// rotated (DELETE /v1/sandboxes/{id}/tokens, or a change of access). The
+// sandbox's incarnation (drawn at every create) is signed but not carried: a
+// token minted before a destroy or purge fails the check on a later sandbox
+// with the same id, and the token does not tell the incarnation. Given once
+// as ?sandwake_token=, it becomes a host-only HttpOnly cookie and the URL is
 // redirected without it, so it does not linger in history or Referer.
+//
+// "v1" tokens (signed over the payload alone, minted before incarnations)
+// are still accepted for records without an incarnation, which were made
+// before incarnations existed.
 const (
 	tokenPrefix     = "swt_"
 	tokenQueryParam = "sandwake_token"
 	tokenCookie     = "sandwake_token"
+	tokenVersion    = "v2"
 )
 
 // Token errors; none of them echoes the token.
@@ -38,21 +48,29 @@ var (
 	errTokenRevoked   = errors.New("the preview token has been revoked")
 )
 
-func tokenMAC(secret []byte, payload string) []byte {
+// tokenMAC signs a token payload for one incarnation of a sandbox. NUL
+// cannot occur in a payload (subjects refuse it), so payload and
+// incarnation cannot be shifted into each other.
+func tokenMAC(secret []byte, payload, incarnation string) []byte {
 	h := hmac.New(sha256.New, secret)
 	h.Write([]byte(payload))
+	if !strings.HasPrefix(payload, "v1|") {
+		h.Write([]byte{0})
+		h.Write([]byte(incarnation))
+	}
 	return h.Sum(nil)
 }
 
-// signToken makes a preview token for sandbox id.
-func signToken(secret []byte, id string, gen uint64, exp time.Time, subject string) string {
-	payload := "v1|" + id + "|" + strconv.FormatUint(gen, 10) + "|" + strconv.FormatInt(exp.Unix(), 10) + "|" + subject
+// signToken makes a preview token for incarnation inc of sandbox id.
+func signToken(secret []byte, id, inc string, gen uint64, exp time.Time, subject string) string {
+	payload := tokenVersion + "|" + id + "|" + strconv.FormatUint(gen, 10) + "|" + strconv.FormatInt(exp.Unix(), 10) + "|" + subject
 	enc := base64.RawURLEncoding
-	return tokenPrefix + enc.EncodeToString([]byte(payload)) + "." + enc.EncodeToString(tokenMAC(secret, payload))
+	return tokenPrefix + enc.EncodeToString([]byte(payload)) + "." + enc.EncodeToString(tokenMAC(secret, payload, inc))
 }
 
-// verifyToken checks a token for sandbox id at generation gen.
-func verifyToken(secret []byte, token, id string, gen uint64, now time.Time) error {
+// verifyToken checks a token for incarnation inc of sandbox id at generation
+// gen.
+func verifyToken(secret []byte, token, id, inc string, gen uint64, now time.Time) error {
 	if token == "" {
 		return errTokenMissing
 	}
@@ -70,12 +88,24 @@ func verifyToken(secret []byte, token, id string, gen uint64, now time.Time) err
 	if err1 != nil || err2 != nil {
 		return errTokenMalformed
 	}
-	if !hmac.Equal(mac, tokenMAC(secret, string(payload))) {
+	parts := strings.SplitN(string(payload), "|", 5)
+	if len(parts) != 5 || (parts[0] != tokenVersion && parts[0] != "v1") {
+		return errTokenInvalid // not a payload sandwake signs
+	}
+	// Another sandbox's token is signed for that sandbox's incarnation,
+	// which is not known here: the id is read before the MAC is checked
+	// (the id is readable in the token anyway, and the token is refused
+	// either way).
+	if parts[1] != id {
+		return errTokenOther
+	}
+	// A v1 token binds no incarnation: it can only be for a record made
+	// before incarnations.
+	if parts[0] == "v1" && inc != "" {
 		return errTokenInvalid
 	}
-	parts := strings.SplitN(string(payload), "|", 5)
-	if len(parts) != 5 || parts[0] != "v1" {
-		return errTokenMalformed
+	if !hmac.Equal(mac, tokenMAC(secret, string(payload), inc)) {
+		return errTokenInvalid
 	}
 	tgen, err1 := strconv.ParseUint(parts[2], 10, 64)
 	exp, err2 := strconv.ParseInt(parts[3], 10, 64)
@@ -83,14 +113,33 @@ func verifyToken(secret []byte, token, id string, gen uint64, now time.Time) err
 		return errTokenMalformed
 	}
 	switch {
-	case parts[1] != id:
-		return errTokenOther
 	case tgen != gen:
 		return errTokenRevoked
 	case !now.Before(time.Unix(exp, 0)):
 		return errTokenExpired
 	}
 	return nil
+}
+
+// bearerCredentials returns the credentials of an Authorization value using
+// the Bearer scheme. Auth schemes are case-insensitive (RFC 7235 §2.1), and
+// one or more spaces separate the scheme from the credentials.
+func bearerCredentials(authorization string) (string, bool) {
+	scheme, rest, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.Trim(rest, " \t"), true
+}
+
+// previewBearer reports whether an Authorization value carries a sandwake
+// preview token, and returns it.
+func previewBearer(authorization string) (string, bool) {
+	b, ok := bearerCredentials(authorization)
+	if !ok || !strings.HasPrefix(b, tokenPrefix) {
+		return "", false
+	}
+	return b, true
 }
 
 // presentedToken finds the token a request carries: the query parameter
@@ -101,8 +150,10 @@ func presentedToken(r *http.Request) (token string, fromQuery bool) {
 			return t, true
 		}
 	}
-	if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.HasPrefix(b, tokenPrefix) {
-		return b, false
+	for _, v := range r.Header.Values("Authorization") {
+		if b, ok := previewBearer(v); ok {
+			return b, false
+		}
 	}
 	if c, err := r.Cookie(tokenCookie); err == nil {
 		return c.Value, false
@@ -111,43 +162,111 @@ func presentedToken(r *http.Request) (token string, fromQuery bool) {
 }
 
 // stripToken removes sandwake's credentials from a request before it goes to
-// the app: the app never sees preview tokens.
+// the app: the app never sees preview tokens. Everything else is left as it
+// came, byte for byte.
 func stripToken(r *http.Request) {
-	if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && strings.HasPrefix(b, tokenPrefix) {
-		r.Header.Del("Authorization")
+	if auth := r.Header.Values("Authorization"); len(auth) > 0 {
+		kept := slices.DeleteFunc(slices.Clone(auth), func(v string) bool {
+			_, ok := previewBearer(v)
+			return ok
+		})
+		if len(kept) != len(auth) {
+			r.Header.Del("Authorization")
+			if len(kept) > 0 {
+				r.Header["Authorization"] = kept
+			}
+		}
 	}
-	cookies := r.Cookies()
+	cookies := r.Header.Values("Cookie")
 	if len(cookies) == 0 {
 		return
 	}
 	kept := make([]string, 0, len(cookies))
-	found := false
-	for _, c := range cookies {
-		if c.Name == tokenCookie {
-			found = true
-			continue
+	changed := false
+	for _, v := range cookies {
+		nv, removed := withoutCookie(v, tokenCookie)
+		changed = changed || removed
+		if nv != "" {
+			kept = append(kept, nv)
 		}
-		kept = append(kept, c.String())
 	}
-	if found {
+	if changed {
 		r.Header.Del("Cookie")
 		if len(kept) > 0 {
-			r.Header.Set("Cookie", strings.Join(kept, "; "))
+			r.Header["Cookie"] = kept
 		}
 	}
 }
 
-// withoutToken is r's URL (path and query) with the token parameter removed.
+// withoutCookie removes every cookie called name from a Cookie header value,
+// leaving the others exactly as they were: the string is cut, not parsed and
+// written again, so values Go's cookie parser would refuse or re-quote (a
+// quote inside, non-ASCII) reach the app unchanged. Cookie pairs are
+// separated by ';', which no cookie value may contain (RFC 6265 §4.1.1).
+func withoutCookie(header, name string) (string, bool) {
+	if !strings.Contains(header, name) {
+		return header, false
+	}
+	var b strings.Builder
+	removed := false
+	rest := header
+	for rest != "" {
+		pair, next, more := strings.Cut(rest, ";")
+		n, _, _ := strings.Cut(pair, "=")
+		if strings.Trim(n, " \t") == name {
+			removed = true
+		} else {
+			if b.Len() == 0 {
+				// The first pair kept starts the value: no separator
+				// space before it.
+				pair = strings.TrimLeft(pair, " \t")
+			} else {
+				b.WriteByte(';')
+			}
+			b.WriteString(pair)
+		}
+		if !more {
+			break
+		}
+		rest = next
+	}
+	if !removed {
+		return header, false
+	}
+	// A pair removed at the end leaves the space that preceded it.
+	return strings.TrimRight(b.String(), " \t"), true
+}
+
+// withoutToken is r's URL (path and query) with the token parameter removed,
+// as a path on this host.
 func withoutToken(r *http.Request) string {
 	q := r.URL.Query()
 	q.Del(tokenQueryParam)
-	u := *r.URL
-	u.RawQuery = q.Encode()
-	u.Scheme, u.Host = "", ""
-	if u.Path == "" {
-		u.Path = "/"
+	target := r.URL.EscapedPath()
+	if target == "" {
+		target = "/"
 	}
-	return u.String()
+	if rq := q.Encode(); rq != "" {
+		target += "?" + rq
+	}
+	return localPath(target)
+}
+
+// localPath returns target when every browser resolves it to a path on the
+// host it was served from, else "/". Browsers read "//host", "/\host" and
+// "\host" as another host, and drop tabs and newlines anywhere in a URL
+// ("/\t/host"), so only a target starting with one '/' and then something
+// else, made of printable ASCII without backslashes, is kept.
+func localPath(target string) string {
+	if len(target) == 0 || target[0] != '/' || (len(target) > 1 && target[1] == '/') {
+		return "/"
+	}
+	for i := 0; i < len(target); i++ {
+		if c := target[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	return target
 }
 
 // setTokenCookie turns a valid first-visit token into a cookie for this

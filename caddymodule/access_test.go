@@ -187,8 +187,8 @@ func TestPrivatePreview(t *testing.T) {
 		// wrong MAC.
 		{"garbage", "swt_abc.def", "not valid"},
 		{"malformed", "swt_not base64!.x", "malformed"},
-		{"wrong secret", signToken([]byte("not-the-preview-secret-at-all"), a.ID, rec.TokenGeneration, future, ""), "not valid"},
-		{"expired", signToken(secret, a.ID, rec.TokenGeneration, time.Now().Add(-time.Minute), ""), "expired"},
+		{"wrong secret", signToken([]byte("not-the-preview-secret-at-all"), a.ID, rec.Incarnation, rec.TokenGeneration, future, ""), "not valid"},
+		{"expired", signToken(secret, a.ID, rec.Incarnation, rec.TokenGeneration, time.Now().Add(-time.Minute), ""), "expired"},
 		{"other sandbox", h.mintToken(b.ID, "1h", "").Token, "another sandbox"},
 		{"revoked", revoked, "revoked"},
 	}
@@ -370,8 +370,9 @@ func TestPrivatePreview(t *testing.T) {
 	if n := h.startEvents(b.ID, since); n != 0 {
 		t.Errorf("b was started %d times by requests with a's token", n)
 	}
-	// (The testapp echoes no headers, so that the app never sees the token
-	// is checked by stripToken's unit path, not here.)
+	// (That the app never sees the token, and gets its own cookies byte for
+	// byte, is checked through the testapp's /headers in
+	// access_hardening_test.go.)
 
 	// Revoking closes the running sandbox to the cookie at once.
 	h.revokeTokens(a.ID)
@@ -744,7 +745,7 @@ http://127.0.0.1:%d {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expired := signToken(secret, rec.ID, recNow.TokenGeneration, time.Now().Add(-time.Minute), "eve")
+	expired := signToken(secret, rec.ID, recNow.Incarnation, recNow.TokenGeneration, time.Now().Add(-time.Minute), "eve")
 	tokens = append(tokens, expired)
 	resp, _ = h.preview("GET", host, "/?"+tokenQueryParam+"="+url.QueryEscape(expired), nil, browserHeader())
 	if resp.StatusCode != http.StatusUnauthorized {

@@ -1,8 +1,16 @@
 package caddymodule
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -41,33 +49,250 @@ func TestWakeRateCountsWakesNotRequests(t *testing.T) {
 	}
 }
 
+// signTokenV1 makes a token as sandwake did before incarnations: payload
+// "v1|…", signed over the payload alone.
+func signTokenV1(secret []byte, id string, gen uint64, exp time.Time, subject string) string {
+	payload := "v1|" + id + "|" + strconv.FormatUint(gen, 10) + "|" + strconv.FormatInt(exp.Unix(), 10) + "|" + subject
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(payload))
+	enc := base64.RawURLEncoding
+	return tokenPrefix + enc.EncodeToString([]byte(payload)) + "." + enc.EncodeToString(h.Sum(nil))
+}
+
 func TestTokenRoundTrip(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	now := time.Unix(1_800_000_000, 0)
-	tok := signToken(secret, "abc", 3, now.Add(time.Hour), "rev@example.com")
+	const inc = "0123456789abcdef"
+	tok := signToken(secret, "abc", inc, 3, now.Add(time.Hour), "rev@example.com")
+	legacy := signToken(secret, "abc", "", 3, now.Add(time.Hour), "")
+	v1 := signTokenV1(secret, "abc", 3, now.Add(time.Hour), "old")
 	tests := []struct {
 		name  string
 		token string
 		id    string
+		inc   string
 		gen   uint64
 		now   time.Time
 		want  error
 	}{
-		{"valid", tok, "abc", 3, now, nil},
-		{"other sandbox", tok, "abd", 3, now, errTokenOther},
-		{"revoked", tok, "abc", 4, now, errTokenRevoked},
-		{"expired", tok, "abc", 3, now.Add(time.Hour), errTokenExpired},
-		{"missing", "", "abc", 3, now, errTokenMissing},
-		{"not ours", "Bearer-xyz", "abc", 3, now, errTokenMalformed},
-		{"tampered", tok[:len(tok)-2] + "AA", "abc", 3, now, errTokenInvalid},
-		{"other secret", signToken([]byte("another-secret-of-enough-length"), "abc", 3, now.Add(time.Hour), ""), "abc", 3, now, errTokenInvalid},
+		{"valid", tok, "abc", inc, 3, now, nil},
+		{"other sandbox", tok, "abd", inc, 3, now, errTokenOther},
+		{"other sandbox, other incarnation", tok, "abd", "fedcba9876543210", 0, now, errTokenOther},
+		{"revoked", tok, "abc", inc, 4, now, errTokenRevoked},
+		{"expired", tok, "abc", inc, 3, now.Add(time.Hour), errTokenExpired},
+		{"missing", "", "abc", inc, 3, now, errTokenMissing},
+		{"not ours", "Bearer-xyz", "abc", inc, 3, now, errTokenMalformed},
+		{"tampered", tok[:len(tok)-2] + "AA", "abc", inc, 3, now, errTokenInvalid},
+		{"other secret", signToken([]byte("another-secret-of-enough-length"), "abc", inc, 3, now.Add(time.Hour), ""), "abc", inc, 3, now, errTokenInvalid},
+		// A sandbox destroyed and created again under the same id: same
+		// generation, new incarnation.
+		{"earlier incarnation", tok, "abc", "fedcba9876543210", 3, now, errTokenInvalid},
+		{"minted without incarnation, sandbox has one", legacy, "abc", inc, 3, now, errTokenInvalid},
+		{"minted with incarnation, record has none", tok, "abc", "", 3, now, errTokenInvalid},
+		// Records made before incarnations keep working, with tokens
+		// minted now and with tokens minted before (v1).
+		{"record without incarnation", legacy, "abc", "", 3, now, nil},
+		{"v1 token, record without incarnation", v1, "abc", "", 3, now, nil},
+		{"v1 token, revoked", v1, "abc", "", 4, now, errTokenRevoked},
+		{"v1 token, sandbox with an incarnation", v1, "abc", inc, 3, now, errTokenInvalid},
+		{"unknown version", forgeVersion(secret, "v9|abc|3|1800003600|", inc), "abc", inc, 3, now, errTokenInvalid},
+		{"garbage payload", "swt_abc.def", "abc", inc, 3, now, errTokenInvalid},
 	}
 	for _, tt := range tests {
-		if err := verifyToken(secret, tt.token, tt.id, tt.gen, tt.now); !errors.Is(err, tt.want) {
+		if err := verifyToken(secret, tt.token, tt.id, tt.inc, tt.gen, tt.now); !errors.Is(err, tt.want) {
 			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 		}
 	}
 	if exp := tokenExpiry(tok); !exp.Equal(now.Add(time.Hour)) {
 		t.Fatalf("expiry %s", exp)
+	}
+	// The token does not carry the incarnation, and stays as short as a
+	// v1 token.
+	for _, part := range strings.Split(strings.TrimPrefix(tok, tokenPrefix), ".") {
+		raw, _ := base64.RawURLEncoding.DecodeString(part)
+		if strings.Contains(string(raw), inc) || strings.Contains(part, inc) {
+			t.Errorf("token part %q carries the incarnation", part)
+		}
+	}
+	if len(tok) != len(signTokenV1(secret, "abc", 3, now.Add(time.Hour), "rev@example.com")) {
+		t.Errorf("token of %d bytes, a v1 token was %d", len(tok), len(signTokenV1(secret, "abc", 3, now.Add(time.Hour), "rev@example.com")))
+	}
+}
+
+// forgeVersion signs an arbitrary payload the way v2 tokens are signed.
+func forgeVersion(secret []byte, payload, inc string) string {
+	enc := base64.RawURLEncoding
+	return tokenPrefix + enc.EncodeToString([]byte(payload)) + "." + enc.EncodeToString(tokenMAC(secret, payload, inc))
+}
+
+func TestBearerCredentials(t *testing.T) {
+	tests := []struct {
+		header  string
+		want    string
+		ok      bool
+		preview bool
+	}{
+		{"Bearer swt_abc.def", "swt_abc.def", true, true},
+		{"bearer swt_abc.def", "swt_abc.def", true, true},
+		{"BEARER swt_abc.def", "swt_abc.def", true, true},
+		{"bEaReR   swt_abc.def", "swt_abc.def", true, true},
+		{"Bearer test-token", "test-token", true, false},
+		{"Basic dXNlcjpwYXNz", "", false, false},
+		{"Bearerswt_abc", "", false, false},
+		{"Bearer", "", false, false},
+		{"", "", false, false},
+		{"Token swt_abc.def", "", false, false},
+	}
+	for _, tt := range tests {
+		got, ok := bearerCredentials(tt.header)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("bearerCredentials(%q) = %q, %v; want %q, %v", tt.header, got, ok, tt.want, tt.ok)
+		}
+		if _, ok := previewBearer(tt.header); ok != tt.preview {
+			t.Errorf("previewBearer(%q) = %v, want %v", tt.header, ok, tt.preview)
+		}
+	}
+}
+
+func TestWithoutCookie(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+		removed        bool
+	}{
+		{"only ours", "sandwake_token=swt_x", "", true},
+		{"first", "sandwake_token=swt_x; a=1", "a=1", true},
+		{"middle", "a=1; sandwake_token=swt_x; b=2", "a=1; b=2", true},
+		{"last", "a=1; sandwake_token=swt_x", "a=1", true},
+		{"last after a space", "a=1; b=2 ; sandwake_token=swt_x", "a=1; b=2", true},
+		{"twice", "sandwake_token=old; a=1; sandwake_token=new", "a=1", true},
+		{"no space", "a=1;sandwake_token=swt_x;b=2", "a=1;b=2", true},
+		{"odd bytes kept", `sandwake_token=swt_x; d=a"b; e=ü; c=x y; f="q"; g`, `d=a"b; e=ü; c=x y; f="q"; g`, true},
+		{"spacing kept", "a=1;  b=2 ; sandwake_token=swt_x;c=3", "a=1;  b=2 ;c=3", true},
+		{"name only", "sandwake_token; a=1", "a=1", true},
+		{"similar names kept", "xsandwake_token=1; sandwake_token_x=2; Sandwake_token=3", "xsandwake_token=1; sandwake_token_x=2; Sandwake_token=3", false},
+		{"value mentions ours", "a=sandwake_token=1", "a=sandwake_token=1", false},
+		{"none", `d=a"b; e=ü`, `d=a"b; e=ü`, false},
+	}
+	for _, tt := range tests {
+		got, removed := withoutCookie(tt.in, tokenCookie)
+		if got != tt.want || removed != tt.removed {
+			t.Errorf("%s: withoutCookie(%q) = %q, %v; want %q, %v", tt.name, tt.in, got, removed, tt.want, tt.removed)
+		}
+	}
+}
+
+func TestStripToken(t *testing.T) {
+	tests := []struct {
+		name       string
+		header     http.Header
+		wantCookie []string
+		wantAuth   []string
+	}{
+		{"app cookies byte for byte", http.Header{"Cookie": {`sandwake_token=swt_x; d=a"b; e=ü; c=x y`}}, []string{`d=a"b; e=ü; c=x y`}, nil},
+		{"several Cookie fields", http.Header{"Cookie": {"a=1", "sandwake_token=swt_x", `b="2"`}}, []string{"a=1", `b="2"`}, nil},
+		{"nothing of ours", http.Header{"Cookie": {`d=a"b`}, "Authorization": {"Bearer app-token"}}, []string{`d=a"b`}, []string{"Bearer app-token"}},
+		{"bearer", http.Header{"Authorization": {"Bearer swt_x.y"}}, nil, nil},
+		{"lower-case bearer", http.Header{"Authorization": {"bearer swt_x.y"}}, nil, nil},
+		{"upper-case bearer", http.Header{"Authorization": {"BEARER swt_x.y"}}, nil, nil},
+		{"the app's own bearer kept", http.Header{"Authorization": {"bearer swt_x.y", "Bearer app"}}, nil, []string{"Bearer app"}},
+		{"basic kept", http.Header{"Authorization": {"Basic dXNlcjpwYXNz"}}, nil, []string{"Basic dXNlcjpwYXNz"}},
+	}
+	for _, tt := range tests {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header = tt.header.Clone()
+		stripToken(r)
+		if got := r.Header.Values("Cookie"); !slices.Equal(got, tt.wantCookie) {
+			t.Errorf("%s: Cookie %q, want %q", tt.name, got, tt.wantCookie)
+		}
+		if got := r.Header.Values("Authorization"); !slices.Equal(got, tt.wantAuth) {
+			t.Errorf("%s: Authorization %q, want %q", tt.name, got, tt.wantAuth)
+		}
+	}
+}
+
+func TestPresentedTokenSchemes(t *testing.T) {
+	for _, auth := range []string{"Bearer swt_a.b", "bearer swt_a.b", "BEARER swt_a.b", "Bearer  swt_a.b"} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.Header.Set("Authorization", auth)
+		if tok, q := presentedToken(r); tok != "swt_a.b" || q {
+			t.Errorf("Authorization %q: token %q (query %v)", auth, tok, q)
+		}
+	}
+}
+
+func TestLocalPath(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"/", "/"},
+		{"/files/x?a=1&b=2", "/files/x?a=1&b=2"},
+		{"/%2F%2Fevil.example/x", "/%2F%2Fevil.example/x"},
+		{"/%5Cevil.example", "/%5Cevil.example"},
+		{"/a//b", "/a//b"},
+		{"", "/"},
+		{"//evil.example/x", "/"},
+		{"///evil.example", "/"},
+		{`/\evil.example`, "/"},
+		{`\\evil.example`, "/"},
+		{`\/evil.example`, "/"},
+		{"/\t/evil.example", "/"},
+		{"/\n/evil.example", "/"},
+		{"/\r/evil.example", "/"},
+		{" //evil.example", "/"},
+		{"/ /x", "/"},
+		{"http://evil.example/", "/"},
+		{"https:evil.example", "/"},
+		{"javascript:alert(1)", "/"},
+		{"evil.example", "/"},
+		{"?q=1", "/"},
+		{"/é", "/"},
+		{"/\x7f", "/"},
+	}
+	for _, tt := range tests {
+		if got := localPath(tt.in); got != tt.want {
+			t.Errorf("localPath(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestRedirectTargets(t *testing.T) {
+	const host = "s-abc-8080.preview.example.com"
+	tests := []struct {
+		name, target, referer, want string
+	}{
+		{"token on root", "/?sandwake_token=swt_x", "", "/"},
+		{"token among others", "/files/x?a=1&sandwake_token=swt_x&b=2", "", "/files/x?a=1&b=2"},
+		{"double slash", "//evil.example/x?sandwake_token=swt_x", "", "/"},
+		{"triple slash", "///evil.example/x?sandwake_token=swt_x", "", "/"},
+		{"backslash", "/\\evil.example/x?sandwake_token=swt_x", "", "/%5Cevil.example/x"},
+		{"encoded slashes stay a path", "/%2F%2Fevil.example/x?sandwake_token=swt_x", "", "/%2F%2Fevil.example/x"},
+		{"encoded tab", "/%09/evil.example?sandwake_token=swt_x", "", "/%09/evil.example"},
+		{"referer page", "", "http://" + host + "/files/x?a=1", "/files/x?a=1"},
+		{"referer double slash", "", "http://" + host + "//evil.example/x", "/"},
+		{"referer triple slash", "", "http://" + host + "///evil.example/x", "/"},
+		{"referer backslash", "", "http://" + host + "/\\evil.example/x", "/%5Cevil.example/x"},
+		{"referer encoded slashes", "", "http://" + host + "/%2F%2Fevil.example", "/%2F%2Fevil.example"},
+		{"referer encoded tab", "", "http://" + host + "/%09/evil.example", "/%09/evil.example"},
+		{"referer raw tab", "", "http://" + host + "/\t/evil.example", "/"},
+		{"referer other host", "", "http://evil.example/x", "/"},
+		{"no referer", "", "", "/"},
+	}
+	for _, tt := range tests {
+		var got string
+		if tt.target != "" {
+			r := httptest.NewRequest("GET", "http://"+host+tt.target, nil)
+			got = withoutToken(r)
+		} else {
+			r := httptest.NewRequest("POST", "http://"+host+pathWake, nil)
+			r.Header.Set("Referer", tt.referer)
+			got = backTo(r)
+		}
+		if got != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
+		}
+		// What the browser receives, through http.Redirect.
+		w := httptest.NewRecorder()
+		http.Redirect(w, httptest.NewRequest("GET", "http://"+host+"/", nil), got, http.StatusSeeOther)
+		if loc := w.Header().Get("Location"); localPath(loc) != loc || loc == "" {
+			t.Errorf("%s: Location %q leaves the host", tt.name, loc)
+		}
 	}
 }

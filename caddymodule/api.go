@@ -115,7 +115,7 @@ func (api *API) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Ha
 func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !api.InsecureNoAuth {
-			given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			given, ok := bearerCredentials(r.Header.Get("Authorization"))
 			// Comparing hashes keeps the comparison constant-time in the
 			// token's length as well as its content.
 			gh := sha256.Sum256([]byte(given))
@@ -389,7 +389,7 @@ func (api *API) createToken(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	s := e.current.Load()
 	exp := time.Now().Add(ttl).Truncate(time.Second)
-	token := signToken(s.previewSecret, id, rec.TokenGeneration, exp, body.Subject)
+	token := signToken(s.previewSecret, id, rec.Incarnation, rec.TokenGeneration, exp, body.Subject)
 	link := s.previewURLOf(id, rec.Spec.Ports[0]) + "?" + tokenQueryParam + "=" + url.QueryEscape(token)
 	writeJSON(w, http.StatusCreated, map[string]any{"token": token, "url": link, "expires_at": exp.UTC()})
 }

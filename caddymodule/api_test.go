@@ -314,7 +314,9 @@ func TestAPIAuth(t *testing.T) {
 		{"token prefix", "Bearer " + testToken[:len(testToken)-1]},
 		{"token without Bearer", testToken},
 		{"basic auth", "Basic " + testToken},
-		{"lower-case scheme", "bearer " + testToken},
+		// The scheme is case-insensitive (RFC 7235): "bearer <token>" is
+		// accepted (TestAuthSchemesCaseInsensitive); a wrong one is not.
+		{"lower-case scheme, wrong token", "bearer wrong-" + testToken},
 	}
 	for _, rt := range routes {
 		for _, au := range auths {

@@ -242,7 +242,7 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 // the app. Nothing unauthorised ever wakes a sandbox.
 func (g *Gate) authorize(w http.ResponseWriter, r *http.Request, s *settings, rt *route) bool {
 	token, fromQuery := presentedToken(r)
-	if err := verifyToken(s.previewSecret, token, rt.id, rt.tokenGen, time.Now()); err != nil {
+	if err := verifyToken(s.previewSecret, token, rt.id, rt.incarnation, rt.tokenGen, time.Now()); err != nil {
 		countRequest(outcomeUnauthorized)
 		if isPageLoad(r) {
 			renderPage(w, r, http.StatusUnauthorized, pageData{Kind: pageUnauthorized, SandboxID: rt.id, Message: capitalize(err.Error()) + "."})
@@ -656,13 +656,15 @@ func (g *Gate) unavailable(w http.ResponseWriter, r *http.Request, msg string) e
 }
 
 // backTo is where a form post returns to: the page it came from on this
-// host, else the root.
+// host, else the root. The path is taken as sent (escaped), and never one a
+// browser would read as another host.
 func backTo(r *http.Request) string {
-	if ref, err := url.Parse(r.Header.Get("Referer")); err == nil && ref.Host == r.Host && strings.HasPrefix(ref.Path, "/") {
+	if ref, err := url.Parse(r.Header.Get("Referer")); err == nil && ref.Host == r.Host {
+		target := ref.EscapedPath()
 		if ref.RawQuery != "" {
-			return ref.Path + "?" + ref.RawQuery
+			target += "?" + ref.RawQuery
 		}
-		return ref.Path
+		return localPath(target)
 	}
 	return "/"
 }

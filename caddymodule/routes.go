@@ -32,6 +32,9 @@ type route struct {
 	// reverse_proxy (a pointer, so storing it in the request vars allocates
 	// nothing).
 	upstreams map[int]*upstreamSet
+	// incarnation is the record's incarnation, which preview tokens are
+	// bound to besides tokenGen.
+	incarnation string
 }
 
 // upstreamSet is the value stored in the request's vars for the dynamic
@@ -85,6 +88,8 @@ func (c *routeCache) get(id string) (*route, error) {
 		activity:  act,
 		downs:     downs,
 		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),
+
+		incarnation: rec.Incarnation,
 	}
 	for port, addr := range rec.Upstreams {
 		rt.upstreams[port] = &upstreamSet{dial: addr}

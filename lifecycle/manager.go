@@ -922,7 +922,7 @@ type Patch struct {
 }
 
 // Update changes sandbox id's settings. A new max_lifetime counts from the
-// sandbox's creation.
+// sandbox's creation; a change of access revokes every preview token.
 func (m *Manager) Update(id string, p Patch) (Record, error) {
 	if p.Access != nil && *p.Access != AccessPublic && *p.Access != AccessPrivate {
 		return Record{}, invalid("access: %q is not public or private", *p.Access)
@@ -936,6 +936,12 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 	defer unlock()
 	rec, err := m.store.Update(id, func(r *Record) error {
 		if p.Access != nil {
+			if *p.Access != effectiveAccess(r.Spec.Access) {
+				// Tokens given out under one access level do not carry
+				// over to the next: a sandbox made private again is
+				// closed to every token minted before.
+				r.TokenGeneration++
+			}
 			r.Spec.Access = *p.Access
 		}
 		if p.IdlePause != nil {
@@ -958,6 +964,15 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 	}
 	m.changed(id)
 	return rec, nil
+}
+
+// effectiveAccess is a stored access level, "" (records made before access
+// levels) being public.
+func effectiveAccess(a string) string {
+	if a == "" {
+		return AccessPublic
+	}
+	return a
 }
 
 // RotateTokens revokes every preview token of sandbox id by moving to a new

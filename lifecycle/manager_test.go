@@ -877,6 +877,48 @@ func TestKeepalive(t *testing.T) {
 	}
 }
 
+// TestUpdateAccessRotatesTokens: a change of access revokes every preview
+// token (moves the generation); other changes, and setting the access it
+// already has, do not.
+func TestUpdateAccessRotatesTokens(t *testing.T) {
+	str := func(s string) *string { return &s }
+	idle := time.Minute
+	tests := []struct {
+		name    string
+		stored  string // Spec.Access as stored ("" for records made before access levels)
+		patch   Patch
+		wantGen uint64
+		want    string
+	}{
+		{"public to private", AccessPublic, Patch{Access: str(AccessPrivate)}, 6, AccessPrivate},
+		{"private to public", AccessPrivate, Patch{Access: str(AccessPublic)}, 6, AccessPublic},
+		{"private again", AccessPrivate, Patch{Access: str(AccessPrivate)}, 5, AccessPrivate},
+		{"public again", AccessPublic, Patch{Access: str(AccessPublic)}, 5, AccessPublic},
+		{"unset is public", "", Patch{Access: str(AccessPublic)}, 5, AccessPublic},
+		{"unset to private", "", Patch{Access: str(AccessPrivate)}, 6, AccessPrivate},
+		{"no access in the patch", AccessPrivate, Patch{IdlePause: &idle}, 5, AccessPrivate},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, Config{})
+			e.seedWith(t, "app1", Stopped, func(r *Record) {
+				r.Spec.Access = tt.stored
+				r.TokenGeneration = 5
+			})
+			rec, err := e.m.Update("app1", tt.patch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored, _ := e.m.Get("app1")
+			for _, r := range []Record{rec, stored} {
+				if r.TokenGeneration != tt.wantGen || r.Spec.Access != tt.want {
+					t.Fatalf("generation %d, access %q; want %d, %q", r.TokenGeneration, r.Spec.Access, tt.wantGen, tt.want)
+				}
+			}
+		})
+	}
+}
+
 func TestDestroy(t *testing.T) {
 	t.Run("running", func(t *testing.T) {
 		e := newTestEnv(t, Config{})

@@ -5,7 +5,8 @@
 // served), STARTUP_DELAY (a Go duration to wait before listening), WORKSPACE
 // (default /workspace).
 //
-// Endpoints: / (an HTML page), /healthz, /echo (method and body back), /ws
+// Endpoints: / (an HTML page), /healthz, /echo (method and body back),
+// /headers (the request's headers back, one "Name: value" line each), /ws
 // (websocket echo), /sse (an event stream), /files/<name> (GET and PUT into the
 // workspace), /exit?code=N (the process exits), /oom (allocates until the
 // memory limit kills it).
@@ -17,10 +18,12 @@ import (
 	"html"
 	"io"
 	"log"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -96,6 +99,15 @@ func newMux(workspace string) *http.ServeMux {
 		}
 		w.Header().Set("Content-Type", "text/plain")
 		fmt.Fprintf(w, "%s\n%s", r.Method, body)
+	})
+	mux.HandleFunc("/headers", func(w http.ResponseWriter, r *http.Request) {
+		// Values exactly as received, one line per field, names sorted.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		for _, name := range slices.Sorted(maps.Keys(r.Header)) {
+			for _, v := range r.Header[name] {
+				fmt.Fprintf(w, "%s: %s\n", name, v)
+			}
+		}
 	})
 	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
 		c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
