@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,9 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle/docker"
 )
 
 // pullGate sits in front of a dockerAPIProxy and, while closed, holds every
@@ -106,11 +109,35 @@ func TestFailedSandboxShowsOnlyItsReason(t *testing.T) {
 	pulls := newPullGate(t, proxy)
 	h := newHarness(t, fmt.Sprintf("docker_host unix://%s\n\t\twake_timeout 30s", pulls.path))
 
-	status, rec := createSandbox(h, map[string]any{"image": "localhost:1/nope-" + testenv.RunID()})
-	if status == http.StatusCreated {
-		t.Fatalf("create from an unreachable registry answered 201: %+v", rec)
+	// A create whose image is missing leaves nothing (422), so the sandbox
+	// is made with the image under that name (a local tag), which is then
+	// untagged and the container removed: the recreate must pull from
+	// localhost:1, and fails with Docker's words.
+	ctx := context.Background()
+	image := "localhost:1/nope-" + testenv.RunID() + ":1"
+	if _, err := h.cli.ImageTag(ctx, client.ImageTagOptions{Source: h.image, Target: image}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.cli.ImageRemove(context.Background(), image, client.ImageRemoveOptions{}) })
+	status, rec := createSandbox(h, map[string]any{"image": image})
+	if status != http.StatusCreated {
+		t.Fatalf("create from a local tag: %d", status)
 	}
 	id := rec.ID
+	if _, err := h.cli.ImageRemove(ctx, image, client.ImageRemoveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.cli.ContainerRemove(ctx, docker.ContainerName(id), client.ContainerRemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		var v recordView
+		h.api("GET", "/v1/sandboxes/"+id, nil, &v)
+		return v.State == "killed", "state " + v.State
+	})
+	if code := h.api("POST", "/v1/sandboxes/"+id+"/wake", nil, nil); code == http.StatusOK {
+		t.Fatal("the recreate from an unreachable registry succeeded")
+	}
 	var full recordView
 	h.api("GET", "/v1/sandboxes/"+id, nil, &full)
 	if full.State != "error" || full.Reason != "image_missing" || !strings.Contains(full.Error, "localhost:1") {
@@ -176,7 +203,12 @@ func TestFailedSandboxShowsOnlyItsReason(t *testing.T) {
 	// API requests meanwhile are held through it and told how it ended.
 	pulls.hold()
 	joined := testutil.ToFloat64(metricWaitersCollapsed)
-	resp, body = h.preview("POST", host, pathWake, nil, apiHeader())
+	// The recreate that failed above set the failing-wake backoff: the
+	// wake endpoint refuses until it has passed.
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		resp, body = h.preview("POST", host, pathWake, nil, apiHeader())
+		return !strings.Contains(body, `"backoff"`), fmt.Sprintf("%d %s", resp.StatusCode, body)
+	})
 	if resp.StatusCode != http.StatusAccepted || !strings.Contains(body, `"waking": true`) {
 		t.Errorf("wake: %d %s; want 202 and waking true", resp.StatusCode, body)
 	}

@@ -32,10 +32,29 @@ type gateway struct {
 	previewPort int
 	apiPort     int
 	cmd         *exec.Cmd
-	log         *bytes.Buffer
+	log         *syncBuffer
 }
 
 const crashToken = "crash-test-token"
+
+// syncBuffer is a bytes.Buffer that the process's output copier writes
+// while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 func newGateway(t *testing.T, bin, extra string) *gateway {
 	g := &gateway{t: t, bin: bin, dir: t.TempDir(), previewPort: freePort(t), apiPort: freePort(t)}
@@ -78,7 +97,7 @@ http://127.0.0.1:%d {
 
 func (g *gateway) start() {
 	g.t.Helper()
-	g.log = new(bytes.Buffer)
+	g.log = new(syncBuffer)
 	g.cmd = exec.Command(g.bin, "run", "--config", filepath.Join(g.dir, "Caddyfile"), "--adapter", "caddyfile")
 	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
 	g.cmd.Env = append(os.Environ(), "HOME="+g.dir, "XDG_DATA_HOME="+g.dir, "XDG_CONFIG_HOME="+g.dir)

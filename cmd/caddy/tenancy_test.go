@@ -367,7 +367,7 @@ func TestDamagedOrLostStore(t *testing.T) {
 	if err := os.RemoveAll(storeDir); err != nil {
 		t.Fatal(err)
 	}
-	g.log = new(bytes.Buffer)
+	g.log = new(syncBuffer)
 	g.cmd = exec.Command(g.bin, "run", "--config", filepath.Join(g.dir, "Caddyfile"), "--adapter", "caddyfile")
 	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
 	g.cmd.Env = append(os.Environ(), "HOME="+g.dir, "XDG_DATA_HOME="+g.dir, "XDG_CONFIG_HOME="+g.dir)
