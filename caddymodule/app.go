@@ -606,6 +606,26 @@ type engine struct {
 	storeWarning string
 }
 
+// observeWake is the manager's wake hook: metrics, the failing-wake
+// backoff, and the log line with the engine's words.
+func (e *engine) observeWake(w lifecycle.WakeResult) {
+	observeWake(w)
+	switch {
+	case w.Err == nil:
+		e.guard.reset(w.ID)
+	case errors.Is(w.Err, lifecycle.ErrCapacity), errors.Is(w.Err, lifecycle.ErrUnavailable),
+		errors.Is(w.Err, lifecycle.ErrStoreUnavailable):
+		// The host, not the sandbox: no backoff for it.
+	default:
+		e.guard.failed(w.ID, time.Now())
+	}
+	if w.Err != nil {
+		// Visitors see only a reason code; the engine's words are here
+		// and in the record, behind the management API.
+		e.log.Warn("wake failed", zap.String("id", w.ID), zap.String("from", string(w.From)), zap.Error(w.Err))
+	}
+}
+
 // generateInstance draws a default instance name.
 func generateInstance() string {
 	b := make([]byte, 5)
@@ -666,7 +686,19 @@ func openEngine(a *App) (*engine, error) {
 		orphansRemove = false
 		log.Warn("new store: orphans remove is off until the next start", zap.String("storage", a.storageDir))
 	}
+	// The engine exists before its manager: the manager's hooks, fixed at
+	// construction, point into it (routes is set before anything can
+	// change, the loops start after).
+	e := &engine{
+		store: st, docker: rt, log: log, instance: instance,
+		dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
+		guard: newWakeGuard(), streams: newStreamLimiter(),
+	}
 	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{
+		OnChange:          func(id string) { e.routes.invalidate(id) },
+		OnWake:            e.observeWake,
+		OnReap:            observeReap,
+		OnDelivery:        observeDelivery,
 		WakeTimeout:       time.Duration(a.WakeTimeout),
 		MaxResident:       *a.MaxResident,
 		KeepaliveMax:      time.Duration(a.KeepaliveMax),
@@ -695,13 +727,8 @@ func openEngine(a *App) (*engine, error) {
 		st.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
-	e := &engine{
-		store: st, docker: rt, mgr: mgr, log: log, instance: instance,
-		dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
-	}
+	e.mgr = mgr
 	e.routes = newRouteCache(mgr)
-	e.guard = newWakeGuard()
-	e.streams = newStreamLimiter()
 	e.storedSecret, err = st.Secret("preview", func() ([]byte, error) {
 		b := make([]byte, 32)
 		_, err := rand.Read(b)
@@ -713,26 +740,12 @@ func openEngine(a *App) (*engine, error) {
 		st.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
-	mgr.OnChange(e.routes.invalidate)
-	mgr.OnWake(func(w lifecycle.WakeResult) {
-		observeWake(w)
-		switch {
-		case w.Err == nil:
-			e.guard.reset(w.ID)
-		case errors.Is(w.Err, lifecycle.ErrCapacity), errors.Is(w.Err, lifecycle.ErrUnavailable),
-			errors.Is(w.Err, lifecycle.ErrStoreUnavailable):
-			// The host, not the sandbox: no backoff for it.
-		default:
-			e.guard.failed(w.ID, time.Now())
-		}
-		if w.Err != nil {
-			// Visitors see only a reason code; the engine's words are here
-			// and in the record, behind the management API.
-			log.Warn("wake failed", zap.String("id", w.ID), zap.String("from", string(w.From)), zap.Error(w.Err))
-		}
-	})
-	mgr.OnReap(observeReap)
-	mgr.OnDelivery(observeDelivery)
+	if err := mgr.Start(); err != nil {
+		mgr.Close()
+		rt.Close()
+		st.Close()
+		return nil, fmt.Errorf("sandwake: %w", err)
+	}
 	// The boot reconcile runs before the gate serves, so that no request
 	// is routed on a record Docker contradicts. With Docker down it is not
 	// fatal: pages and the API work, wakes answer 503 until it is back, and

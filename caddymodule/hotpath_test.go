@@ -56,14 +56,14 @@ func hotPathGate(tb testing.TB) (*Gate, *noRuntime) {
 		tb.Fatal(err)
 	}
 	rt := &noRuntime{}
-	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{})
+	e := &engine{store: st, log: zap.NewNop()}
+	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{OnChange: func(id string) { e.routes.invalidate(id) }})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { mgr.Close() })
-	e := &engine{store: st, mgr: mgr, log: zap.NewNop()}
+	e.mgr = mgr
 	e.routes = newRouteCache(mgr)
-	mgr.OnChange(e.routes.invalidate)
 	e.current.Store(&settings{domain: "localhost", holdTimeout: time.Second})
 	e.ready.Store(true)
 	app := &App{eng: new(atomic.Pointer[engine])}

@@ -108,7 +108,7 @@ func TestActivityHandOffRace(t *testing.T) {
 // recently active once its min_resident has passed.
 func TestEvictionMinResident(t *testing.T) {
 	e, clock := newClockEnv(t, Config{MaxResident: 2, MinResident: 30 * time.Second})
-	log := (&eventLog{}).watch(e.m)
+	log := (&eventLog{}).watch(e)
 	e.seedWith(t, "older", Running, func(r *Record) { r.LastActiveAt = testClock.Add(10 * time.Second) })
 	e.seedWith(t, "newer", Running, func(r *Record) { r.LastActiveAt = testClock.Add(25 * time.Second) })
 	e.seed(t, "asleep", Stopped)

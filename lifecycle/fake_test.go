@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -303,10 +304,50 @@ func (f *fakeRuntime) Ping(ctx context.Context) error { return f.enter("Ping", "
 // testEnv is a Manager over an in-memory store and a fake runtime whose
 // containers answer HTTP on a loopback test server.
 type testEnv struct {
-	m   *Manager
-	st  *store.Store
-	rt  *fakeRuntime
-	srv *httptest.Server
+	m     *Manager
+	st    *store.Store
+	rt    *fakeRuntime
+	srv   *httptest.Server
+	hooks *testHooks
+}
+
+// testHooks lets a test add event and wake hooks after the manager is
+// built: the manager's own hooks (Config) are fixed at construction and
+// call these, under a lock, so adding one never races with the loops.
+type testHooks struct {
+	mu     sync.Mutex
+	events []func(Event)
+	wakes  []func(WakeResult)
+}
+
+func (h *testHooks) onEvent(fn func(Event)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.events = append(h.events, fn)
+}
+
+func (h *testHooks) onWake(fn func(WakeResult)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.wakes = append(h.wakes, fn)
+}
+
+func (h *testHooks) event(ev Event) {
+	h.mu.Lock()
+	fns := slices.Clone(h.events)
+	h.mu.Unlock()
+	for _, fn := range fns {
+		fn(ev)
+	}
+}
+
+func (h *testHooks) wake(w WakeResult) {
+	h.mu.Lock()
+	fns := slices.Clone(h.wakes)
+	h.mu.Unlock()
+	for _, fn := range fns {
+		fn(w)
+	}
 }
 
 // testPort is the container port every test spec declares.
@@ -348,12 +389,22 @@ func newTestEnvWith(tb testing.TB, cfg Config, wrap func(*fakeRuntime) Runtime) 
 	if wrap != nil {
 		engine = wrap(rt)
 	}
+	hooks := new(testHooks)
+	if cfg.OnEvent == nil {
+		cfg.OnEvent = hooks.event
+	}
+	if cfg.OnWake == nil {
+		cfg.OnWake = hooks.wake
+	}
 	m, err := NewManager(st, engine, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { m.Close() })
-	return &testEnv{m: m, st: st, rt: rt, srv: srv}
+	if err := m.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	return &testEnv{m: m, st: st, rt: rt, srv: srv, hooks: hooks}
 }
 
 // fakeClock is a clock the test moves by hand. It starts at testClock, so

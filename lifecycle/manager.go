@@ -72,6 +72,26 @@ type Config struct {
 	OrphansRemove bool
 	// OnReconcile, when set, is called with every correction made.
 	OnReconcile func(Correction)
+
+	// Hooks. They are part of the configuration, not set afterwards, so
+	// that the loops Start begins never race with their registration.
+	//
+	// OnEvent, when set, is called synchronously with every committed
+	// event, in id order, before subscribers see it. It must be quick and
+	// must not call the manager or the store (it runs under the store's
+	// write lock).
+	OnEvent func(Event)
+	// OnChange, when set, is called with a sandbox's id whenever its record
+	// changes: every event (as OnEvent) and every change without an event
+	// (settings, token generation). Caches use it.
+	OnChange func(id string)
+	// OnWake, when set, is called after every wake that touched the engine
+	// (not for sandboxes already running).
+	OnWake func(WakeResult)
+	// OnReap, when set, is called after every reaper pass of the loop.
+	OnReap func(ReapStats)
+	// OnDelivery, when set, is called after every webhook delivery attempt.
+	OnDelivery func(DeliveryResult)
 	// EventRetention: events older than this are pruned from the log by
 	// the reaper loop; 0 keeps them forever.
 	EventRetention time.Duration
@@ -140,7 +160,11 @@ type Manager struct {
 	wakes singleflight.Group
 	// events queues the sandboxes engine events name, for the workers that
 	// reconcile them.
-	events   *workQueue
+	events *workQueue
+	// built is the configuration as built: its hook functions are read
+	// without a lock (they never change), unlike cfg, which Reconfigure
+	// changes under mu.
+	built    Config
 	bus      bus
 	activity activities
 	flushMu  sync.Mutex
@@ -159,10 +183,7 @@ type Manager struct {
 	waking   map[string]time.Time
 	room     chan struct{} // closed when a resident place is freed; see roomFreed
 
-	onWake   func(WakeResult)
-	onEvent  []func(Event)
-	onChange []func(string)
-	onReap   func(ReapStats)
+	started bool
 
 	webhookState
 
@@ -172,8 +193,9 @@ type Manager struct {
 	unrecorded unrecorded // engine changes the store refused to record
 }
 
-// NewManager returns a Manager over an open store and a runtime. It reads
-// every record once to know the resident count.
+// NewManager returns a Manager over an open store and a runtime, complete
+// with its hooks (Config). It reads every record once to know the resident
+// count, and starts nothing: Start begins the loops.
 func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -189,6 +211,7 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 		cancel:  cancel,
 		states:  make(map[string]State),
 		events:  newWorkQueue(),
+		built:   cfg,
 	}
 	m.activity.clock = cfg.Now
 	recs, err := st.List(nil)
@@ -201,17 +224,35 @@ func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
 	}
 	st.OnCommit(m.publish)
 	st.SetOutboxTargets(m.webhookTargets)
+	return m, nil
+}
+
+// Start begins the manager's loops: activity flush, reaper, periodic
+// reconcile and, with WatchEvents, the engine's event stream and the
+// workers that reconcile what it reports. Later calls do nothing; after
+// Close it fails with ErrClosed.
+func (m *Manager) Start() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	if m.started {
+		return nil
+	}
+	m.started = true
+	cfg := m.cfg
 	m.every(cfg.ActivityFlush, m.flushActivityLogged, true)
 	m.every(cfg.ReapInterval, m.reapPass, false)
 	m.every(cfg.ReconcileInterval, m.reconcilePass, false)
-	if src, ok := rt.(EventSource); ok && cfg.WatchEvents {
+	if src, ok := m.raw.(EventSource); ok && cfg.WatchEvents {
 		m.wg.Add(1 + eventWorkers)
 		go m.runEvents(src)
 		for range eventWorkers {
 			go m.runEventWorker()
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // Close cancels wakes and creates in flight, waits for them and ends every
@@ -280,26 +321,15 @@ func (m *Manager) Ping(ctx context.Context) error { return m.runtime.Ping(ctx) }
 // Now returns the manager's clock reading.
 func (m *Manager) Now() time.Time { return m.cfg.Now() }
 
-// OnEvent adds a function called synchronously with every committed event,
-// in id order, before subscribers see it. It must be quick and must not call
-// the manager or the store (it runs under the store's write lock); it is how
-// caches stay exactly as fresh as the store. Add hooks before serving.
-func (m *Manager) OnEvent(fn func(Event)) { m.onEvent = append(m.onEvent, fn) }
-
-// OnChange adds a function called with a sandbox's id whenever its record
-// changes: every event (synchronously, in id order, as OnEvent) and every
-// change without an event (settings, token generation). Caches use it.
-func (m *Manager) OnChange(fn func(id string)) { m.onChange = append(m.onChange, fn) }
-
 func (m *Manager) changed(id string) {
-	for _, fn := range m.onChange {
+	if fn := m.built.OnChange; fn != nil {
 		fn(id)
 	}
 }
 
 func (m *Manager) publish(ev Event) {
 	m.changed(ev.SandboxID)
-	for _, fn := range m.onEvent {
+	if fn := m.built.OnEvent; fn != nil {
 		fn(ev)
 	}
 	m.bus.publish(ev)

@@ -352,7 +352,7 @@ func TestWake(t *testing.T) {
 				}
 			}
 			var woken []WakeResult
-			e.m.OnWake(func(r WakeResult) { woken = append(woken, r) })
+			e.hooks.onWake(func(r WakeResult) { woken = append(woken, r) })
 			rec, err := e.m.Wake(context.Background(), "app1")
 			wantCalls(t, e.rt, tt.wantCalls)
 			evs := e.history(t, "app1")
@@ -569,7 +569,7 @@ func TestWakeSingleflight(t *testing.T) {
 	e := newTestEnv(t, Config{})
 	e.seed(t, "app1", Stopped)
 	var reports atomic.Int32
-	e.m.OnWake(func(WakeResult) { reports.Add(1) })
+	e.hooks.onWake(func(WakeResult) { reports.Add(1) })
 	g := e.rt.hold(t, "Start", "")
 
 	type result struct {

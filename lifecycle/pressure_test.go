@@ -18,9 +18,10 @@ type eventLog struct {
 	evs []Event
 }
 
-// watch adds a hook to m; add it before the events of interest happen.
-func (l *eventLog) watch(m *Manager) *eventLog {
-	m.OnEvent(func(ev Event) {
+// watch adds a hook to e's manager; add it before the events of interest
+// happen.
+func (l *eventLog) watch(e *testEnv) *eventLog {
+	e.hooks.onEvent(func(ev Event) {
 		l.mu.Lock()
 		l.evs = append(l.evs, ev)
 		l.mu.Unlock()
@@ -136,7 +137,7 @@ func TestPressureResident(t *testing.T) {
 				}
 			}
 			clock.at(10 * time.Minute)
-			log := new(eventLog).watch(e.m)
+			log := new(eventLog).watch(e)
 			resBefore, _ := e.m.Resident()
 			stats := reap(t, e.m)
 			var wantAct map[string]map[string]int
@@ -171,7 +172,7 @@ func TestPressureResident(t *testing.T) {
 		}
 		wantActions(t, reap(t, e.m), nil)
 		e.m.Reconfigure(Settings{MaxResident: 4})
-		log := new(eventLog).watch(e.m)
+		log := new(eventLog).watch(e)
 		wantActions(t, reap(t, e.m), map[string]map[string]int{"pressure": {ActionStop: 2}})
 		if got := log.stopped("pressure"); !slices.Equal(got, []string{"s5", "s4"}) {
 			t.Fatalf("stopped %v, want [s5 s4]", got)
@@ -267,7 +268,7 @@ func TestPressureMemory(t *testing.T) {
 		for i := range 6 {
 			e.seed(t, fmt.Sprintf("s%d", i), Running)
 		}
-		log := new(eventLog).watch(e.m)
+		log := new(eventLog).watch(e)
 		wantActions(t, reap(t, e.m), map[string]map[string]int{"pressure": {ActionStop: 4}})
 		wantActions(t, reap(t, e.m), nil)
 		for _, id := range log.stopped("") {
@@ -313,7 +314,7 @@ func TestAdmissionMemory(t *testing.T) {
 				e.m.Activity("older").Open()
 			}
 			e.seed(t, "app1", Stopped)
-			log := new(eventLog).watch(e.m)
+			log := new(eventLog).watch(e)
 			_, err := e.m.Wake(context.Background(), "app1")
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
@@ -354,9 +355,9 @@ type residentWatch struct {
 	n, max int
 }
 
-func watchResident(m *Manager) *residentWatch {
+func watchResident(e *testEnv) *residentWatch {
 	w := &residentWatch{states: map[string]State{}}
-	m.OnEvent(func(ev Event) {
+	e.hooks.onEvent(func(ev Event) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if Resident(w.states[ev.SandboxID]) {
@@ -385,7 +386,7 @@ func TestAdmissionConcurrentWakes(t *testing.T) {
 
 	t.Run("starts held until the others are refused", func(t *testing.T) {
 		e := newTestEnv(t, Config{MaxResident: maxRes})
-		w := watchResident(e.m)
+		w := watchResident(e)
 		for i := range n {
 			e.seed(t, fmt.Sprintf("s%d", i), Stopped)
 		}
@@ -433,7 +434,7 @@ func TestAdmissionConcurrentWakes(t *testing.T) {
 	t.Run("free for all with idle ones to evict", func(t *testing.T) {
 		for round := range 5 {
 			e := newTestEnv(t, Config{MaxResident: maxRes})
-			w := watchResident(e.m)
+			w := watchResident(e)
 			for i := range maxRes {
 				e.seed(t, fmt.Sprintf("idle%d", i), Running)
 			}

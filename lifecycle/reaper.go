@@ -182,7 +182,7 @@ func (m *Manager) reapPass() {
 	if err != nil && m.ctx.Err() == nil {
 		m.log.Warn("reaper pass", zap.Error(err))
 	}
-	if fn := m.onReap; fn != nil {
+	if fn := m.built.OnReap; fn != nil {
 		fn(stats)
 	}
 	if cfg := m.config(); cfg.EventRetention > 0 {
@@ -193,6 +193,3 @@ func (m *Manager) reapPass() {
 		}
 	}
 }
-
-// OnReap sets a function called after every reaper pass of the loop.
-func (m *Manager) OnReap(fn func(ReapStats)) { m.onReap = fn }

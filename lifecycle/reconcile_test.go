@@ -683,3 +683,36 @@ func TestWorkQueue(t *testing.T) {
 		t.Fatalf("add after close queued %d", n)
 	}
 }
+
+// TestEventsDuringStartup: engine events arrive the moment the manager
+// starts; the hooks they call are part of the manager's configuration, so
+// nothing registers them while the loops run (go test -race checks it).
+func TestEventsDuringStartup(t *testing.T) {
+	var changes, events atomic.Int32
+	e, er := eventsEnv(t, Config{
+		WatchEvents: true, ReapInterval: time.Millisecond, ActivityFlush: time.Millisecond, ReconcileInterval: time.Millisecond,
+		OnChange: func(string) { changes.Add(1) },
+		OnEvent:  func(Event) { events.Add(1) },
+	})
+	s := receive(t, er.streams, "the subscription")
+	for i := range 20 {
+		id := fmt.Sprintf("app%d", i)
+		e.seed(t, id, Running)
+		e.rt.put(id, "")
+		s.send(t, RuntimeEvent{SandboxID: id, Action: "destroy"})
+	}
+	for i := range 20 {
+		id := fmt.Sprintf("app%d", i)
+		waitFor(t, id+" to be killed", func() bool { return e.state(t, id) == Killed })
+	}
+	if changes.Load() < 40 || events.Load() < 40 {
+		t.Fatalf("hooks saw %d changes and %d events, want at least 40 each (20 seeds, 20 kills)", changes.Load(), events.Load())
+	}
+	if err := e.m.Start(); err != nil {
+		t.Fatalf("a second Start: %v", err)
+	}
+	e.m.Close()
+	if err := e.m.Start(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Start after Close: %v, want ErrClosed", err)
+	}
+}

@@ -104,10 +104,6 @@ func (m *Manager) Waking(id string) (since time.Time, ok bool) {
 	return since, ok
 }
 
-// OnWake sets a function called after every wake that touched the engine (not
-// for sandboxes already running). Set it before serving.
-func (m *Manager) OnWake(fn func(WakeResult)) { m.onWake = fn }
-
 func (m *Manager) wake(id string) (Record, error) {
 	done, err := m.track()
 	if err != nil {
@@ -137,7 +133,7 @@ func (m *Manager) wake(id string) (Record, error) {
 
 	start := m.cfg.Now()
 	rec, err = m.bringUp(rec)
-	if fn := m.onWake; fn != nil {
+	if fn := m.built.OnWake; fn != nil {
 		fn(WakeResult{ID: id, From: from, Err: err, Duration: m.cfg.Now().Sub(start)})
 	}
 	return rec, err

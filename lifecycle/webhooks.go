@@ -119,9 +119,6 @@ func (m *Manager) nudgeWebhooks() {
 	}
 }
 
-// OnDelivery sets a function called after every delivery attempt (metrics).
-func (m *Manager) OnDelivery(fn func(DeliveryResult)) { m.onDelivery = fn }
-
 // webhookPoll is how often a worker looks at its outbox without a nudge.
 const webhookPoll = 5 * time.Second
 
@@ -143,7 +140,7 @@ func (m *Manager) deliverLoop(ctx context.Context, w *webhookWorker) {
 				return
 			}
 			res := m.deliverOne(ctx, &w.hook, ev)
-			if fn := m.onDelivery; fn != nil {
+			if fn := m.built.OnDelivery; fn != nil {
 				fn(res)
 			}
 			if res.Err != nil && !res.Dropped {
@@ -237,7 +234,6 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // webhookState is the manager's set of receivers.
 type webhookState struct {
-	hooksMu    sync.Mutex
-	hooks      map[string]*webhookWorker
-	onDelivery func(DeliveryResult)
+	hooksMu sync.Mutex
+	hooks   map[string]*webhookWorker
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,26 @@ type fixture struct {
 	store *store.Store
 	rt    *counting
 	m     *lifecycle.Manager
+	// events are the event hooks tests add after the manager is built (its
+	// own OnEvent, fixed at construction, calls them under the lock).
+	mu     sync.Mutex
+	events []func(lifecycle.Event)
+}
+
+// onEvent adds an event hook.
+func (f *fixture) onEvent(fn func(lifecycle.Event)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, fn)
+}
+
+func (f *fixture) event(ev lifecycle.Event) {
+	f.mu.Lock()
+	fns := slices.Clone(f.events)
+	f.mu.Unlock()
+	for _, fn := range fns {
+		fn(ev)
+	}
 }
 
 func newFixture(t testing.TB, cfg lifecycle.Config) *fixture {
@@ -74,12 +95,20 @@ func newFixture(t testing.TB, cfg lifecycle.Config) *fixture {
 	}
 	t.Cleanup(func() { real.Close() })
 	rt := &counting{Runtime: real}
+	f := &fixture{t: t, cli: cli, image: image, store: st, rt: rt}
+	if cfg.OnEvent == nil {
+		cfg.OnEvent = f.event
+	}
 	m, err := lifecycle.NewManager(st, rt, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	return &fixture{t: t, cli: cli, image: image, store: st, rt: rt, m: m}
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.m = m
+	return f
 }
 
 // create makes a running sandbox and registers the removal of its container

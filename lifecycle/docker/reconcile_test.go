@@ -35,9 +35,9 @@ type stateLog struct {
 	events      []lifecycle.Event
 }
 
-func watchStates(m *lifecycle.Manager) *stateLog {
+func watchStates(f *fixture) *stateLog {
 	l := &stateLog{states: map[string]lifecycle.State{}}
-	m.OnEvent(l.observe)
+	f.onEvent(l.observe)
 	return l
 }
 
@@ -230,7 +230,7 @@ func TestEventsReflectChangesBehindOurBack(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, lifecycle.Config{WatchEvents: true})
-			log := watchStates(f.m)
+			log := watchStates(f)
 			rec := f.create(tc.spec)
 			ctx := context.Background()
 
@@ -436,7 +436,7 @@ func TestPressureMaxResident(t *testing.T) {
 	t.Run("least recently active idle ones are stopped", func(t *testing.T) {
 		const n, limit = 5, 3
 		f := newFixture(t, lifecycle.Config{MaxResident: n})
-		log := watchStates(f.m)
+		log := watchStates(f)
 		ids, set := createStopped(t, f, n)
 		f.m.Reconfigure(settings(limit))
 		log.restart(t, f.m)
@@ -514,7 +514,7 @@ func TestPressureMaxResident(t *testing.T) {
 	t.Run("concurrent wakes of different sandboxes never overshoot", func(t *testing.T) {
 		const n, limit = 8, 3
 		f := newFixture(t, lifecycle.Config{MaxResident: n})
-		log := watchStates(f.m)
+		log := watchStates(f)
 		ids, set := createStopped(t, f, n)
 		f.m.Reconfigure(settings(limit))
 		ctx := context.Background()
