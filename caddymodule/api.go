@@ -155,7 +155,7 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 		if e.mgr.LastReconcile().IsZero() {
 			checks["boot_reconcile"], ok = "not done (docker unreachable at start?)", false
 		}
-		if err := e.store.Check(); err != nil {
+		if err := e.mgr.CheckStore(); err != nil {
 			checks["store"], ok = err.Error(), false
 		} else if e.storeWarning != "" {
 			checks["store"], ok = e.storeWarning, false
@@ -503,12 +503,12 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		last = n
 		// A resume point beyond the log (a wiped store restarts ids) would
 		// silently skip live events: start from now instead.
-		if newest, err := e.store.LastEventID(); err == nil && last > newest {
+		if newest, err := e.mgr.LastEventID(); err == nil && last > newest {
 			last = newest
 		}
 	} else {
 		// No resume point: only what happens from now on.
-		n, err := e.store.LastEventID()
+		n, err := e.mgr.LastEventID()
 		if err != nil {
 			writeEngineError(w, err)
 			return
@@ -537,7 +537,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		// Replay from the log everything after last: on connect, and
 		// after the live subscription dropped us for being slow.
 		for {
-			evs, err := e.store.EventsAfter(last, eventsReplayPage)
+			evs, err := e.mgr.EventsAfter(last, eventsReplayPage)
 			if err != nil {
 				return
 			}

@@ -589,6 +589,19 @@ func (m *Manager) List(state State) ([]Record, error) {
 // History returns the events of sandbox id, oldest first.
 func (m *Manager) History(id string) ([]Event, error) { return m.store.History(id) }
 
+// LastEventID returns the id of the newest event in the log (0: none).
+func (m *Manager) LastEventID() (uint64, error) { return m.store.LastEventID() }
+
+// EventsAfter returns up to limit events with ids above after, oldest first:
+// how a reader resumes the event stream from the log.
+func (m *Manager) EventsAfter(after uint64, limit int) ([]Event, error) {
+	return m.store.EventsAfter(after, limit)
+}
+
+// CheckStore reports whether the store takes writes (see store.Check): nil,
+// or an error naming the store and what is wrong.
+func (m *Manager) CheckStore() error { return m.store.Check() }
+
 // CreateRequest asks for a new sandbox.
 type CreateRequest struct {
 	// ID is the sandbox id; empty means a new lowercase ULID. Upper case is
