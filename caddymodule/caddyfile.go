@@ -78,6 +78,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	return httpcaddyfile.App{Name: "sandwake", Value: b}, nil
 }
 
+// repeatableOptions are the sandwake options whose lines add up.
+var repeatableOptions = map[string]bool{"webhook": true, "label": true, "allowed_images": true}
+
 // UnmarshalCaddyfile sets up the app from Caddyfile tokens (see
 // parseGlobalOption for the syntax).
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -85,8 +88,15 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	seen := make(map[string]bool)
 	for d.NextBlock(0) {
 		opt := d.Val()
+		// A second line of an option would silently replace the first
+		// (as caddy-ratelimit, refuse it); some options add up.
+		if seen[opt] && !repeatableOptions[opt] {
+			return d.Errf("sandwake option %s is given twice (the second would silently replace the first)", opt)
+		}
+		seen[opt] = true
 		switch opt {
 		case "robots_txt":
 			var v string

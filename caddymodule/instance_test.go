@@ -43,6 +43,13 @@ func TestOwnershipOptions(t *testing.T) {
 		{"default memory tiny", "default_memory 1MiB", "default_memory", nil},
 		{"allowed image bad pattern", "allowed_images [", "allowed_images", nil},
 		{"instance twice args", "instance a b", "wrong argument", nil},
+		{"option given twice", "idle_pause 3m\nidle_pause 5m", "given twice", nil},
+		{"instance given twice", "instance a\ninstance b", "given twice", nil},
+		{"labels add up", "label a b\nlabel c d", "", func(t *testing.T, a *App) {
+			if len(a.Labels) != 2 {
+				t.Fatalf("labels %v, want both", a.Labels)
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
