@@ -1,0 +1,234 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/store"
+)
+
+// CreateRequest asks for a new sandbox.
+type CreateRequest struct {
+	// ID is the sandbox id; empty means a new lowercase ULID. Upper case is
+	// folded to lower case.
+	ID   string
+	Spec Spec
+}
+
+// Create validates req, stores the sandbox as creating, creates and starts its
+// container and waits for readiness. It returns the running record, or an
+// error with the record left in error (the record is kept so the failure can
+// be read and the sandbox retried with Wake). The work runs on the manager's
+// context bounded by WakeTimeout: a caller that gives up does not leave a
+// half-made sandbox.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error) {
+	done, err := m.track()
+	if err != nil {
+		return Record{}, err
+	}
+	defer done()
+	id := req.ID
+	if id == "" {
+		id = NewID(m.cfg.Now())
+	}
+	// Fold only ASCII: strings.ToLower would turn the Kelvin sign into k.
+	if !ValidID(asciiLower(id)) {
+		return Record{}, invalid("id %q must be 1-%d characters of [0-9a-z]", req.ID, MaxIDLen)
+	}
+	id = asciiLower(id)
+	spec := req.Spec
+	if err := m.checkSpec(&spec); err != nil {
+		return Record{}, err
+	}
+	// An image that cannot be had is refused before anything is written.
+	if ic, ok := m.raw.(ImageChecker); ok {
+		wakeTimeout, _ := m.limits()
+		ictx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
+		err := ic.CheckImage(ictx, spec.Image)
+		cancel()
+		if err != nil {
+			return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+		}
+	}
+	release, err := m.admit(m.ctx, id)
+	if err != nil {
+		return Record{}, err
+	}
+	defer release()
+
+	unlock := m.locks.lock(id)
+	defer unlock()
+	now := m.cfg.Now().UTC()
+	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now, Incarnation: NewIncarnation()}
+	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
+		rec.ExpiresAt = now.Add(life)
+	}
+	if _, _, err := m.store.Create(rec, "create"); err != nil {
+		return Record{}, err
+	}
+	m.setState(id, Creating)
+
+	wakeTimeout, _ := m.limits()
+	wctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
+	defer cancel()
+	c, err := m.runtime.Create(wctx, id, spec)
+	if err == nil {
+		c, err = m.runtime.Start(wctx, id)
+	}
+	if err == nil {
+		err = m.waitReady(wctx, id, &spec, c.Upstreams)
+	}
+	if err != nil && (errors.Is(err, ErrIDTaken) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrImageNotFound)) {
+		// Nothing was made (the runtime undoes its part): the id stays
+		// free and no record is left of a sandbox that never existed.
+		m.discard(id, err)
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	if err != nil {
+		// Whatever the cause, a failed create leaves creating: a record
+		// stuck there could be neither woken nor retried.
+		m.fail(id, err, true)
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	return m.transition(id, Running, "create", func(r *Record) error {
+		m.adopt(r, c)
+		return nil
+	})
+}
+
+// checkSpec normalises spec and checks it against this host and the
+// operator's policy: everything Docker would refuse is refused here, before
+// anything is written.
+func (m *Manager) checkSpec(spec *Spec) error {
+	if err := NormalizeSpec(spec); err != nil {
+		return err
+	}
+	cfg := m.config()
+	if spec.MemoryMB == 0 {
+		spec.MemoryMB = cfg.DefaultMemoryMB
+	}
+	if cfg.HostCPUs > 0 && spec.CPUs > float64(cfg.HostCPUs) {
+		return invalid("cpus: %g is more than the host's %d CPUs", spec.CPUs, cfg.HostCPUs)
+	}
+	if cfg.HostMemoryMB > 0 && spec.MemoryMB > cfg.HostMemoryMB {
+		return invalid("memory_mb: %d is more than the host's %d MiB", spec.MemoryMB, cfg.HostMemoryMB)
+	}
+	if len(cfg.AllowedImages) > 0 && !ImageAllowed(cfg.AllowedImages, spec.Image) {
+		return invalid("image %q is not allowed here (allowed_images: %s)", spec.Image, strings.Join(cfg.AllowedImages, " "))
+	}
+	return nil
+}
+
+// discard removes the record of a create that made nothing.
+func (m *Manager) discard(id string, cause error) {
+	if _, err := m.store.Delete(id, store.EventDestroyed, "create_refused"); err != nil {
+		m.log.Error("removing the record of a refused create", zap.String("id", id), zap.Error(err), zap.NamedError("cause", cause))
+		return
+	}
+	m.setState(id, "")
+	m.log.Info("create refused", zap.String("id", id), zap.Error(cause))
+}
+
+// adopt copies what the engine reported of a running container into r.
+func (m *Manager) adopt(r *Record, c Container) {
+	now := m.cfg.Now().UTC()
+	r.ContainerID = c.ID
+	r.Upstreams = c.Upstreams
+	r.Error = ""
+	r.VerifiedAt = now
+	r.LastActiveAt = now
+}
+
+// waitReady waits for the sandbox's first declared port. Meanwhile it
+// watches the container: one that exits while its app should be coming up
+// (a bad command, a crash at start) fails the wake at once with its exit
+// code instead of after wake_timeout.
+func (m *Manager) waitReady(ctx context.Context, id string, spec *Spec, upstreams map[int]string) error {
+	addr, ok := upstreams[spec.Ports[0]]
+	if !ok {
+		// Docker reports no port for a container that already exited.
+		if c, err := m.runtime.Inspect(ctx, id); err == nil && (c.State == ContainerExited || c.State == ContainerDead) {
+			return fmt.Errorf("%w: the container exited with code %d while starting", ErrNotReady, c.ExitCode)
+		}
+		return fmt.Errorf("sandbox %s: no upstream for port %d", id, spec.Ports[0])
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	watched := make(chan struct{})
+	defer func() {
+		cancel(nil)
+		<-watched
+	}()
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(exitWatch)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				c, err := m.runtime.Inspect(ctx, id)
+				if err == nil && (c.State == ContainerExited || c.State == ContainerDead) {
+					cause := fmt.Errorf("%w: the container exited with code %d while starting", ErrNotReady, c.ExitCode)
+					if c.OOMKilled {
+						cause = fmt.Errorf("%w: the container ran out of memory while starting", ErrNotReady)
+					}
+					cancel(cause)
+					return
+				}
+			}
+		}
+	}()
+	err := WaitReady(ctx, addr, spec)
+	if err != nil && context.Cause(ctx) != nil && !errors.Is(context.Cause(ctx), context.Canceled) && !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return context.Cause(ctx)
+	}
+	return err
+}
+
+// exitWatch is how often a starting container is checked for an early exit.
+const exitWatch = 500 * time.Millisecond
+
+// fail records a failed create or wake as state error. A failed wake whose
+// cause was a transient engine error or the manager shutting down leaves the
+// record as it was; a failed create (always) goes to error.
+func (m *Manager) fail(id string, cause error, creating bool) {
+	if !creating && (errors.Is(cause, ErrUnavailable) || m.ctx.Err() != nil) {
+		return
+	}
+	msg := cause.Error()
+	_, err := m.transition(id, Error, reasonOf(cause), func(r *Record) error {
+		r.Error = msg
+		return nil
+	})
+	if err != nil {
+		m.log.Error("recording failure", zap.String("id", id), zap.Error(err), zap.NamedError("cause", cause))
+	}
+	// A container left running without a ready app only holds memory.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	if err := m.runtime.Stop(ctx, id); err != nil && !errors.Is(err, ErrContainerNotFound) {
+		m.log.Warn("stopping failed sandbox", zap.String("id", id), zap.Error(err))
+	}
+}
+
+// reasonOf gives the short reason recorded with an error transition.
+func reasonOf(err error) string {
+	switch {
+	case errors.Is(err, ErrUnavailable):
+		return "engine_unavailable"
+	case errors.Is(err, ErrImageNotFound):
+		return "image_missing"
+	case errors.Is(err, ErrIDTaken):
+		return "id_taken"
+	case errors.Is(err, ErrNotReady), errors.Is(err, context.DeadlineExceeded):
+		return "not_ready"
+	default:
+		return "start_failed"
+	}
+}
