@@ -2,17 +2,17 @@ package caddymodule
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -127,127 +127,6 @@ func quiescentGoroutines(h *harness) int {
 	h.client.CloseIdleConnections()
 	http.DefaultClient.CloseIdleConnections()
 	return runtime.NumGoroutine()
-}
-
-// TestDockerSocketCut: with the Docker daemon unreachable, requests to a
-// stopped sandbox fail fast with 503 + Retry-After + JSON, the circuit
-// breaker opens, readiness says so, and nothing is written; once the daemon
-// is back, readiness recovers, the same request wakes the sandbox, and no
-// goroutine is left behind.
-func TestDockerSocketCut(t *testing.T) {
-	proxy := newDockerAPIProxy(t)
-	h := newHarness(t, "docker_host unix://"+proxy.path)
-	rec := h.create(nil)
-	host := h.host(rec.ID, 8080)
-	h.stop(rec.ID)
-	e := engineFor(t, h)
-
-	histBefore := len(h.historyOf(rec.ID))
-	lastBefore, err := e.store.LastEventID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	baseline := quiescentGoroutines(h)
-	t.Logf("goroutines before the cut: %d", baseline)
-
-	proxy.cut()
-
-	// A bounded client: a request that hung on the dead daemon would fail
-	// here instead of hanging the test.
-	bounded := &http.Client{Transport: h.client.Transport, Timeout: 5 * time.Second}
-	var circuitOpenSeen int
-	for i := range 8 {
-		req, _ := http.NewRequest("GET", "http://"+host+"/healthz", nil)
-		req.Header = apiHeader()
-		start := time.Now()
-		resp, err := bounded.Do(req)
-		if err != nil {
-			t.Fatalf("request %d with docker cut: %v (after %s)", i, err, time.Since(start))
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		took := time.Since(start)
-		var body apiError
-		jerr := json.Unmarshal(b, &body)
-		t.Logf("request %d with docker cut: %d Retry-After=%q in %s: %s", i, resp.StatusCode, resp.Header.Get("Retry-After"), took, strings.TrimSpace(string(b)))
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Fatalf("request %d: status %d, want 503: %s", i, resp.StatusCode, b)
-		}
-		if resp.Header.Get("Retry-After") == "" {
-			t.Errorf("request %d: no Retry-After: %v", i, resp.Header)
-		}
-		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-			t.Errorf("request %d: Content-Type %q, want JSON", i, ct)
-		}
-		if jerr != nil || body.Error.Code == "" || body.Error.Message == "" {
-			t.Errorf("request %d: body is not a JSON error: %q (%v)", i, b, jerr)
-		}
-		if strings.Contains(body.Error.Message, "circuit open") {
-			circuitOpenSeen++
-		}
-	}
-	if open, until := e.mgr.BreakerOpen(); !open {
-		t.Errorf("circuit breaker closed after 8 failed wakes with docker cut")
-	} else {
-		t.Logf("circuit open until %s; %d of 8 requests failed fast on it", until.Format(time.RFC3339), circuitOpenSeen)
-	}
-	if circuitOpenSeen == 0 {
-		t.Errorf("no request was refused by the open circuit")
-	}
-
-	// Readiness tells the truth while the daemon is gone.
-	resp, err := http.Get(h.apiURL("/v1/readyz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	t.Logf("readyz with docker cut: %d %s", resp.StatusCode, strings.TrimSpace(string(b)))
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), `"ready": false`) {
-		t.Fatalf("readyz with docker cut: %d %s, want 503 not ready", resp.StatusCode, b)
-	}
-
-	// The store is local: the API still answers, and nothing was written.
-	var got recordView
-	if status := h.api("GET", "/v1/sandboxes/"+rec.ID, nil, &got); status != http.StatusOK || got.State != "stopped" {
-		t.Fatalf("record with docker cut: %d %+v, want 200 stopped", status, got)
-	}
-	if n := len(h.historyOf(rec.ID)); n != histBefore {
-		t.Fatalf("history grew from %d to %d events while docker was cut", histBefore, n)
-	}
-	if last, _ := e.store.LastEventID(); last != lastBefore {
-		t.Fatalf("event log moved from %d to %d while docker was cut", lastBefore, last)
-	}
-
-	proxy.restore()
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		resp, err := http.Get(h.apiURL("/v1/readyz"))
-		if err != nil {
-			return false, err.Error()
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Sprintf("%d %s", resp.StatusCode, b)
-	})
-	if open, _ := e.mgr.BreakerOpen(); open {
-		t.Fatal("readyz is 200 but the circuit is still open")
-	}
-	start := time.Now()
-	resp2, body := h.preview("GET", host, "/healthz", nil, apiHeader())
-	t.Logf("first request after restore: %d %q in %s", resp2.StatusCode, body, time.Since(start))
-	if resp2.StatusCode != http.StatusOK || body != "ok\n" {
-		t.Fatalf("after restore: %d %.300q, want the app's 200", resp2.StatusCode, body)
-	}
-	if s := h.state(rec.ID); s != "running" {
-		t.Fatalf("after restore: state %s, want running", s)
-	}
-
-	var now int
-	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		now = quiescentGoroutines(h)
-		return now <= baseline+10, fmt.Sprintf("%d goroutines, baseline %d", now, baseline)
-	})
-	t.Logf("goroutines after recovery: %d (baseline %d)", now, baseline)
 }
 
 // previewCode sends one request to a preview host and returns its status;
@@ -367,4 +246,28 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 	if s := h.state(rec.ID); s != "running" {
 		t.Fatalf("the one real sandbox is %s, want running", s)
 	}
+}
+
+// reloadCaddyfile adapts src and loads it as a config reload of h's Caddy
+// (same storage, so the same engine), then waits until the API is ready.
+func (h *harness) reloadCaddyfile(src string) {
+	h.t.Helper()
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+	if err != nil {
+		h.t.Fatalf("adapting Caddyfile: %v\n%s", err, src)
+	}
+	for _, w := range warnings {
+		h.t.Logf("caddyfile warning: %s", w.String())
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		h.t.Fatalf("loading config: %v", err)
+	}
+	h.waitReady()
+}
+
+// useT makes h report to t (a subtest) until the returned func is called.
+func (h *harness) useT(t testing.TB) (restore func()) {
+	prev := h.t
+	h.t = t
+	return func() { h.t = prev }
 }

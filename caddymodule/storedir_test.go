@@ -1,0 +1,124 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+// TestStoreDirNotWritable: a sandwake app whose storage cannot be created
+// (its path runs through a regular file, which stops root too) fails
+// caddy.Load with an error naming the path and what failed, without a panic
+// and without leaving goroutines behind.
+func TestStoreDirNotWritable(t *testing.T) {
+	caddyMu.Lock()
+	t.Cleanup(func() {
+		caddy.Stop()
+		caddyMu.Unlock()
+	})
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, []byte("not a directory\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	previewPort, apiPort := freePort(t), freePort(t)
+	load := func(storage string) error {
+		src := fmt.Sprintf(`{
+	admin off
+	persist_config off
+	auto_https off
+	storage file_system %s
+	sandwake {
+		storage %s
+		label %s %s
+		sandbox_network %s
+	}
+}
+http://*.preview.localhost:%d {
+	bind 127.0.0.1
+	sandwake_preview
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sandwake_api {
+		token %s
+	}
+}
+`, filepath.Join(dir, "caddy"), storage, testenv.LabelRun, testenv.RunID(), testenv.Network(), previewPort, apiPort, testToken)
+		cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err != nil {
+			t.Fatalf("adapting Caddyfile: %v", err)
+		}
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("caddy.Load panicked with storage %s: %v", storage, r)
+			}
+		}()
+		return caddy.Load(cfg, true)
+	}
+	goroutines := func() int {
+		http.DefaultClient.CloseIdleConnections()
+		return runtime.NumGoroutine()
+	}
+
+	tests := []struct {
+		name    string
+		storage string
+	}{
+		{"below a regular file", filepath.Join(file, "sub")},
+		{"deeper below a regular file", filepath.Join(file, "a", "b")},
+		{"a regular file", file},
+	}
+	// One load first: Caddy starts process-wide goroutines once, on the
+	// first config, that are not the failed config's to stop.
+	if err := load(tests[0].storage); err == nil {
+		t.Fatalf("caddy.Load with storage %s succeeded", tests[0].storage)
+	}
+	baseline := goroutines()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i := range 3 {
+				err := load(tt.storage)
+				if err == nil {
+					t.Fatalf("caddy.Load with storage %s succeeded", tt.storage)
+				}
+				if i == 0 {
+					t.Logf("error: %v", err)
+				}
+				msg := err.Error()
+				if !strings.Contains(msg, tt.storage) {
+					t.Errorf("error does not name the storage path %s: %v", tt.storage, err)
+				}
+				if !strings.Contains(msg, "not a directory") || !strings.Contains(msg, "store") {
+					t.Errorf("error does not say what failed (opening the store: not a directory): %v", err)
+				}
+			}
+		})
+	}
+	// The ports are free again: nothing kept listening.
+	for _, port := range []int{previewPort, apiPort} {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Errorf("port %d still taken after the failed loads: %v", port, err)
+			continue
+		}
+		l.Close()
+	}
+	var now int
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		now = goroutines()
+		return now <= baseline+2, fmt.Sprintf("%d goroutines after %d failed loads, %d after the first", now, 3*len(tests), baseline)
+	})
+	t.Logf("goroutines: %d after the first failed load, %d after %d more", baseline, now, 3*len(tests))
+}
