@@ -211,25 +211,18 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 	if off, left := e.guard.backingOff(rt.id, time.Now()); off {
 		countRequest(outcomeBackoff)
 		retry := int(left.Seconds()) + 1
-		if isPageLoad(r) {
-			d := g.page(rt, port, pageError, time.Time{})
-			d.Message = fmt.Sprintf("Sandbox %s failed to start. %s It is tried again in %ds.", rt.id, reasonSentence(rt.reason), retry)
-			d.RetryAfter = retry
-			renderPage(w, r, http.StatusServiceUnavailable, d)
-			return true
-		}
-		writeJSONError(w, http.StatusServiceUnavailable, "backoff",
+		d := g.page(rt, port, pageError, time.Time{})
+		d.Message = fmt.Sprintf("Sandbox %s failed to start. %s It is tried again in %ds.", rt.id, reasonSentence(rt.reason), retry)
+		d.RetryAfter = retry
+		answer(w, r, http.StatusServiceUnavailable, d, "backoff",
 			fmt.Sprintf("sandbox %s failed to start; next attempt in %ds", rt.id, retry), retry)
 		return true
 	}
 	if !e.guard.allowWake(rt.id, time.Now()) {
 		countRequest(outcomeRateLimited)
-		if isPageLoad(r) {
-			renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageCapacity, Title: "Busy waking sandboxes", RetryAfter: 1,
-				Message: "Too many previews are waking at once. This page retries by itself.", StatusURL: pathStatus, EventsURL: pathEvents})
-			return true
-		}
-		writeJSONError(w, http.StatusServiceUnavailable, "wake_rate", "too many sandboxes are waking at once; retry", 1)
+		answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageCapacity, Title: "Busy waking sandboxes", RetryAfter: 1,
+			Message: "Too many previews are waking at once. This page retries by itself.", StatusURL: pathStatus, EventsURL: pathEvents},
+			"wake_rate", "too many sandboxes are waking at once; retry", 1)
 		return true
 	}
 	return false
@@ -331,6 +324,8 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 		return g.hold(w, r, next, e, s, rt, port, false)
 	case lifecycle.Creating:
 		countRequest(outcomeRefused)
+		// A page load gets the page (503, it reloads itself); an API client
+		// a 409: creating is not something to wait for with Retry-After.
 		if isPageLoad(r) {
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageCreating, time.Time{}))
 			return nil
@@ -621,11 +616,7 @@ func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData 
 
 func (g *Gate) notFound(w http.ResponseWriter, r *http.Request, id string, port int, msg string) error {
 	countRequest(outcomeNotFound)
-	if isPageLoad(r) {
-		renderPage(w, r, http.StatusNotFound, pageData{Kind: pageNotFound, Title: "No such preview", Message: msg, SandboxID: id, Port: port})
-		return nil
-	}
-	writeJSONError(w, http.StatusNotFound, "not_found", msg, 0)
+	answer(w, r, http.StatusNotFound, pageData{Kind: pageNotFound, Title: "No such preview", Message: msg, SandboxID: id, Port: port}, "not_found", msg, 0)
 	return nil
 }
 
@@ -636,23 +627,28 @@ func (g *Gate) notFound(w http.ResponseWriter, r *http.Request, id string, port 
 func (g *Gate) storeUnavailable(w http.ResponseWriter, r *http.Request, rt *route, port int) error {
 	countRequest(outcomeUnavailable)
 	msg := fmt.Sprintf("Sandbox %s is not running, and sandwake cannot record changes right now (its store is full or not writable), so it cannot be woken yet.", rt.id)
-	if isPageLoad(r) {
-		renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Temporarily unavailable", Message: msg + " This page retries by itself.",
-			SandboxID: rt.id, Port: port, RetryAfter: storeRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents})
-		return nil
-	}
-	writeJSONError(w, http.StatusServiceUnavailable, "store_unavailable", msg+" Retry later.", storeRetryAfter)
+	answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Temporarily unavailable", Message: msg + " This page retries by itself.",
+		SandboxID: rt.id, Port: port, RetryAfter: storeRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents},
+		"store_unavailable", msg+" Retry later.", storeRetryAfter)
 	return nil
 }
 
 func (g *Gate) unavailable(w http.ResponseWriter, r *http.Request, msg string) error {
 	countRequest(outcomeUnavailable)
-	if isPageLoad(r) {
-		renderPage(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Starting…", Message: msg, RetryAfter: 1, StatusURL: pathStatus, EventsURL: pathEvents})
-		return nil
-	}
-	writeJSONError(w, http.StatusServiceUnavailable, "unavailable", msg, 1)
+	answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Starting…", Message: msg, RetryAfter: 1, StatusURL: pathStatus, EventsURL: pathEvents},
+		"unavailable", msg, 1)
 	return nil
+}
+
+// answer answers a request the gate does not proxy: a browser's page load
+// gets page d, anything else the JSON error {code, msg}; both with status
+// and, when retryAfter > 0, Retry-After (the page carries its own).
+func answer(w http.ResponseWriter, r *http.Request, status int, d pageData, code, msg string, retryAfter int) {
+	if isPageLoad(r) {
+		renderPage(w, r, status, d)
+		return
+	}
+	writeJSONError(w, status, code, msg, retryAfter)
 }
 
 // backTo is where a form post returns to: the page it came from on this
