@@ -15,8 +15,6 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/singleflight"
-
-	"github.com/sandwake/sandwake/store"
 )
 
 // Config holds the Manager's settings. Zero values take the defaults.
@@ -151,7 +149,7 @@ const (
 // store and the container engine in step. All methods are safe for
 // concurrent use; operations on one sandbox are serialised.
 type Manager struct {
-	store   *store.Store
+	store   Store
 	runtime Runtime // the engine behind the circuit breaker
 	raw     Runtime // the engine as given
 	breaker *breaker
@@ -198,7 +196,7 @@ type Manager struct {
 // NewManager returns a Manager over an open store and a runtime, complete
 // with its hooks (Config). It reads every record once to know the resident
 // count, and starts nothing: Start begins the loops.
-func NewManager(st *store.Store, rt Runtime, cfg Config) (*Manager, error) {
+func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	br := &breaker{rt: rt, now: cfg.Now}
@@ -310,9 +308,6 @@ func (m *Manager) track() (done func(), err error) {
 	m.wg.Add(1)
 	return m.wg.Done, nil
 }
-
-// Store returns the store the manager writes to.
-func (m *Manager) Store() *store.Store { return m.store }
 
 // Runtime returns the container engine the manager drives.
 func (m *Manager) Runtime() Runtime { return m.raw }
