@@ -89,9 +89,6 @@ func (g *gateway) caddyfile() string {
 		preview_url http://*.preview.localhost:%d
 		label %s %s
 		sandbox_network %s
-		idle_pause 0
-		idle_stop 0
-		stop_timeout 2s
 		%s
 	}
 }
@@ -106,7 +103,7 @@ http://127.0.0.1:%d {
 	}
 }
 `, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(), testenv.Network(),
-		g.extra, g.previewPort, g.apiPort, benchToken)
+		withDefaults(g.extra), g.previewPort, g.apiPort, benchToken)
 	if g.baseTo != "" {
 		fmt.Fprintf(&b, `http://127.0.0.1:%d {
 	bind 127.0.0.1
@@ -398,4 +395,25 @@ func loopbackClient(conns int) *http.Client {
 		Timeout:       2 * time.Minute,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+}
+
+// benchDefaults are the sandwake options of every bench gateway unless its
+// extra lines set them (an option may be given once).
+var benchDefaults = []string{"idle_pause 0", "idle_stop 0", "stop_timeout 2s"}
+
+// withDefaults returns extra preceded by the defaults it does not set.
+func withDefaults(extra string) string {
+	set := map[string]bool{}
+	for _, line := range strings.Split(extra, "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			set[f[0]] = true
+		}
+	}
+	var lines []string
+	for _, d := range benchDefaults {
+		if !set[strings.Fields(d)[0]] {
+			lines = append(lines, d)
+		}
+	}
+	return strings.Join(append(lines, extra), "\n\t\t")
 }

@@ -170,3 +170,15 @@ func TestParseStatCPU(t *testing.T) {
 		t.Error("garbage parsed")
 	}
 }
+
+func TestWithDefaults(t *testing.T) {
+	tests := []struct{ extra, want string }{
+		{"", "idle_pause 0\n\t\tidle_stop 0\n\t\tstop_timeout 2s\n\t\t"},
+		{"max_resident 8\n\t\tidle_pause 2s\n\t\tidle_stop 6s", "stop_timeout 2s\n\t\tmax_resident 8\n\t\tidle_pause 2s\n\t\tidle_stop 6s"},
+	}
+	for _, tt := range tests {
+		if got := withDefaults(tt.extra); got != tt.want {
+			t.Errorf("withDefaults(%q) = %q, want %q", tt.extra, got, tt.want)
+		}
+	}
+}
