@@ -12,6 +12,13 @@ import (
 // Pause freezes running sandbox id. Pausing a paused sandbox is a no-op;
 // any other state is ErrConflict.
 func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) {
+	return m.forceDown(id, func(rec Record) (Record, error) { return m.pauseLocked(ctx, rec, reason) })
+}
+
+// forceDown runs op (a pause or stop the API asked for) on sandbox id's
+// record, under its lock, with the sandbox marked as going down whatever is
+// open (see goDown).
+func (m *Manager) forceDown(id string, op func(Record) (Record, error)) (Record, error) {
 	done, err := m.track()
 	if err != nil {
 		return Record{}, err
@@ -23,7 +30,7 @@ func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) 
 	if err != nil {
 		return Record{}, err
 	}
-	return m.goDown(id, true, func() (Record, error) { return m.pauseLocked(ctx, rec, reason) })
+	return m.goDown(id, true, func() (Record, error) { return op(rec) })
 }
 
 // pauseLocked pauses rec's sandbox; the caller holds its lock.
@@ -51,18 +58,7 @@ func (m *Manager) pauseLocked(ctx context.Context, rec Record, reason string) (R
 // Stop stops running or paused sandbox id, keeping its container and volume.
 // Stopping a stopped sandbox is a no-op; any other state is ErrConflict.
 func (m *Manager) Stop(ctx context.Context, id, reason string) (Record, error) {
-	done, err := m.track()
-	if err != nil {
-		return Record{}, err
-	}
-	defer done()
-	unlock := m.locks.lock(id)
-	defer unlock()
-	rec, err := m.store.Get(id)
-	if err != nil {
-		return Record{}, err
-	}
-	return m.goDown(id, true, func() (Record, error) { return m.stopLocked(ctx, rec, reason) })
+	return m.forceDown(id, func(rec Record) (Record, error) { return m.stopLocked(ctx, rec, reason) })
 }
 
 // goDown runs op, a pause, stop or expiry of sandbox id under its lock, with

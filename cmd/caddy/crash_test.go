@@ -192,15 +192,7 @@ func agrees(state, docker string) bool {
 
 func (g *gateway) create(cli *client.Client, image, id string, env map[string]string) {
 	g.t.Helper()
-	g.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		cli.ContainerRemove(ctx, "s-"+id, client.ContainerRemoveOptions{Force: true})
-		cli.VolumeRemove(ctx, "s-"+id+"-data", client.VolumeRemoveOptions{Force: true})
-	})
-	if code, body := g.api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": image, "ports": []int{8080}, "memory_mb": 32, "env": env}, nil); code != 201 {
-		g.t.Fatalf("create %s: %d %s", id, code, body)
-	}
+	g.createSpec(cli, id, map[string]any{"image": image, "ports": []int{8080}, "memory_mb": 32, "env": env})
 }
 
 func (g *gateway) previewGet(id string) (*http.Response, error) {

@@ -39,6 +39,22 @@ func (g *gateway) previewDo(method, id, path string, body []byte) (int, string) 
 	return resp.StatusCode, string(b)
 }
 
+// createSpec creates sandbox id from spec (and removes it at the end).
+func (g *gateway) createSpec(cli *client.Client, id string, spec map[string]any) {
+	g.t.Helper()
+	g.t.Cleanup(func() {
+		cli.ContainerRemove(context.Background(), "s-"+id, client.ContainerRemoveOptions{Force: true})
+		cli.VolumeRemove(context.Background(), "s-"+id+"-data", client.VolumeRemoveOptions{Force: true})
+	})
+	body := map[string]any{"id": id}
+	for k, v := range spec {
+		body[k] = v
+	}
+	if code, resp := g.api("POST", "/v1/sandboxes", body, nil); code != 201 {
+		g.t.Fatalf("create %s: %d %s", id, code, resp)
+	}
+}
+
 // objectIDs reads the engine ids of sandbox id's container and volume
 // ("" when missing) and the container's labels.
 func objectIDs(t *testing.T, cli *client.Client, id string) (containerID, volume string, labels map[string]string) {
@@ -181,14 +197,8 @@ func TestSandboxIsolation(t *testing.T) {
 	g := newGateway(t, bin, "default_memory 96MiB")
 	g.start()
 	id := testenv.UniqueID("i")
-	g.t.Cleanup(func() {
-		cli.ContainerRemove(context.Background(), "s-"+id, client.ContainerRemoveOptions{Force: true})
-		cli.VolumeRemove(context.Background(), "s-"+id+"-data", client.VolumeRemoveOptions{Force: true})
-	})
 	// No memory_mb: the default applies.
-	if code, body := g.api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": image, "ports": []int{8080}}, nil); code != 201 {
-		t.Fatalf("create: %d %s", code, body)
-	}
+	g.createSpec(cli, id, map[string]any{"image": image, "ports": []int{8080}})
 	ctx := context.Background()
 	res, err := cli.ContainerInspect(ctx, "s-"+id, client.ContainerInspectOptions{})
 	if err != nil {
