@@ -106,14 +106,13 @@ http://127.0.0.1:%d {
 			}
 		})
 	}
-	// The ports are free again: nothing kept listening.
+	// Nothing kept listening: no socket of this process listens on the
+	// ports. (Binding them to check would race with other processes, such
+	// as Docker's proxy, that may take a freed ephemeral port meanwhile.)
 	for _, port := range []int{previewPort, apiPort} {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			t.Errorf("port %d still taken after the failed loads: %v", port, err)
-			continue
+		if listeningHere(t, port) {
+			t.Errorf("port %d still listened on by this process after the failed loads", port)
 		}
-		l.Close()
 	}
 	var now int
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
@@ -121,4 +120,47 @@ http://127.0.0.1:%d {
 		return now <= baseline+2, fmt.Sprintf("%d goroutines after %d failed loads, %d after the first", now, 3*len(tests), baseline)
 	})
 	t.Logf("goroutines: %d after the first failed load, %d after %d more", baseline, now, 3*len(tests))
+}
+
+// listeningHere reports whether a socket of this process listens on
+// 127.0.0.1:port, from /proc/net/tcp and this process's descriptors.
+func listeningHere(t *testing.T, port int) bool {
+	t.Helper()
+	tcp, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatalf("reading /proc/net/tcp: %v", err)
+	}
+	local := fmt.Sprintf("0100007F:%04X", port)
+	inodes := map[string]bool{}
+	for _, line := range strings.Split(string(tcp), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 9 && f[1] == local && f[3] == "0A" { // 0A: LISTEN
+			inodes["socket:["+f[9]+"]"] = true
+		}
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatalf("reading /proc/self/fd: %v", err)
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && inodes[target] {
+			return true
+		}
+	}
+	return false
+}
+
+func TestListeningHere(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	if !listeningHere(t, port) {
+		t.Fatalf("a listener of this process on %d is not seen", port)
+	}
+	l.Close()
+	if listeningHere(t, port) {
+		t.Fatalf("a closed listener on %d is still seen", port)
+	}
 }

@@ -503,20 +503,40 @@ func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	if !r.owns(id, vol.Volume.Labels) {
 		return 0, notOurs("volume", name, vol.Volume.Labels, lifecycle.ErrNotFound)
 	}
-	var size int64
-	du, err := r.cli.DiskUsage(ctx, client.DiskUsageOptions{Volumes: true, Verbose: true})
+	size, err := r.volumeSize(ctx, name)
 	if err != nil {
-		return 0, classify("reading volume sizes", err, lifecycle.ErrNotFound)
-	}
-	for _, v := range du.Volumes.Items {
-		if v.Name == name && v.UsageData != nil && v.UsageData.Size > 0 {
-			size = v.UsageData.Size
-		}
+		return 0, err
 	}
 	if _, err := r.cli.VolumeRemove(ctx, name, client.VolumeRemoveOptions{Force: true}); err != nil {
 		return 0, classify("removing volume "+name, err, lifecycle.ErrNotFound)
 	}
 	return size, nil
+}
+
+// volumeSize reads the bytes volume name holds from the engine's disk-usage
+// report. The engine runs one such report at a time and refuses another
+// meanwhile ("a disk usage operation is already running": another purge,
+// `docker system df`), so a refusal is retried for a few seconds.
+func (r *Runtime) volumeSize(ctx context.Context, name string) (int64, error) {
+	for attempt := 0; ; attempt++ {
+		du, err := r.cli.DiskUsage(ctx, client.DiskUsageOptions{Volumes: true, Verbose: true})
+		if err == nil {
+			for _, v := range du.Volumes.Items {
+				if v.Name == name && v.UsageData != nil && v.UsageData.Size > 0 {
+					return v.UsageData.Size, nil
+				}
+			}
+			return 0, nil
+		}
+		if !strings.Contains(err.Error(), "already running") || attempt == 30 {
+			return 0, classify("reading volume sizes", err, lifecycle.ErrNotFound)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, classify("reading volume sizes", ctx.Err(), lifecycle.ErrNotFound)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // Inspect implements lifecycle.Runtime.
