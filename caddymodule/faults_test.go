@@ -178,6 +178,7 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	cachedBefore := e.routes.cache.Len()
+	trackedBefore := e.mgr.Tracked()
 	notFoundBefore := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeNotFound))
 
 	const n, workers = 2000, 16
@@ -230,6 +231,9 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 
 	if status := h.api("GET", "/v1/sandboxes", nil, &list); status != http.StatusOK {
 		t.Fatalf("list: %d", status)
+	}
+	if tracked := e.mgr.Tracked(); tracked != trackedBefore {
+		t.Fatalf("%d activity trackers after %d requests to unknown ids, %d before", tracked, n, trackedBefore)
 	}
 	if len(list.Sandboxes) != recordsBefore {
 		t.Fatalf("%d records after the flood, %d before", len(list.Sandboxes), recordsBefore)

@@ -72,12 +72,14 @@ func (c *routeCache) get(id string) (*route, error) {
 		return rt, nil
 	}
 	gen := c.gen.Load()
-	act := c.mgr.Activity(id)
-	downs := act.Downs() // before the record: see route.downs
+	// downs is read before the record (see route.downs), the tracker made
+	// only for an id that exists: unknown ids must leave nothing behind.
+	downs := c.mgr.Downs(id)
 	rec, err := c.mgr.Get(id)
 	if err != nil {
 		return nil, err
 	}
+	act := c.mgr.Activity(id)
 	rt := &route{
 		id:        id,
 		state:     rec.State,

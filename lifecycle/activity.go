@@ -129,8 +129,25 @@ func (as *activities) get(id string) *Activity {
 }
 
 // Activity returns sandbox id's activity tracker. The same pointer is returned
-// for the life of the manager, so callers may keep it.
+// until the sandbox is destroyed or purged, so callers may keep it.
 func (m *Manager) Activity(id string) *Activity { return m.activity.get(id) }
+
+// Downs is Activity(id).Downs() without making a tracker for an id that has
+// none (0 then: nothing has begun to pause or stop it), so that requests for
+// ids that do not exist leave nothing behind.
+func (m *Manager) Downs(id string) uint64 {
+	if a, ok := m.activity.m.Load(id); ok {
+		return a.(*Activity).Downs()
+	}
+	return 0
+}
+
+// Tracked is how many sandboxes have an activity tracker in memory.
+func (m *Manager) Tracked() int {
+	n := 0
+	m.activity.m.Range(func(any, any) bool { n++; return true })
+	return n
+}
 
 // FlushActivity writes every last-active time that changed since the previous
 // flush to the store, in one transaction.

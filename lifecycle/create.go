@@ -55,6 +55,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 			return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 		}
 	}
+	// A taken id is refused before admission, which may evict a sandbox
+	// to make room. (store.Create checks again, under the lock.)
+	if _, err := m.store.Get(id); err == nil {
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
+	}
 	release, err := m.admit(m.ctx, id)
 	if err != nil {
 		return Record{}, err

@@ -398,7 +398,11 @@ func (m *Manager) setState(id string, to State) {
 	defer m.mu.Unlock()
 	if from, ok := m.states[id]; ok && Resident(from) {
 		m.resident--
-		m.freeRoomLocked()
+		// Room is freed only by leaving residency (running → paused
+		// is not room): a wake waiting for room is woken only for it.
+		if !Resident(to) {
+			m.freeRoomLocked()
+		}
 	}
 	if to == "" {
 		delete(m.states, id)

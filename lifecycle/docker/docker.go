@@ -147,20 +147,11 @@ func New(opts Options) (*Runtime, error) {
 // Close releases the client's connections.
 func (r *Runtime) Close() error { return r.cli.Close() }
 
-// Client exposes the engine client (for reconcile's event stream and tests).
-func (r *Runtime) Client() *client.Client { return r.cli }
-
 // ContainerName is the name of sandbox id's container.
 func ContainerName(id string) string { return "s-" + id }
 
 // VolumeName is the name of sandbox id's workspace volume.
 func VolumeName(id string) string { return "s-" + id + "-data" }
-
-// Instance is the instance name the runtime owns objects under.
-func (r *Runtime) Instance() string { return r.opts.Instance }
-
-// SandboxNetwork is the network sandboxes join in published mode.
-func (r *Runtime) SandboxNetwork() string { return r.opts.SandboxNetwork }
 
 func (r *Runtime) labels(id string) map[string]string {
 	l := maps.Clone(r.opts.Labels)
@@ -258,26 +249,33 @@ func (r *Runtime) ensureNetwork(ctx context.Context) error {
 	r.netMu.Lock()
 	defer r.netMu.Unlock()
 	name := r.opts.SandboxNetwork
-	res, err := r.cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{})
-	if err == nil {
-		// Whoever made it (another instance on this engine shares it), it
-		// must keep sandboxes apart.
-		if res.Network.Driver != "bridge" || res.Network.Options[networkICC] != "false" {
-			return fmt.Errorf("network %s would let sandboxes reach each other (driver %q, %s=%q; want a bridge with it false): remove it and sandwake makes it again, or set sandbox_network to another name",
-				name, res.Network.Driver, networkICC, res.Network.Options[networkICC])
-		}
-		return nil
-	}
-	if !cerrdefs.IsNotFound(err) {
-		return classify("inspecting network "+name, err, lifecycle.ErrUnavailable)
+	err := r.checkNetwork(ctx, name)
+	if err == nil || !errors.Is(err, lifecycle.ErrNotFound) {
+		return err
 	}
 	_, err = r.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{
 		Driver:  "bridge",
 		Options: map[string]string{networkICC: "false"},
 		Labels:  r.labels(""),
 	})
-	if err != nil && !cerrdefs.IsConflict(err) {
-		return classify("creating network "+name, err, lifecycle.ErrUnavailable)
+	if err != nil && cerrdefs.IsConflict(err) {
+		// Made by another gateway meanwhile: check it as any existing one.
+		return r.checkNetwork(ctx, name)
+	}
+	return classify("creating network "+name, err, lifecycle.ErrUnavailable)
+}
+
+// checkNetwork accepts network name if it keeps sandboxes apart, whoever
+// made it (instances on one engine share it); a missing one wraps
+// ErrNotFound.
+func (r *Runtime) checkNetwork(ctx context.Context, name string) error {
+	res, err := r.cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{})
+	if err != nil {
+		return classify("inspecting network "+name, err, lifecycle.ErrNotFound)
+	}
+	if res.Network.Driver != "bridge" || res.Network.Options[networkICC] != "false" {
+		return fmt.Errorf("network %s would let sandboxes reach each other (driver %q, %s=%q; want a bridge with it false): remove it and sandwake makes it again, or set sandbox_network to another name",
+			name, res.Network.Driver, networkICC, res.Network.Options[networkICC])
 	}
 	return nil
 }
@@ -390,14 +388,13 @@ func (r *Runtime) Create(ctx context.Context, id string, spec store.Spec) (c lif
 		pids := spec.PidsLimit
 		hc.PidsLimit = &pids
 	}
-	var nc *network.NetworkingConfig
 	if r.opts.UpstreamMode == UpstreamNetwork {
 		hc.NetworkMode = container.NetworkMode(r.opts.Network)
 	} else {
 		hc.NetworkMode = container.NetworkMode(r.opts.SandboxNetwork)
 	}
 	res, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
-		Name: ContainerName(id), Config: cfg, HostConfig: hc, NetworkingConfig: nc,
+		Name: ContainerName(id), Config: cfg, HostConfig: hc,
 	})
 	if err != nil {
 		switch {
