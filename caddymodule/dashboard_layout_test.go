@@ -100,6 +100,9 @@ func TestDashboardRowActionsFit(t *testing.T) {
 			if got.Left < 0 || got.Top < 0 || got.Right > got.VW || got.Bottom > got.VH {
 				t.Errorf("Destroy button at [%.1f,%.1f]-[%.1f,%.1f], not fully inside the %.0f×%.0f viewport", got.Left, got.Top, got.Right, got.Bottom, got.VW, got.VH)
 			}
+			if got.Overflow > 0 {
+				t.Errorf("the table is %.0f px wider than its card: rows scroll out of it", got.Overflow)
+			}
 			if got.Hit != "destroy" {
 				t.Errorf("a tap at the Destroy button's centre hits %s: the button is covered or clipped", got.Hit)
 			}

@@ -227,20 +227,30 @@ func (h *harness) host(id string, port int) string {
 // preview sends a request to a preview host (dialled on loopback).
 func (h *harness) preview(method, host, path string, body io.Reader, header http.Header) (*http.Response, string) {
 	h.t.Helper()
-	req, err := http.NewRequest(method, "http://"+host+path, body)
+	resp, b, err := h.previewErr(method, host, path, body, header)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	return resp, b
+}
+
+// previewErr is preview for goroutines other than the test's: it returns
+// the error instead of failing the test.
+func (h *harness) previewErr(method, host, path string, body io.Reader, header http.Header) (*http.Response, string, error) {
+	req, err := http.NewRequest(method, "http://"+host+path, body)
+	if err != nil {
+		return nil, "", err
 	}
 	for k, v := range header {
 		req.Header[k] = v
 	}
 	resp, err := h.client.Do(req)
 	if err != nil {
-		h.t.Fatalf("%s %s%s: %v", method, host, path, err)
+		return nil, "", fmt.Errorf("%s %s%s: %w", method, host, path, err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	b, err := io.ReadAll(resp.Body)
+	return resp, string(b), err
 }
 
 // browserHeader is what a browser sends for a page load.

@@ -49,6 +49,7 @@ func TestRequestsJoinRecreateInFlight(t *testing.T) {
 		page   bool
 		status int
 		body   string
+		err    error
 	}
 	answers := make(chan answer, apis+pages)
 	for i := range apis + pages {
@@ -57,7 +58,11 @@ func TestRequestsJoinRecreateInFlight(t *testing.T) {
 			if i >= apis {
 				header = browserHeader()
 			}
-			resp, body := h.preview("GET", host, "/", nil, header)
+			resp, body, err := h.previewErr("GET", host, "/", nil, header)
+			if err != nil {
+				answers <- answer{page: i >= apis, err: err}
+				return
+			}
 			answers <- answer{page: i >= apis, status: resp.StatusCode, body: body}
 		}()
 	}
@@ -66,6 +71,8 @@ func TestRequestsJoinRecreateInFlight(t *testing.T) {
 		a := <-answers
 		app := a.status == http.StatusOK && strings.Contains(a.body, "Hello from the sandbox")
 		switch {
+		case a.err != nil:
+			t.Errorf("request during the recreate: %v", a.err)
 		case !a.page && !app:
 			t.Errorf("API request during the recreate: %d %.300q; want the app's 200", a.status, a.body)
 		case a.page && a.status == http.StatusServiceUnavailable && pageKind(a.body) == pageWarming:
@@ -75,6 +82,11 @@ func TestRequestsJoinRecreateInFlight(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d page loads got the warming page", warming, pages)
+	// The app listens 2s after its start: page loads sent as the wake
+	// began see the warming page, not the app.
+	if warming == 0 {
+		t.Errorf("no page load got the warming page during the recreate")
+	}
 	if s := h.state(rec.ID); s != "running" {
 		t.Errorf("after the wake the sandbox is %s, want running", s)
 	}

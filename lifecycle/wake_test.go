@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"testing"
 )
 
@@ -24,25 +25,21 @@ func TestWakeIsInFlightFromTheAsking(t *testing.T) {
 	if _, ok := e.m.Waking("app1"); !ok {
 		t.Fatal("Waking = false right after StartWake")
 	}
-	type joined struct {
-		rec Record
-		ok  bool
-		err error
+	// The wake waits behind the stop's lock: JoinWake joins it (ok), and
+	// with a context already cancelled returns at once instead of waiting.
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, ok, err := e.m.JoinWake(cancelled, "app1"); !ok || !errors.Is(err, context.Canceled) {
+		t.Fatalf("JoinWake during the wake = %v, %v; want true (joined) and the cancelled context", ok, err)
 	}
-	join := make(chan joined, 1)
-	go func() {
-		rec, ok, err := e.m.JoinWake(context.Background(), "app1")
-		join <- joined{rec, ok, err}
-	}()
 	g.release()
 	if err := receive(t, stopped, "the stop"); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
-	j := receive(t, join, "the joined wake")
-	if j.err != nil || !j.ok || j.rec.State != Running {
-		t.Fatalf("JoinWake = %v, %v, %v; want a running record, true, nil", j.rec.State, j.ok, j.err)
-	}
 	waitFor(t, "the wake to end", func() bool { _, ok := e.m.Waking("app1"); return !ok })
+	if st := e.state(t, "app1"); st != Running {
+		t.Fatalf("after the wake app1 is %s, want running", st)
+	}
 
 	// Nothing in flight: JoinWake starts nothing.
 	before := e.rt.count("Start")

@@ -20,12 +20,21 @@ import (
 // stopped container and a volume labelled sandwake.managed and sandwake.id
 // but no instance, and a record of it (with the given incarnation).
 func legacySandbox(t *testing.T, f *fixture, incarnation string) (id, containerID string) {
+	return foreignSandbox(t, f, incarnation, "")
+}
+
+// foreignSandbox is legacySandbox with the container and volume labelled as
+// instance's ("" for none).
+func foreignSandbox(t *testing.T, f *fixture, incarnation, instance string) (id, containerID string) {
 	t.Helper()
 	ctx := context.Background()
 	id = testenv.UniqueID("l")
 	labels := testenv.Labels()
 	labels[docker.LabelManaged] = "true"
 	labels[docker.LabelID] = id
+	if instance != "" {
+		labels[docker.LabelInstance] = instance
+	}
 	t.Cleanup(func() {
 		f.cli.ContainerRemove(context.Background(), docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
 		f.cli.VolumeRemove(context.Background(), docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
@@ -108,5 +117,41 @@ func TestUnlabelledContainerUnderANewRecordIsNotAdopted(t *testing.T) {
 	}
 	if _, err := f.cli.VolumeInspect(ctx, docker.VolumeName(id), client.VolumeInspectOptions{}); err != nil {
 		t.Fatalf("the volume was touched: %v", err)
+	}
+}
+
+// TestAnotherInstancesContainerIsLeftAlone: a record whose container and
+// volume names are held by another instance's objects: stop, destroy and
+// purge act on the record only; the other instance's container and volume
+// are not touched.
+func TestAnotherInstancesContainerIsLeftAlone(t *testing.T) {
+	f := newFixture(t, lifecycle.Config{WakeTimeout: 30 * time.Second})
+	ctx := context.Background()
+	for _, op := range []string{"stop", "destroy", "purge"} {
+		t.Run(op, func(t *testing.T) {
+			id, cid := foreignSandbox(t, f, lifecycle.NewIncarnation(), "other"+testenv.RunID())
+			if _, _, err := f.store.Transition(id, []lifecycle.State{lifecycle.Stopped}, lifecycle.Running, "test", nil); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			switch op {
+			case "stop":
+				_, err = f.m.Stop(ctx, id, "api")
+			case "destroy":
+				err = f.m.Destroy(ctx, id, "api")
+			case "purge":
+				_, err = f.m.Purge(ctx, id, "api")
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", op, err)
+			}
+			res, err := f.cli.ContainerInspect(ctx, docker.ContainerName(id), client.ContainerInspectOptions{})
+			if err != nil || res.Container.ID != cid {
+				t.Fatalf("%s touched the other instance's container: %v", op, err)
+			}
+			if _, err := f.cli.VolumeInspect(ctx, docker.VolumeName(id), client.VolumeInspectOptions{}); err != nil {
+				t.Fatalf("%s touched the other instance's volume: %v", op, err)
+			}
+		})
 	}
 }
