@@ -168,6 +168,9 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 	out := map[string]any{"ready": ok, "checks": checks}
 	if e != nil {
 		out["instance"] = e.instance
+		if at := e.mgr.LastReconcile(); !at.IsZero() {
+			out["last_reconcile"] = at.UTC().Format(time.RFC3339Nano)
+		}
 	}
 	writeJSON(w, status, out)
 }

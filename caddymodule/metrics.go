@@ -141,8 +141,8 @@ func observeWake(w lifecycle.WakeResult) {
 	case w.Err == nil:
 	case errors.Is(w.Err, lifecycle.ErrCapacity):
 		result = "capacity"
-	case errors.Is(w.Err, lifecycle.ErrUnavailable):
-		result = "unavailable"
+	case errors.Is(w.Err, lifecycle.ErrUnavailable), errors.Is(w.Err, lifecycle.ErrStoreUnavailable):
+		result = "unavailable" // the host (Docker or the store), not the sandbox
 	default:
 		result = "error"
 	}

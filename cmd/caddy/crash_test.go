@@ -97,13 +97,7 @@ http://127.0.0.1:%d {
 
 func (g *gateway) start() {
 	g.t.Helper()
-	g.log = new(syncBuffer)
-	g.cmd = exec.Command(g.bin, "run", "--config", filepath.Join(g.dir, "Caddyfile"), "--adapter", "caddyfile")
-	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
-	g.cmd.Env = append(os.Environ(), "HOME="+g.dir, "XDG_DATA_HOME="+g.dir, "XDG_CONFIG_HOME="+g.dir)
-	if err := g.cmd.Start(); err != nil {
-		g.t.Fatal(err)
-	}
+	g.launch()
 	testenv.Eventually(g.t, 30*time.Second, func() (bool, string) {
 		if g.cmd.ProcessState != nil {
 			return false, "caddy exited: " + g.log.String()
@@ -111,6 +105,19 @@ func (g *gateway) start() {
 		code, _ := g.api("GET", "/v1/readyz", nil, nil)
 		return code == 200, fmt.Sprintf("readyz %d", code)
 	})
+}
+
+// launch starts the gateway's process, its output into g.log, and returns
+// without waiting for it to be ready.
+func (g *gateway) launch() {
+	g.t.Helper()
+	g.log = new(syncBuffer)
+	g.cmd = exec.Command(g.bin, "run", "--config", filepath.Join(g.dir, "Caddyfile"), "--adapter", "caddyfile")
+	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
+	g.cmd.Env = append(os.Environ(), "HOME="+g.dir, "XDG_DATA_HOME="+g.dir, "XDG_CONFIG_HOME="+g.dir)
+	if err := g.cmd.Start(); err != nil {
+		g.t.Fatal(err)
+	}
 }
 
 // kill ends the gateway with SIGKILL: no Stop, no Cleanup, no flush.
@@ -195,13 +202,18 @@ func (g *gateway) create(cli *client.Client, image, id string, env map[string]st
 	g.createSpec(cli, id, map[string]any{"image": image, "ports": []int{8080}, "memory_mb": 32, "env": env})
 }
 
-func (g *gateway) previewGet(id string) (*http.Response, error) {
-	c := &http.Client{Timeout: 90 * time.Second, Transport: &http.Transport{
+// previewClient sends every request to the gateway's preview listener on
+// loopback, whatever the host name.
+func (g *gateway) previewClient() *http.Client {
+	return &http.Client{Timeout: 90 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", g.previewPort))
 		},
 	}}
-	return c.Get(fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/healthz", id, g.previewPort))
+}
+
+func (g *gateway) previewGet(id string) (*http.Response, error) {
+	return g.previewClient().Get(fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/healthz", id, g.previewPort))
 }
 
 // TestCrashRecovery kills the built Caddy with SIGKILL in the middle of a

@@ -5,10 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -24,13 +22,8 @@ import (
 // previewDo sends a request to sandbox id's port 8080 through the gateway.
 func (g *gateway) previewDo(method, id, path string, body []byte) (int, string) {
 	g.t.Helper()
-	c := &http.Client{Timeout: 90 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", g.previewPort))
-		},
-	}}
 	req, _ := http.NewRequest(method, fmt.Sprintf("http://s-%s-8080.preview.localhost:%d%s", id, g.previewPort, path), bytes.NewReader(body))
-	resp, err := c.Do(req)
+	resp, err := g.previewClient().Do(req)
 	if err != nil {
 		g.t.Fatalf("%s %s on %s: %v", method, path, id, err)
 	}
@@ -123,7 +116,17 @@ func TestTwoGatewaysOneEngine(t *testing.T) {
 	// 3. B restarts (another boot reconcile with orphans remove) and runs
 	// periodic reconciles; A's container is not B's orphan.
 	b.kill()
+	restarted := time.Now()
 	b.start()
+	// Wait for a periodic reconcile after the boot one (readyz says when
+	// the last one ended).
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		var ready struct {
+			LastReconcile time.Time `json:"last_reconcile"`
+		}
+		b.api("GET", "/v1/readyz", nil, &ready)
+		return ready.LastReconcile.After(restarted.Add(time.Second)), "last reconcile " + ready.LastReconcile.String()
+	})
 	if strings.Contains(b.log.String(), x) {
 		t.Fatalf("B's log mentions A's sandbox (orphan?):\n%s", tail(b.log.String()))
 	}
@@ -216,6 +219,9 @@ func TestSandboxIsolation(t *testing.T) {
 	}
 	if ci.HostConfig.Memory != 96<<20 || ci.HostConfig.MemorySwap != 96<<20 {
 		t.Errorf("memory %d swap %d, want %d (default_memory)", ci.HostConfig.Memory, ci.HostConfig.MemorySwap, 96<<20)
+	}
+	if len(ci.NetworkSettings.Ports) == 0 {
+		t.Errorf("no port published")
 	}
 	for port, bs := range ci.NetworkSettings.Ports {
 		for _, b := range bs {
@@ -321,26 +327,20 @@ func (g *gateway) stop() {
 // error; it returns what the process printed.
 func (g *gateway) startFails() string {
 	g.t.Helper()
-	var out bytes.Buffer
-	cmd := exec.Command(g.bin, "run", "--config", filepath.Join(g.dir, "Caddyfile"), "--adapter", "caddyfile")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.Env = append(os.Environ(), "HOME="+g.dir, "XDG_DATA_HOME="+g.dir, "XDG_CONFIG_HOME="+g.dir)
+	g.launch()
 	done := make(chan error, 1)
-	if err := cmd.Start(); err != nil {
-		g.t.Fatal(err)
-	}
-	go func() { done <- cmd.Wait() }()
+	go func() { done <- g.cmd.Wait() }()
 	select {
 	case err := <-done:
 		if err == nil {
-			g.t.Fatalf("caddy exited without an error:\n%s", out.String())
+			g.t.Fatalf("caddy exited without an error:\n%s", g.log.String())
 		}
 	case <-time.After(60 * time.Second):
-		cmd.Process.Kill()
+		g.cmd.Process.Kill()
 		<-done
-		g.t.Fatalf("caddy kept running on a store it should refuse:\n%s", tail(out.String()))
+		g.t.Fatalf("caddy kept running on a store it should refuse:\n%s", tail(g.log.String()))
 	}
-	return out.String()
+	return g.log.String()
 }
 
 // TestDamagedOrLostStore: a damaged store refuses to start, naming the
@@ -377,13 +377,7 @@ func TestDamagedOrLostStore(t *testing.T) {
 	if err := os.RemoveAll(storeDir); err != nil {
 		t.Fatal(err)
 	}
-	g.log = new(syncBuffer)
-	g.cmd = exec.Command(g.bin, "run", "--config", filepath.Join(g.dir, "Caddyfile"), "--adapter", "caddyfile")
-	g.cmd.Stdout, g.cmd.Stderr = g.log, g.log
-	g.cmd.Env = append(os.Environ(), "HOME="+g.dir, "XDG_DATA_HOME="+g.dir, "XDG_CONFIG_HOME="+g.dir)
-	if err := g.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	g.launch()
 	var ready string
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 		code, body := g.api("GET", "/v1/readyz", nil, nil)
