@@ -17,12 +17,17 @@ build:
 test: tools vet lint
 	$(GO) test -count=1 -race -timeout 60m ./...
 
-## tools: what the tests need beyond Go: Debian's chromium for the browser tests
+## tools: what the tests need beyond Go, from Debian's packages: chromium for
+## the browser tests, etcd-server for the cluster tests
 tools:
-	@command -v chromium >/dev/null 2>&1 || { \
-		echo "installing chromium (browser tests)"; \
+	@missing=; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing$$missing (browser and cluster tests)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
