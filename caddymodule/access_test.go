@@ -788,7 +788,7 @@ http://127.0.0.1:%d {
 	apiGet("/v1/sandboxes")
 	apiGet("/v1/sandboxes/" + rec.ID)
 	apiGet("/v1/sandboxes/" + rec.ID + "/history")
-	evs, err := e.store.EventsAfter(0, 0)
+	evs, err := e.mgr.EventsAfter(0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

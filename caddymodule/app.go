@@ -6,7 +6,6 @@ package caddymodule
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -22,9 +21,8 @@ import (
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
+	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/lifecycle"
-	"github.com/sandwake/sandwake/lifecycle/docker"
-	"github.com/sandwake/sandwake/store"
 )
 
 func init() {
@@ -362,13 +360,13 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 	}
 	if a.UpstreamMode == "" {
-		a.UpstreamMode = docker.UpstreamPublished
+		a.UpstreamMode = core.UpstreamPublished
 	}
 	if a.SandboxNetwork == "" {
-		a.SandboxNetwork = docker.DefaultSandboxNetwork
+		a.SandboxNetwork = core.DefaultSandboxNetwork
 	}
 	if a.Pull == "" {
-		a.Pull = docker.PullMissing
+		a.Pull = core.PullMissing
 	}
 	if a.DefaultMemory == "" {
 		a.DefaultMemory = DefaultMemory
@@ -414,11 +412,11 @@ func (a *App) Validate() error {
 		return fmt.Errorf("sandwake: preview_url %q is not an http(s) URL", a.PreviewURL)
 	}
 	switch a.UpstreamMode {
-	case docker.UpstreamPublished:
+	case core.UpstreamPublished:
 		if a.Network != "" {
 			return errors.New("sandwake: network is set but upstream_mode is published")
 		}
-	case docker.UpstreamNetwork:
+	case core.UpstreamNetwork:
 		if a.Network == "" {
 			return errors.New("sandwake: upstream_mode network needs a network name")
 		}
@@ -450,7 +448,7 @@ func (a *App) Validate() error {
 		return fmt.Errorf("sandwake: sandbox_network %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.SandboxNetwork)
 	}
 	switch a.Pull {
-	case docker.PullMissing, docker.PullNever:
+	case core.PullMissing, core.PullNever:
 	default:
 		return fmt.Errorf("sandwake: pull %q is not missing or never", a.Pull)
 	}
@@ -585,8 +583,8 @@ func (s *settings) previewURLOf(id string, port int) string {
 // engine is the long-lived runtime shared by every config with the same
 // storage directory.
 type engine struct {
-	store   *store.Store
-	docker  *docker.Runtime
+	// core is the store, runtime and manager (mgr is core.Manager).
+	core    *core.Engine
 	mgr     *lifecycle.Manager
 	routes  *routeCache
 	log     *zap.Logger
@@ -626,124 +624,70 @@ func (e *engine) observeWake(w lifecycle.WakeResult) {
 	}
 }
 
-// generateInstance draws a default instance name.
-func generateInstance() string {
-	b := make([]byte, 5)
-	rand.Read(b)
-	return "gw-" + hex.EncodeToString(b)
-}
-
-// hostSize reads the engine host's CPUs and memory (MiB), so that specs
-// asking for more are refused; zeros when the engine cannot tell now.
-func hostSize(rt *docker.Runtime, log *zap.Logger) (cpus int, memMB int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	cpus, memMB, err := rt.HostSize(ctx)
-	if err != nil {
-		log.Warn("reading the docker host's size (specs are bounded by fixed limits until restart)", zap.Error(err))
-		return 0, 0
-	}
-	return cpus, memMB
-}
-
 func openEngine(a *App) (*engine, error) {
 	log := a.logger
-	st, err := store.Open(store.Options{Dir: a.storageDir})
-	if err != nil {
-		return nil, fmt.Errorf("sandwake: %w", err)
-	}
-	instance, err := st.Instance(a.Instance, generateInstance)
-	if err != nil {
-		st.Close()
-		return nil, fmt.Errorf("sandwake: store %s: %w", a.storageDir, err)
-	}
-	rt, err := docker.New(docker.Options{
-		Host:           a.DockerHost,
-		UpstreamMode:   a.UpstreamMode,
-		Network:        a.Network,
-		StopTimeout:    time.Duration(a.StopTimeout),
-		Labels:         a.Labels,
-		Instance:       instance,
-		SandboxNetwork: a.SandboxNetwork,
-		Pull:           a.Pull,
-		// A record without an incarnation was made before instance labels:
-		// its container and volume are this gateway's.
-		Legacy: func(id string) bool {
-			rec, err := st.Get(id)
-			return err == nil && rec.Incarnation == ""
-		},
-	})
-	if err != nil {
-		st.Close()
-		return nil, fmt.Errorf("sandwake: %w", err)
-	}
-	hostCPUs, hostMemMB := hostSize(rt, log)
-	// A new store on an engine that holds containers of this instance lost
-	// its records (moved, wiped, restored from nothing): nothing may be
-	// removed on its word until an operator has looked.
-	orphansRemove := a.Orphans == "remove"
-	if st.Fresh() && orphansRemove {
-		orphansRemove = false
-		log.Warn("new store: orphans remove is off until the next start", zap.String("storage", a.storageDir))
-	}
 	// The engine exists before its manager: the manager's hooks, fixed at
 	// construction, point into it (routes is set before anything can
 	// change, the loops start after).
 	e := &engine{
-		store: st, docker: rt, log: log, instance: instance,
-		dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
+		log: log, dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
 		guard: newWakeGuard(), streams: newStreamLimiter(),
 	}
-	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{
-		OnChange:          func(id string) { e.routes.invalidate(id) },
-		OnWake:            e.observeWake,
-		OnReap:            observeReap,
-		OnDelivery:        observeDelivery,
-		WakeTimeout:       time.Duration(a.WakeTimeout),
-		MaxResident:       *a.MaxResident,
-		KeepaliveMax:      time.Duration(a.KeepaliveMax),
-		ActivityFlush:     time.Duration(a.ActivityFlush),
-		IdlePause:         time.Duration(*a.IdlePause),
-		IdleStop:          time.Duration(*a.IdleStop),
-		MinResident:       time.Duration(*a.MinResident),
-		CapacityWait:      time.Duration(*a.CapacityWait),
-		MaxLifetime:       time.Duration(a.MaxLifetime),
-		ExpiredWake:       a.ExpiredWake,
-		MinFreeMemory:     a.minFreeBytes,
-		ReapInterval:      time.Duration(a.ReapInterval),
-		ReconcileInterval: time.Duration(a.ReconcileInterval),
-		WatchEvents:       true,
-		OrphansRemove:     orphansRemove,
-		DefaultMemoryMB:   a.defaultMemMB,
-		HostCPUs:          hostCPUs,
-		HostMemoryMB:      hostMemMB,
-		AllowedImages:     a.AllowedImages,
-		OnReconcile:       observeCorrection,
-		EventRetention:    time.Duration(a.EventRetention),
-		Logger:            log,
+	c, err := core.Open(core.Options{
+		Dir:            a.storageDir,
+		Instance:       a.Instance,
+		DockerHost:     a.DockerHost,
+		UpstreamMode:   a.UpstreamMode,
+		Network:        a.Network,
+		StopTimeout:    time.Duration(a.StopTimeout),
+		Labels:         a.Labels,
+		SandboxNetwork: a.SandboxNetwork,
+		Pull:           a.Pull,
+		Logger:         log,
+		Manager: lifecycle.Config{
+			OnChange:          func(id string) { e.routes.invalidate(id) },
+			OnWake:            e.observeWake,
+			OnReap:            observeReap,
+			OnDelivery:        observeDelivery,
+			WakeTimeout:       time.Duration(a.WakeTimeout),
+			MaxResident:       *a.MaxResident,
+			KeepaliveMax:      time.Duration(a.KeepaliveMax),
+			ActivityFlush:     time.Duration(a.ActivityFlush),
+			IdlePause:         time.Duration(*a.IdlePause),
+			IdleStop:          time.Duration(*a.IdleStop),
+			MinResident:       time.Duration(*a.MinResident),
+			CapacityWait:      time.Duration(*a.CapacityWait),
+			MaxLifetime:       time.Duration(a.MaxLifetime),
+			ExpiredWake:       a.ExpiredWake,
+			MinFreeMemory:     a.minFreeBytes,
+			ReapInterval:      time.Duration(a.ReapInterval),
+			ReconcileInterval: time.Duration(a.ReconcileInterval),
+			WatchEvents:       true,
+			OrphansRemove:     a.Orphans == "remove",
+			DefaultMemoryMB:   a.defaultMemMB,
+			AllowedImages:     a.AllowedImages,
+			OnReconcile:       observeCorrection,
+			EventRetention:    time.Duration(a.EventRetention),
+			Logger:            log,
+		},
 	})
 	if err != nil {
-		rt.Close()
-		st.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
-	e.mgr = mgr
+	e.core, e.mgr, e.instance = c, c.Manager, c.Instance
+	mgr, instance := c.Manager, c.Instance
 	e.routes = newRouteCache(mgr)
-	e.storedSecret, err = st.Secret("preview", func() ([]byte, error) {
+	e.storedSecret, err = c.Secret("preview", func() ([]byte, error) {
 		b := make([]byte, 32)
 		_, err := rand.Read(b)
 		return b, err
 	})
 	if err != nil {
-		mgr.Close()
-		rt.Close()
-		st.Close()
+		c.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
 	if err := mgr.Start(); err != nil {
-		mgr.Close()
-		rt.Close()
-		st.Close()
+		c.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
 	// The boot reconcile runs before the gate serves, so that no request
@@ -757,9 +701,7 @@ func openEngine(a *App) (*engine, error) {
 	} else {
 		log.Info("boot reconcile done", zap.String("instance", instance), zap.Int("records", stats.Records), zap.Int("containers", stats.Containers),
 			zap.Any("corrections", stats.Corrections), zap.Int("orphans", len(stats.Orphans)))
-		if st.Fresh() && len(stats.Orphans) > 0 {
-			e.storeWarning = fmt.Sprintf("the store %s is new but Docker holds %d containers of instance %q: was the store lost or moved? Nothing is removed until the next start; restore the store, or remove the containers by hand",
-				a.storageDir, len(stats.Orphans), instance)
+		if e.storeWarning = c.StoreWarning(stats); e.storeWarning != "" {
 			log.Error("store lost? "+e.storeWarning, zap.Strings("containers", stats.Orphans))
 		}
 	}
@@ -804,7 +746,7 @@ func (e *engine) apply(a *App) {
 
 // validEventType reports whether typ names an event sandwake emits.
 func validEventType(typ string) bool {
-	if typ == store.EventDestroyed || typ == store.EventPurged {
+	if typ == lifecycle.EventDestroyed || typ == lifecycle.EventPurged {
 		return true
 	}
 	state, ok := strings.CutPrefix(typ, "sandbox.")
@@ -816,9 +758,9 @@ func validEventType(typ string) bool {
 func (e *engine) Destruct() error {
 	e.ready.Store(false)
 	metricsEngine.CompareAndSwap(e, nil)
-	errs := []error{e.mgr.Close(), e.docker.Close(), e.store.Close()}
+	err := e.core.Close()
 	e.log.Info("sandwake engine stopped")
-	return errors.Join(errs...)
+	return err
 }
 
 // Interface guards.

@@ -12,7 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
-	"github.com/sandwake/sandwake/lifecycle/docker"
+	core "github.com/sandwake/sandwake/engine"
 )
 
 func init() {
@@ -202,8 +202,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.UpstreamMode = d.Val()
 			switch a.UpstreamMode {
-			case docker.UpstreamPublished:
-			case docker.UpstreamNetwork:
+			case core.UpstreamPublished:
+			case core.UpstreamNetwork:
 				if !d.NextArg() {
 					return d.Err("upstream_mode network needs the Docker network name")
 				}

@@ -190,7 +190,7 @@ func TestDockerSocketCut(t *testing.T) {
 	e := engineFor(t, h)
 
 	histBefore := len(h.historyOf(rec.ID))
-	lastBefore, err := e.store.LastEventID()
+	lastBefore, err := e.mgr.LastEventID()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +262,7 @@ func TestDockerSocketCut(t *testing.T) {
 	if n := len(h.historyOf(rec.ID)); n != histBefore {
 		t.Fatalf("history grew from %d to %d events while docker was cut", histBefore, n)
 	}
-	if last, _ := e.store.LastEventID(); last != lastBefore {
+	if last, _ := e.mgr.LastEventID(); last != lastBefore {
 		t.Fatalf("event log moved from %d to %d while docker was cut", lastBefore, last)
 	}
 

@@ -173,7 +173,7 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 		t.Fatalf("list: %d", status)
 	}
 	recordsBefore := len(list.Sandboxes)
-	lastBefore, err := e.store.LastEventID()
+	lastBefore, err := e.mgr.LastEventID()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 	if len(list.Sandboxes) != recordsBefore {
 		t.Fatalf("%d records after the flood, %d before", len(list.Sandboxes), recordsBefore)
 	}
-	if last, _ := e.store.LastEventID(); last != lastBefore {
+	if last, _ := e.mgr.LastEventID(); last != lastBefore {
 		t.Fatalf("event log moved from %d to %d during the flood", lastBefore, last)
 	}
 	if c := e.routes.cache.Len(); c != cachedBefore {

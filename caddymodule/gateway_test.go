@@ -192,7 +192,7 @@ func TestReloadsDropNothing(t *testing.T) {
 	if got := engineFor(t, h); got != eng {
 		t.Fatal("a reload opened a second engine (store)")
 	}
-	if refs, _ := engines.References(eng.store.Dir()); refs != 1 {
+	if refs, _ := engines.References(eng.core.Dir()); refs != 1 {
 		t.Fatalf("engine references = %d, want 1 after reloads", refs)
 	}
 	after := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeProxied))

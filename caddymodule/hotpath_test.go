@@ -12,58 +12,42 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/lifecycle"
-	"github.com/sandwake/sandwake/store"
+	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
 )
 
-// noRuntime fails every call: the hot path must never reach the engine.
-type noRuntime struct{ calls atomic.Int64 }
-
-func (n *noRuntime) fail() error { n.calls.Add(1); return lifecycle.ErrUnavailable }
-func (n *noRuntime) Create(context.Context, string, store.Spec) (lifecycle.Container, error) {
-	return lifecycle.Container{}, n.fail()
-}
-func (n *noRuntime) Start(context.Context, string) (lifecycle.Container, error) {
-	return lifecycle.Container{}, n.fail()
-}
-func (n *noRuntime) Pause(context.Context, string) error   { return n.fail() }
-func (n *noRuntime) Unpause(context.Context, string) error { return n.fail() }
-func (n *noRuntime) Stop(context.Context, string) error    { return n.fail() }
-func (n *noRuntime) Remove(context.Context, string) error  { return n.fail() }
-func (n *noRuntime) RemoveVolume(context.Context, string) (int64, error) {
-	return 0, n.fail()
-}
-func (n *noRuntime) Inspect(context.Context, string) (lifecycle.Container, error) {
-	return lifecycle.Container{}, n.fail()
-}
-func (n *noRuntime) List(context.Context) ([]lifecycle.Container, error) { return nil, n.fail() }
-func (n *noRuntime) Ping(context.Context) error                          { return n.fail() }
-
-// hotPathGate returns a gate over an in-memory engine holding one running
-// sandbox "hot" on port 8080, and that engine's runtime.
-func hotPathGate(tb testing.TB) (*Gate, *noRuntime) {
+// hotPathGate returns a gate over an engine holding one running sandbox
+// "hot" on port 8080, and that engine's runtime (a fake that holds no
+// container: the hot path must never reach it).
+func hotPathGate(tb testing.TB) (*Gate, *lifecycletest.Runtime) {
 	tb.Helper()
-	st, err := store.Open(store.Options{InMemory: true})
+	dir := tb.TempDir()
+	rt := lifecycletest.NewRuntime(nil)
+	// The record is stored before the engine that serves it opens, as a
+	// gateway restarted over its store finds it.
+	seed, err := core.Open(core.Options{Dir: dir, Runtime: rt})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { st.Close() })
 	now := time.Now().UTC()
-	if _, _, err := st.Create(store.Record{
-		ID: "hot", State: lifecycle.Running, Spec: store.Spec{Image: "x", Ports: []int{8080}},
+	_, _, err = seed.Store().Create(lifecycle.Record{
+		ID: "hot", State: lifecycle.Running, Spec: lifecycle.Spec{Image: "x", Ports: []int{8080}},
 		CreatedAt: now, StateSince: now, LastActiveAt: now, Upstreams: map[int]string{8080: "127.0.0.1:1"},
-	}, "test"); err != nil {
-		tb.Fatal(err)
+	}, "test")
+	if cerr := seed.Close(); err != nil || cerr != nil {
+		tb.Fatal(err, cerr)
 	}
-	rt := &noRuntime{}
-	e := &engine{store: st, log: zap.NewNop()}
-	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{OnChange: func(id string) { e.routes.invalidate(id) }})
+	e := &engine{log: zap.NewNop()}
+	c, err := core.Open(core.Options{Dir: dir, Runtime: rt, Manager: lifecycle.Config{
+		OnChange: func(id string) { e.routes.invalidate(id) },
+	}})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { mgr.Close() })
-	e.mgr = mgr
-	e.routes = newRouteCache(mgr)
+	tb.Cleanup(func() { c.Close() })
+	e.core, e.mgr = c, c.Manager
+	e.routes = newRouteCache(c.Manager)
 	e.current.Store(&settings{domain: "localhost", holdTimeout: time.Second})
 	e.ready.Store(true)
 	app := &App{eng: new(atomic.Pointer[engine])}
@@ -113,17 +97,17 @@ func hotRequest() *http.Request {
 func TestHotPathNeverTouchesEngineOrStore(t *testing.T) {
 	g, rt := hotPathGate(t)
 	e := g.app.engine()
-	before, _ := e.store.LastEventID()
+	before, _ := e.mgr.LastEventID()
 	for range 1000 {
 		if err := g.ServeHTTP(httptest.NewRecorder(), hotRequest(), proxyStub{t}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if rt.calls.Load() != 0 {
-		t.Fatalf("hot path called the runtime %d times", rt.calls.Load())
+	if calls := rt.Calls(); len(calls) != 0 {
+		t.Fatalf("hot path called the runtime: %v", calls)
 	}
-	after, _ := e.store.LastEventID()
-	rec, _ := e.store.Get("hot")
+	after, _ := e.mgr.LastEventID()
+	rec, _ := e.mgr.Get("hot")
 	if after != before || !rec.LastActiveAt.Equal(rec.CreatedAt) { // nothing flushed yet
 		t.Fatalf("hot path wrote to the store: events %d→%d, last_active %s", before, after, rec.LastActiveAt)
 	}
@@ -135,7 +119,7 @@ func TestHotPathNeverTouchesEngineOrStore(t *testing.T) {
 	if err := e.mgr.FlushActivity(); err != nil {
 		t.Fatal(err)
 	}
-	rec, _ = e.store.Get("hot")
+	rec, _ = e.mgr.Get("hot")
 	if !rec.LastActiveAt.Equal(a.LastActive()) {
 		t.Fatalf("flushed last_active %s, want %s", rec.LastActiveAt, a.LastActive())
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/sandwake/sandwake/store"
 )
 
 // Circuit breaker settings: after breakerThreshold consecutive transient
@@ -65,7 +63,7 @@ func (b *breaker) do(fn func() error) error {
 	return err
 }
 
-func (b *breaker) Create(ctx context.Context, id string, spec store.Spec) (c Container, err error) {
+func (b *breaker) Create(ctx context.Context, id string, spec Spec) (c Container, err error) {
 	err = b.do(func() error { c, err = b.rt.Create(ctx, id, spec); return err })
 	return c, err
 }

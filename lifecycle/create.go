@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/sandwake/sandwake/store"
 )
 
 // CreateRequest asks for a new sandbox.
@@ -56,7 +54,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 		}
 	}
 	// A taken id is refused before admission, which may evict a sandbox
-	// to make room. (store.Create checks again, under the lock.)
+	// to make room. (Store.Create checks again, under the lock.)
 	if _, err := m.store.Get(id); err == nil {
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, ErrExists)
 	}
@@ -131,7 +129,7 @@ func (m *Manager) checkSpec(spec *Spec) error {
 
 // discard removes the record of a create that made nothing.
 func (m *Manager) discard(id string, cause error) {
-	if _, err := m.store.Delete(id, store.EventDestroyed, "create_refused"); err != nil {
+	if _, err := m.store.Delete(id, EventDestroyed, "create_refused"); err != nil {
 		m.log.Error("removing the record of a refused create", zap.String("id", id), zap.Error(err), zap.NamedError("cause", cause))
 		return
 	}

@@ -3,21 +3,20 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
-
-	"github.com/sandwake/sandwake/store"
 )
 
 // Errors of the lifecycle package. Errors returned by the Manager wrap one of
 // these (test with errors.Is); the HTTP layer maps them to statuses in one
-// place.
+// place. ErrNotFound, ErrExists, ErrConflict and ErrStoreUnavailable are
+// also what a Store's errors wrap.
 var (
 	// ErrNotFound: no sandbox with that id.
-	ErrNotFound = store.ErrNotFound
+	ErrNotFound = errors.New("not found")
 	// ErrExists: a sandbox with that id already exists.
-	ErrExists = store.ErrExists
+	ErrExists = errors.New("already exists")
 	// ErrConflict: the operation is not allowed in the sandbox's current
 	// state (for example pausing a stopped sandbox, waking one being created).
-	ErrConflict = store.ErrStateConflict
+	ErrConflict = errors.New("state conflict")
 	// ErrInvalid: the request is malformed (bad id, spec or duration).
 	ErrInvalid = errors.New("invalid request")
 	// ErrCapacity: admission refused: the host is at max_resident and nothing
@@ -45,5 +44,5 @@ var (
 	// ErrStoreUnavailable: the store refused the write (file system full
 	// below its reserve, read-only, failing). An engine change made before
 	// it is re-read and recorded once the store takes writes again.
-	ErrStoreUnavailable = store.ErrUnwritable
+	ErrStoreUnavailable = errors.New("store not writable")
 )

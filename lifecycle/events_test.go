@@ -1,4 +1,4 @@
-package lifecycle
+package lifecycle_test
 
 import (
 	"context"
@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandwake/sandwake/store"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // drain reads sub.C until it is closed and returns what it read.
-func drain(t *testing.T, sub *Subscription) []Event {
+func drain(t *testing.T, sub *lifecycle.Subscription) []lifecycle.Event {
 	t.Helper()
-	var evs []Event
+	var evs []lifecycle.Event
 	for {
 		ev, ok := receiveOK(t, sub.C)
 		if !ok {
@@ -24,18 +24,18 @@ func drain(t *testing.T, sub *Subscription) []Event {
 	}
 }
 
-func receiveOK(t *testing.T, c <-chan Event) (Event, bool) {
+func receiveOK(t *testing.T, c <-chan lifecycle.Event) (lifecycle.Event, bool) {
 	t.Helper()
 	select {
 	case ev, ok := <-c:
 		return ev, ok
 	case <-time.After(10 * time.Second):
 		t.Fatal("timed out waiting for an event or the end of the subscription")
-		return Event{}, false
+		return lifecycle.Event{}, false
 	}
 }
 
-func checkConsecutive(t *testing.T, evs []Event) {
+func checkConsecutive(t *testing.T, evs []lifecycle.Event) {
 	t.Helper()
 	for i := 1; i < len(evs); i++ {
 		if evs[i].ID != evs[i-1].ID+1 {
@@ -45,14 +45,17 @@ func checkConsecutive(t *testing.T, evs []Event) {
 }
 
 func TestSubscribe(t *testing.T) {
-	e := newTestEnv(t, Config{})
+	e := newTestEnv(t, lifecycle.Config{})
 	sub := e.m.Subscribe()
 	ctx := context.Background()
 	steps := []struct {
 		name string
 		do   func() error
 	}{
-		{"create", func() error { _, err := e.m.Create(ctx, CreateRequest{ID: "app1", Spec: testSpec()}); return err }},
+		{"create", func() error {
+			_, err := e.m.Create(ctx, lifecycle.CreateRequest{ID: "app1", Spec: testSpec()})
+			return err
+		}},
 		{"pause", func() error { _, err := e.m.Pause(ctx, "app1", "idle"); return err }},
 		{"wake", func() error { _, err := e.m.Wake(ctx, "app1"); return err }},
 		{"stop", func() error { _, err := e.m.Stop(ctx, "app1", "api"); return err }},
@@ -77,7 +80,7 @@ func TestSubscribe(t *testing.T) {
 			t.Fatalf("event of %q", ev.SandboxID)
 		}
 	}
-	want := []string{"sandbox.creating", "sandbox.running", "sandbox.paused", "sandbox.running", "sandbox.stopped", store.EventDestroyed, store.EventPurged}
+	want := []string{"sandbox.creating", "sandbox.running", "sandbox.paused", "sandbox.running", "sandbox.stopped", lifecycle.EventDestroyed, lifecycle.EventPurged}
 	if !slices.Equal(types, want) {
 		t.Fatalf("events = %v, want %v", types, want)
 	}
@@ -104,9 +107,9 @@ func TestSubscribe(t *testing.T) {
 // TestSubscribeConcurrentOrder: events of concurrent wakes arrive in id order.
 func TestSubscribeConcurrentOrder(t *testing.T) {
 	const n = 50
-	e := newTestEnv(t, Config{})
+	e := newTestEnv(t, lifecycle.Config{})
 	for i := range n {
-		e.seed(t, fmt.Sprintf("s%d", i), Stopped)
+		e.seed(t, fmt.Sprintf("s%d", i), lifecycle.Stopped)
 	}
 	sub := e.m.Subscribe()
 	var wg sync.WaitGroup
@@ -143,12 +146,12 @@ func TestSubscribeConcurrentOrder(t *testing.T) {
 // buffer is full, without slowing or failing the transitions, while one that
 // keeps up gets everything.
 func TestSubscribeLagged(t *testing.T) {
-	const cycles = subscriberBuffer/2 + 10 // two events a cycle: more than the buffer
-	e := newTestEnv(t, Config{})
-	e.seed(t, "app1", Running)
+	const cycles = lifecycle.SubscriberBuffer/2 + 10 // two events a cycle: more than the buffer
+	e := newTestEnv(t, lifecycle.Config{})
+	e.seed(t, "app1", lifecycle.Running)
 	slow := e.m.Subscribe()
 	fast := e.m.Subscribe()
-	var got []Event
+	var got []lifecycle.Event
 	ctx := context.Background()
 	for i := range cycles {
 		if _, err := e.m.Pause(ctx, "app1", "idle"); err != nil {
@@ -175,8 +178,8 @@ func TestSubscribeLagged(t *testing.T) {
 	if !slow.Lagged() {
 		t.Fatal("slow subscriber not marked Lagged")
 	}
-	if len(buffered) != subscriberBuffer {
-		t.Fatalf("slow subscriber got %d events before being dropped, want %d", len(buffered), subscriberBuffer)
+	if len(buffered) != lifecycle.SubscriberBuffer {
+		t.Fatalf("slow subscriber got %d events before being dropped, want %d", len(buffered), lifecycle.SubscriberBuffer)
 	}
 	checkConsecutive(t, buffered)
 	if buffered[0].ID != got[0].ID {
@@ -185,15 +188,15 @@ func TestSubscribeLagged(t *testing.T) {
 	if fast.Lagged() {
 		t.Fatal("reading subscriber marked Lagged")
 	}
-	if s := e.state(t, "app1"); s != Running {
+	if s := e.state(t, "app1"); s != lifecycle.Running {
 		t.Fatalf("state = %s, want running", s)
 	}
 	fast.Cancel()
 }
 
 func TestCloseEndsSubscriptions(t *testing.T) {
-	e := newTestEnv(t, Config{})
-	subs := []*Subscription{e.m.Subscribe(), e.m.Subscribe()}
+	e := newTestEnv(t, lifecycle.Config{})
+	subs := []*lifecycle.Subscription{e.m.Subscribe(), e.m.Subscribe()}
 	if err := e.m.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/sandwake/sandwake/store"
 )
 
 // Pause freezes running sandbox id. Pausing a paused sandbox is a no-op;
@@ -228,7 +226,7 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 	if err := m.runtime.Remove(ctx, id); err != nil {
 		return fmt.Errorf("destroying sandbox %s: %w", id, err)
 	}
-	if _, err := m.store.Delete(id, store.EventDestroyed, reason); err != nil {
+	if _, err := m.store.Delete(id, EventDestroyed, reason); err != nil {
 		if errors.Is(err, ErrStoreUnavailable) {
 			// Reconcile can only record the container as missing
 			// (killed): the deletion itself needs the DELETE again.
@@ -279,12 +277,12 @@ func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, er
 		return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
 	}
 	if hasRecord {
-		if _, err = m.store.Delete(id, store.EventPurged, reason); err == nil {
+		if _, err = m.store.Delete(id, EventPurged, reason); err == nil {
 			m.setState(id, "")
 			m.activity.m.Delete(id)
 		}
 	} else {
-		_, err = m.store.AppendEvent(Event{Type: store.EventPurged, SandboxID: id, Reason: reason})
+		_, err = m.store.AppendEvent(Event{Type: EventPurged, SandboxID: id, Reason: reason})
 	}
 	return freed, err
 }

@@ -1,4 +1,4 @@
-package lifecycle
+package lifecycle_test
 
 import (
 	"context"
@@ -10,18 +10,22 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sandwake/sandwake/lifecycle"
+
+	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
 )
 
 // eventLog records every committed event, in commit order.
 type eventLog struct {
 	mu  sync.Mutex
-	evs []Event
+	evs []lifecycle.Event
 }
 
 // watch adds a hook to e's manager; add it before the events of interest
 // happen.
 func (l *eventLog) watch(e *testEnv) *eventLog {
-	e.hooks.onEvent(func(ev Event) {
+	e.hooks.onEvent(func(ev lifecycle.Event) {
 		l.mu.Lock()
 		l.evs = append(l.evs, ev)
 		l.mu.Unlock()
@@ -36,7 +40,7 @@ func (l *eventLog) stopped(prefix string) []string {
 	defer l.mu.Unlock()
 	var ids []string
 	for _, ev := range l.evs {
-		if ev.To == Stopped && strings.HasPrefix(ev.Reason, prefix) {
+		if ev.To == lifecycle.Stopped && strings.HasPrefix(ev.Reason, prefix) {
 			ids = append(ids, ev.SandboxID)
 		}
 	}
@@ -49,7 +53,7 @@ func (l *eventLog) stopped(prefix string) []string {
 func TestPressureResident(t *testing.T) {
 	type sb struct {
 		id     string
-		state  State
+		state  lifecycle.State
 		active time.Duration // last request at +active (0: only the seed's)
 		busy   bool          // an open connection
 		keep   bool          // a keepalive in the future
@@ -63,62 +67,62 @@ func TestPressureResident(t *testing.T) {
 	}{
 		{
 			name: "paused first", max: 3,
-			sandboxes: []sb{{"a", Running, 1, false, false, false}, {"b", Running, 2, false, false, false}, {"c", Paused, 9, false, false, false}, {"d", Running, 3, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Running, 1, false, false, false}, {"b", lifecycle.Running, 2, false, false, false}, {"c", lifecycle.Paused, 9, false, false, false}, {"d", lifecycle.Running, 3, false, false, false}},
 			want:      []string{"c"},
 		},
 		{
 			name: "paused least recently active first, then running", max: 1,
-			sandboxes: []sb{{"a", Running, 1, false, false, false}, {"b", Paused, 5, false, false, false}, {"c", Paused, 4, false, false, false}, {"d", Running, 3, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Running, 1, false, false, false}, {"b", lifecycle.Paused, 5, false, false, false}, {"c", lifecycle.Paused, 4, false, false, false}, {"d", lifecycle.Running, 3, false, false, false}},
 			want:      []string{"c", "b", "a"},
 		},
 		{
 			name: "running least recently active first", max: 2,
-			sandboxes: []sb{{"a", Running, 2, false, false, false}, {"b", Running, 1, false, false, false}, {"c", Running, 3, false, false, false}, {"d", Running, 4, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Running, 2, false, false, false}, {"b", lifecycle.Running, 1, false, false, false}, {"c", lifecycle.Running, 3, false, false, false}, {"d", lifecycle.Running, 4, false, false, false}},
 			want:      []string{"b", "a"},
 		},
 		{
 			name: "never seen active counts as oldest", max: 3,
-			sandboxes: []sb{{"a", Running, 1, false, false, false}, {"b", Running, 2, false, false, false}, {"c", Running, 0, false, false, false}, {"d", Running, 3, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Running, 1, false, false, false}, {"b", lifecycle.Running, 2, false, false, false}, {"c", lifecycle.Running, 0, false, false, false}, {"d", lifecycle.Running, 3, false, false, false}},
 			want:      []string{"c"},
 		},
 		{
 			name: "busy ones are skipped", max: 3,
-			sandboxes: []sb{{"a", Paused, 1, true, false, false}, {"b", Running, 2, true, false, false}, {"c", Running, 3, false, false, false}, {"d", Running, 4, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Paused, 1, true, false, false}, {"b", lifecycle.Running, 2, true, false, false}, {"c", lifecycle.Running, 3, false, false, false}, {"d", lifecycle.Running, 4, false, false, false}},
 			want:      []string{"c"},
 		},
 		{
 			name: "kept alive ones are skipped", max: 3,
-			sandboxes: []sb{{"a", Paused, 1, false, true, false}, {"b", Running, 2, false, true, false}, {"c", Running, 3, false, false, false}, {"d", Running, 4, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Paused, 1, false, true, false}, {"b", lifecycle.Running, 2, false, true, false}, {"c", lifecycle.Running, 3, false, false, false}, {"d", lifecycle.Running, 4, false, false, false}},
 			want:      []string{"c"},
 		},
 		{
 			name: "held ones are skipped", max: 3,
-			sandboxes: []sb{{"a", Paused, 1, false, false, true}, {"b", Running, 2, false, false, false}, {"c", Running, 3, false, false, false}, {"d", Running, 4, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Paused, 1, false, false, true}, {"b", lifecycle.Running, 2, false, false, false}, {"c", lifecycle.Running, 3, false, false, false}, {"d", lifecycle.Running, 4, false, false, false}},
 			want:      []string{"b"},
 		},
 		{
 			name: "all busy: nothing stopped", max: 3,
-			sandboxes: []sb{{"a", Paused, 1, true, false, false}, {"b", Running, 2, true, false, false}, {"c", Running, 3, false, true, false}, {"d", Running, 4, true, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Paused, 1, true, false, false}, {"b", lifecycle.Running, 2, true, false, false}, {"c", lifecycle.Running, 3, false, true, false}, {"d", lifecycle.Running, 4, true, false, false}},
 		},
 		{
 			name: "at the cap: nothing stopped", max: 4,
-			sandboxes: []sb{{"a", Paused, 1, false, false, false}, {"b", Running, 2, false, false, false}, {"c", Running, 3, false, false, false}, {"d", Running, 4, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Paused, 1, false, false, false}, {"b", lifecycle.Running, 2, false, false, false}, {"c", lifecycle.Running, 3, false, false, false}, {"d", lifecycle.Running, 4, false, false, false}},
 		},
 		{
 			name: "no cap: nothing stopped", max: 0,
-			sandboxes: []sb{{"a", Paused, 1, false, false, false}, {"b", Running, 2, false, false, false}, {"c", Running, 3, false, false, false}, {"d", Running, 4, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Paused, 1, false, false, false}, {"b", lifecycle.Running, 2, false, false, false}, {"c", lifecycle.Running, 3, false, false, false}, {"d", lifecycle.Running, 4, false, false, false}},
 		},
 		{
 			name: "only resident ones count", max: 2,
-			sandboxes: []sb{{"a", Stopped, 0, false, false, false}, {"b", Killed, 0, false, false, false}, {"c", Running, 3, false, false, false}, {"d", Running, 4, false, false, false}, {"e", Error, 0, false, false, false}},
+			sandboxes: []sb{{"a", lifecycle.Stopped, 0, false, false, false}, {"b", lifecycle.Killed, 0, false, false, false}, {"c", lifecycle.Running, 3, false, false, false}, {"d", lifecycle.Running, 4, false, false, false}, {"e", lifecycle.Error, 0, false, false, false}},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// Seeding bypasses admission, as a lowered max_resident would.
-			e, clock := newClockEnv(t, Config{MaxResident: tt.max})
+			e, clock := newClockEnv(t, lifecycle.Config{MaxResident: tt.max})
 			for _, s := range tt.sandboxes {
-				e.seedWith(t, s.id, s.state, func(r *Record) {
+				e.seedWith(t, s.id, s.state, func(r *lifecycle.Record) {
 					if s.keep {
 						r.KeepaliveUntil = testClock.Add(time.Hour)
 					}
@@ -133,7 +137,7 @@ func TestPressureResident(t *testing.T) {
 					e.m.Activity(s.id).Open()
 				}
 				if s.locked {
-					t.Cleanup(e.m.locks.lock(s.id))
+					t.Cleanup(e.m.LockID(s.id))
 				}
 			}
 			clock.at(10 * time.Minute)
@@ -142,13 +146,13 @@ func TestPressureResident(t *testing.T) {
 			stats := reap(t, e.m)
 			var wantAct map[string]map[string]int
 			if len(tt.want) > 0 {
-				wantAct = map[string]map[string]int{"pressure": {ActionStop: len(tt.want)}}
+				wantAct = map[string]map[string]int{"pressure": {lifecycle.ActionStop: len(tt.want)}}
 			}
 			wantActions(t, stats, wantAct)
 			if got := log.stopped(""); !slices.Equal(got, tt.want) {
 				t.Fatalf("stopped %v, want %v", got, tt.want)
 			}
-			if n := e.rt.count("Stop"); n != len(tt.want) {
+			if n := e.rt.Count("Stop"); n != len(tt.want) {
 				t.Fatalf("%d stop calls, want %d", n, len(tt.want))
 			}
 			for _, id := range tt.want {
@@ -163,33 +167,33 @@ func TestPressureResident(t *testing.T) {
 	}
 
 	t.Run("lowered by a reload", func(t *testing.T) {
-		e, clock := newClockEnv(t, Config{MaxResident: 10})
+		e, clock := newClockEnv(t, lifecycle.Config{MaxResident: 10})
 		for i := range 6 {
 			id := fmt.Sprintf("s%d", i)
-			e.seed(t, id, Running)
+			e.seed(t, id, lifecycle.Running)
 			clock.at(time.Duration(6-i) * time.Minute) // s5 is the least recently active
 			e.m.Activity(id).Touch()
 		}
 		wantActions(t, reap(t, e.m), nil)
-		e.m.Reconfigure(Settings{MaxResident: 4})
+		e.m.Reconfigure(lifecycle.Settings{MaxResident: 4})
 		log := new(eventLog).watch(e)
-		wantActions(t, reap(t, e.m), map[string]map[string]int{"pressure": {ActionStop: 2}})
+		wantActions(t, reap(t, e.m), map[string]map[string]int{"pressure": {lifecycle.ActionStop: 2}})
 		if got := log.stopped("pressure"); !slices.Equal(got, []string{"s5", "s4"}) {
 			t.Fatalf("stopped %v, want [s5 s4]", got)
 		}
 	})
 
 	t.Run("engine unavailable", func(t *testing.T) {
-		e, _ := newClockEnv(t, Config{MaxResident: 1})
-		e.seed(t, "a", Running)
-		e.seed(t, "b", Running)
-		e.rt.failWith("Stop", fmt.Errorf("docker: %w", ErrUnavailable))
+		e, _ := newClockEnv(t, lifecycle.Config{MaxResident: 1})
+		e.seed(t, "a", lifecycle.Running)
+		e.seed(t, "b", lifecycle.Running)
+		e.rt.FailWith("Stop", fmt.Errorf("docker: %w", lifecycle.ErrUnavailable))
 		stats := reap(t, e.m)
 		if stats.Total() != 0 {
 			t.Fatalf("actions = %v, want none", stats.Actions)
 		}
 		// One attempt, not one per candidate: the engine is down.
-		if n := e.rt.count("Stop"); n != 1 {
+		if n := e.rt.Count("Stop"); n != 1 {
 			t.Fatalf("%d stop calls, want 1", n)
 		}
 		if res, _ := e.m.Resident(); res != 2 {
@@ -200,11 +204,11 @@ func TestPressureResident(t *testing.T) {
 
 // memoryEnv is a test env whose host memory rises by perStop with every stop
 // the fake engine is asked for, starting from base.
-func memoryEnv(t *testing.T, cfg Config, base, perStop uint64) *testEnv {
+func memoryEnv(t *testing.T, cfg lifecycle.Config, base, perStop uint64) *testEnv {
 	t.Helper()
-	var rt atomic.Pointer[fakeRuntime]
+	var rt atomic.Pointer[lifecycletest.Runtime]
 	cfg.MemAvailable = func() (uint64, error) {
-		return base + perStop*uint64(rt.Load().count("Stop")), nil
+		return base + perStop*uint64(rt.Load().Count("Stop")), nil
 	}
 	e, _ := newClockEnv(t, cfg)
 	rt.Store(e.rt)
@@ -234,26 +238,26 @@ func TestPressureMemory(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := memoryEnv(t, Config{MinFreeMemory: minFree}, tt.base, tt.perStop)
+			e := memoryEnv(t, lifecycle.Config{MinFreeMemory: minFree}, tt.base, tt.perStop)
 			for i := range tt.resident {
 				id := fmt.Sprintf("s%d", i)
-				e.seed(t, id, Running)
+				e.seed(t, id, lifecycle.Running)
 				if i < tt.busy {
 					e.m.Activity(id).Open()
 				}
 			}
-			e.seed(t, "off", Stopped)
+			e.seed(t, "off", lifecycle.Stopped)
 			stats := reap(t, e.m)
 			var want map[string]map[string]int
 			if tt.want > 0 {
-				want = map[string]map[string]int{"pressure": {ActionStop: tt.want}}
+				want = map[string]map[string]int{"pressure": {lifecycle.ActionStop: tt.want}}
 			}
 			wantActions(t, stats, want)
-			if n := e.rt.count("Stop"); n != tt.want {
+			if n := e.rt.Count("Stop"); n != tt.want {
 				t.Fatalf("%d stop calls, want %d", n, tt.want)
 			}
 			for i := range tt.busy {
-				if got := e.state(t, fmt.Sprintf("s%d", i)); got != Running {
+				if got := e.state(t, fmt.Sprintf("s%d", i)); got != lifecycle.Running {
 					t.Fatalf("busy s%d is %s", i, got)
 				}
 			}
@@ -264,12 +268,12 @@ func TestPressureMemory(t *testing.T) {
 	}
 
 	t.Run("relief ends at the upper bar and the next pass does nothing", func(t *testing.T) {
-		e := memoryEnv(t, Config{MinFreeMemory: minFree}, 900, 60)
+		e := memoryEnv(t, lifecycle.Config{MinFreeMemory: minFree}, 900, 60)
 		for i := range 6 {
-			e.seed(t, fmt.Sprintf("s%d", i), Running)
+			e.seed(t, fmt.Sprintf("s%d", i), lifecycle.Running)
 		}
 		log := new(eventLog).watch(e)
-		wantActions(t, reap(t, e.m), map[string]map[string]int{"pressure": {ActionStop: 4}})
+		wantActions(t, reap(t, e.m), map[string]map[string]int{"pressure": {lifecycle.ActionStop: 4}})
 		wantActions(t, reap(t, e.m), nil)
 		for _, id := range log.stopped("") {
 			if r := e.lastReason(t, id); r != "pressure_memory" {
@@ -279,10 +283,10 @@ func TestPressureMemory(t *testing.T) {
 	})
 
 	t.Run("unreadable memory", func(t *testing.T) {
-		e, _ := newClockEnv(t, Config{MinFreeMemory: minFree, MemAvailable: func() (uint64, error) {
+		e, _ := newClockEnv(t, lifecycle.Config{MinFreeMemory: minFree, MemAvailable: func() (uint64, error) {
 			return 0, errors.New("no /proc")
 		}})
-		e.seed(t, "a", Running)
+		e.seed(t, "a", lifecycle.Running)
 		wantActions(t, reap(t, e.m), nil)
 		wantCalls(t, e.rt, nil)
 	})
@@ -299,21 +303,21 @@ func TestAdmissionMemory(t *testing.T) {
 		wantCalls map[string]int
 	}{
 		{"short: evicts one idle first", 500, false, nil, map[string]int{"Stop": 1, "Start": 1}},
-		{"short and all busy: refused", 500, true, ErrCapacity, nil},
+		{"short and all busy: refused", 500, true, lifecycle.ErrCapacity, nil},
 		{"enough: no eviction", 2000, false, nil, map[string]int{"Start": 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e, clock := newClockEnv(t, Config{MinFreeMemory: 1000, MemAvailable: func() (uint64, error) { return tt.avail, nil }})
-			e.seed(t, "old", Running)
-			e.seed(t, "older", Running)
+			e, clock := newClockEnv(t, lifecycle.Config{MinFreeMemory: 1000, MemAvailable: func() (uint64, error) { return tt.avail, nil }})
+			e.seed(t, "old", lifecycle.Running)
+			e.seed(t, "older", lifecycle.Running)
 			clock.at(time.Minute)
 			e.m.Activity("old").Touch() // older is the least recently active
 			if tt.busy {
 				e.m.Activity("old").Open()
 				e.m.Activity("older").Open()
 			}
-			e.seed(t, "app1", Stopped)
+			e.seed(t, "app1", lifecycle.Stopped)
 			log := new(eventLog).watch(e)
 			_, err := e.m.Wake(context.Background(), "app1")
 			if !errors.Is(err, tt.wantErr) {
@@ -324,7 +328,7 @@ func TestAdmissionMemory(t *testing.T) {
 				t.Fatalf("%d reservations left", reserved)
 			}
 			if tt.wantErr != nil {
-				if got := e.state(t, "app1"); got != Stopped {
+				if got := e.state(t, "app1"); got != lifecycle.Stopped {
 					t.Fatalf("app1 is %s, want stopped", got)
 				}
 				return
@@ -351,20 +355,20 @@ func TestAdmissionMemory(t *testing.T) {
 // highest it saw.
 type residentWatch struct {
 	mu     sync.Mutex
-	states map[string]State
+	states map[string]lifecycle.State
 	n, max int
 }
 
 func watchResident(e *testEnv) *residentWatch {
-	w := &residentWatch{states: map[string]State{}}
-	e.hooks.onEvent(func(ev Event) {
+	w := &residentWatch{states: map[string]lifecycle.State{}}
+	e.hooks.onEvent(func(ev lifecycle.Event) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if Resident(w.states[ev.SandboxID]) {
+		if lifecycle.Resident(w.states[ev.SandboxID]) {
 			w.n--
 		}
 		w.states[ev.SandboxID] = ev.To
-		if Resident(ev.To) {
+		if lifecycle.Resident(ev.To) {
 			w.n++
 		}
 		w.max = max(w.max, w.n)
@@ -385,12 +389,12 @@ func TestAdmissionConcurrentWakes(t *testing.T) {
 	const maxRes, n = 3, 10
 
 	t.Run("starts held until the others are refused", func(t *testing.T) {
-		e := newTestEnv(t, Config{MaxResident: maxRes})
+		e := newTestEnv(t, lifecycle.Config{MaxResident: maxRes})
 		w := watchResident(e)
 		for i := range n {
-			e.seed(t, fmt.Sprintf("s%d", i), Stopped)
+			e.seed(t, fmt.Sprintf("s%d", i), lifecycle.Stopped)
 		}
-		g := e.rt.hold(t, "Start", "")
+		g := e.rt.Hold(t, "Start", "")
 		errs := make(chan error, n)
 		for i := range n {
 			go func() {
@@ -399,31 +403,31 @@ func TestAdmissionConcurrentWakes(t *testing.T) {
 			}()
 		}
 		for range maxRes {
-			receive(t, g.entered, "a start")
+			receive(t, g.Entered, "a start")
 		}
 		// The wakes in flight hold every admission and nothing resident can
 		// be evicted: the others are refused while the starts are held.
 		for range n - maxRes {
-			if err := receive(t, errs, "a refused wake"); !errors.Is(err, ErrCapacity) {
+			if err := receive(t, errs, "a refused wake"); !errors.Is(err, lifecycle.ErrCapacity) {
 				t.Fatalf("err = %v, want ErrCapacity", err)
 			}
 		}
 		if res, reserved := e.m.Resident(); res != 0 || reserved != maxRes {
 			t.Fatalf("resident, reserved = %d, %d; want 0, %d", res, reserved, maxRes)
 		}
-		g.release()
+		g.Release()
 		for range maxRes {
 			if err := receive(t, errs, "an admitted wake"); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if starts := e.rt.count("Start"); starts != maxRes {
+		if starts := e.rt.Count("Start"); starts != maxRes {
 			t.Fatalf("%d starts, want %d", starts, maxRes)
 		}
 		if res, reserved := e.m.Resident(); res != maxRes || reserved != 0 {
 			t.Fatalf("resident, reserved = %d, %d; want %d, 0", res, reserved, maxRes)
 		}
-		if c := e.m.Counts(); c[Running] != maxRes || c[Stopped] != n-maxRes {
+		if c := e.m.Counts(); c[lifecycle.Running] != maxRes || c[lifecycle.Stopped] != n-maxRes {
 			t.Fatalf("counts = %v", c)
 		}
 		if h := w.highest(); h != maxRes {
@@ -433,13 +437,13 @@ func TestAdmissionConcurrentWakes(t *testing.T) {
 
 	t.Run("free for all with idle ones to evict", func(t *testing.T) {
 		for round := range 5 {
-			e := newTestEnv(t, Config{MaxResident: maxRes})
+			e := newTestEnv(t, lifecycle.Config{MaxResident: maxRes})
 			w := watchResident(e)
 			for i := range maxRes {
-				e.seed(t, fmt.Sprintf("idle%d", i), Running)
+				e.seed(t, fmt.Sprintf("idle%d", i), lifecycle.Running)
 			}
 			for i := range n {
-				e.seed(t, fmt.Sprintf("s%d", i), Stopped)
+				e.seed(t, fmt.Sprintf("s%d", i), lifecycle.Stopped)
 			}
 			var wg sync.WaitGroup
 			var ok, refused atomic.Int32
@@ -450,7 +454,7 @@ func TestAdmissionConcurrentWakes(t *testing.T) {
 					switch {
 					case err == nil:
 						ok.Add(1)
-					case errors.Is(err, ErrCapacity):
+					case errors.Is(err, lifecycle.ErrCapacity):
 						refused.Add(1)
 					default:
 						errc <- err
@@ -472,11 +476,11 @@ func TestAdmissionConcurrentWakes(t *testing.T) {
 			if res > maxRes || reserved != 0 {
 				t.Fatalf("round %d: resident, reserved = %d, %d", round, res, reserved)
 			}
-			if c := e.m.Counts(); c[Running]+c[Paused] != res || c[Running]+c[Stopped] != n+maxRes {
+			if c := e.m.Counts(); c[lifecycle.Running]+c[lifecycle.Paused] != res || c[lifecycle.Running]+c[lifecycle.Stopped] != n+maxRes {
 				t.Fatalf("round %d: counts = %v, resident %d", round, c, res)
 			}
 			// Every start made a sandbox resident; every stop an eviction.
-			if starts, stops := e.rt.count("Start"), e.rt.count("Stop"); starts != int(ok.Load()) || maxRes+starts-stops != res {
+			if starts, stops := e.rt.Count("Start"), e.rt.Count("Stop"); starts != int(ok.Load()) || maxRes+starts-stops != res {
 				t.Fatalf("round %d: %d starts, %d stops, %d woken, %d resident", round, starts, stops, ok.Load(), res)
 			}
 		}

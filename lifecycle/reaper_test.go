@@ -1,4 +1,4 @@
-package lifecycle
+package lifecycle_test
 
 import (
 	"context"
@@ -7,12 +7,14 @@ import (
 	"maps"
 	"testing"
 	"time"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 func dur(d time.Duration) *time.Duration { return &d }
 
 // wantActions checks what one reaper pass did, by reaper and action.
-func wantActions(t *testing.T, stats ReapStats, want map[string]map[string]int) {
+func wantActions(t *testing.T, stats lifecycle.ReapStats, want map[string]map[string]int) {
 	t.Helper()
 	got := map[string]map[string]int{}
 	for reaper, byAction := range stats.Actions {
@@ -32,7 +34,7 @@ func wantActions(t *testing.T, stats ReapStats, want map[string]map[string]int) 
 }
 
 // reap runs one reaper pass and fails the test on an error.
-func reap(t *testing.T, m *Manager) ReapStats {
+func reap(t *testing.T, m *lifecycle.Manager) lifecycle.ReapStats {
 	t.Helper()
 	stats, err := m.ReapOnce(context.Background())
 	if err != nil {
@@ -49,22 +51,22 @@ func (e *testEnv) lastReason(t *testing.T, id string) string {
 }
 
 func TestReapIdleTiers(t *testing.T) {
-	e, clock := newClockEnv(t, Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute})
-	e.seed(t, "app1", Running)
+	e, clock := newClockEnv(t, lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute})
+	e.seed(t, "app1", lifecycle.Running)
 	steps := []struct {
 		at      time.Duration
-		want    State
+		want    lifecycle.State
 		calls   map[string]int // runtime calls so far
 		actions map[string]map[string]int
 	}{
-		{0, Running, nil, nil},
-		{2 * time.Minute, Running, nil, nil},
-		{3*time.Minute - time.Nanosecond, Running, nil, nil},
-		{3 * time.Minute, Paused, map[string]int{"Pause": 1}, map[string]map[string]int{"idle": {ActionPause: 1}}},
-		{10 * time.Minute, Paused, map[string]int{"Pause": 1}, nil},
-		{30*time.Minute - time.Nanosecond, Paused, map[string]int{"Pause": 1}, nil},
-		{30 * time.Minute, Stopped, map[string]int{"Pause": 1, "Stop": 1}, map[string]map[string]int{"idle": {ActionStop: 1}}},
-		{48 * time.Hour, Stopped, map[string]int{"Pause": 1, "Stop": 1}, nil},
+		{0, lifecycle.Running, nil, nil},
+		{2 * time.Minute, lifecycle.Running, nil, nil},
+		{3*time.Minute - time.Nanosecond, lifecycle.Running, nil, nil},
+		{3 * time.Minute, lifecycle.Paused, map[string]int{"Pause": 1}, map[string]map[string]int{"idle": {lifecycle.ActionPause: 1}}},
+		{10 * time.Minute, lifecycle.Paused, map[string]int{"Pause": 1}, nil},
+		{30*time.Minute - time.Nanosecond, lifecycle.Paused, map[string]int{"Pause": 1}, nil},
+		{30 * time.Minute, lifecycle.Stopped, map[string]int{"Pause": 1, "Stop": 1}, map[string]map[string]int{"idle": {lifecycle.ActionStop: 1}}},
+		{48 * time.Hour, lifecycle.Stopped, map[string]int{"Pause": 1, "Stop": 1}, nil},
 	}
 	for _, s := range steps {
 		clock.at(s.at)
@@ -80,8 +82,8 @@ func TestReapIdleTiers(t *testing.T) {
 	}
 	evs := e.history(t, "app1")
 	if len(evs) != 3 ||
-		evs[1].From != Running || evs[1].To != Paused || evs[1].Reason != "idle" || !evs[1].At.Equal(testClock.Add(3*time.Minute)) ||
-		evs[2].From != Paused || evs[2].To != Stopped || evs[2].Reason != "idle" || !evs[2].At.Equal(testClock.Add(30*time.Minute)) {
+		evs[1].From != lifecycle.Running || evs[1].To != lifecycle.Paused || evs[1].Reason != "idle" || !evs[1].At.Equal(testClock.Add(3*time.Minute)) ||
+		evs[2].From != lifecycle.Paused || evs[2].To != lifecycle.Stopped || evs[2].Reason != "idle" || !evs[2].At.Equal(testClock.Add(30*time.Minute)) {
 		t.Fatalf("events = %+v", evs)
 	}
 	rec, _ := e.m.Get("app1")
@@ -96,78 +98,78 @@ func TestReapIdleTiers(t *testing.T) {
 func TestReapIdleOverrides(t *testing.T) {
 	type step struct {
 		at   time.Duration
-		want State
+		want lifecycle.State
 	}
 	tests := []struct {
 		name      string
-		cfg       Config
+		cfg       lifecycle.Config
 		pause     *time.Duration // spec override (nil: global)
 		stop      *time.Duration
 		steps     []step
 		wantPause int // pause calls at the end
 	}{
 		{
-			name: "global tiers", cfg: Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
-			steps:     []step{{3 * time.Minute, Paused}, {30 * time.Minute, Stopped}},
+			name: "global tiers", cfg: lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+			steps:     []step{{3 * time.Minute, lifecycle.Paused}, {30 * time.Minute, lifecycle.Stopped}},
 			wantPause: 1,
 		},
 		{
-			name: "pause tier off for the sandbox", cfg: Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+			name: "pause tier off for the sandbox", cfg: lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
 			pause: dur(0),
-			steps: []step{{3 * time.Minute, Running}, {29 * time.Minute, Running}, {30 * time.Minute, Stopped}},
+			steps: []step{{3 * time.Minute, lifecycle.Running}, {29 * time.Minute, lifecycle.Running}, {30 * time.Minute, lifecycle.Stopped}},
 		},
 		{
-			name: "stop tier off for the sandbox", cfg: Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+			name: "stop tier off for the sandbox", cfg: lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
 			stop:      dur(0),
-			steps:     []step{{3 * time.Minute, Paused}, {30 * time.Minute, Paused}, {1000 * time.Hour, Paused}},
+			steps:     []step{{3 * time.Minute, lifecycle.Paused}, {30 * time.Minute, lifecycle.Paused}, {1000 * time.Hour, lifecycle.Paused}},
 			wantPause: 1,
 		},
 		{
-			name: "both tiers off for the sandbox", cfg: Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+			name: "both tiers off for the sandbox", cfg: lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
 			pause: dur(0), stop: dur(0),
-			steps: []step{{3 * time.Minute, Running}, {1000 * time.Hour, Running}},
+			steps: []step{{3 * time.Minute, lifecycle.Running}, {1000 * time.Hour, lifecycle.Running}},
 		},
 		{
-			name: "shorter tiers for the sandbox", cfg: Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+			name: "shorter tiers for the sandbox", cfg: lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
 			pause: dur(time.Minute), stop: dur(5 * time.Minute),
-			steps:     []step{{time.Minute - 1, Running}, {time.Minute, Paused}, {5*time.Minute - 1, Paused}, {5 * time.Minute, Stopped}},
+			steps:     []step{{time.Minute - 1, lifecycle.Running}, {time.Minute, lifecycle.Paused}, {5*time.Minute - 1, lifecycle.Paused}, {5 * time.Minute, lifecycle.Stopped}},
 			wantPause: 1,
 		},
 		{
-			name: "longer tiers for the sandbox", cfg: Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+			name: "longer tiers for the sandbox", cfg: lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
 			pause: dur(time.Hour), stop: dur(2 * time.Hour),
-			steps:     []step{{30 * time.Minute, Running}, {time.Hour, Paused}, {2 * time.Hour, Stopped}},
+			steps:     []step{{30 * time.Minute, lifecycle.Running}, {time.Hour, lifecycle.Paused}, {2 * time.Hour, lifecycle.Stopped}},
 			wantPause: 1,
 		},
 		{
-			name: "stop tier shorter than pause tier", cfg: Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+			name: "stop tier shorter than pause tier", cfg: lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
 			pause: dur(10 * time.Minute), stop: dur(5 * time.Minute),
-			steps: []step{{5 * time.Minute, Stopped}},
+			steps: []step{{5 * time.Minute, lifecycle.Stopped}},
 		},
 		{
-			name: "pause tier off globally", cfg: Config{IdleStop: 30 * time.Minute},
-			steps: []step{{3 * time.Minute, Running}, {29 * time.Minute, Running}, {30 * time.Minute, Stopped}},
+			name: "pause tier off globally", cfg: lifecycle.Config{IdleStop: 30 * time.Minute},
+			steps: []step{{3 * time.Minute, lifecycle.Running}, {29 * time.Minute, lifecycle.Running}, {30 * time.Minute, lifecycle.Stopped}},
 		},
 		{
-			name: "stop tier off globally", cfg: Config{IdlePause: 3 * time.Minute},
-			steps:     []step{{3 * time.Minute, Paused}, {1000 * time.Hour, Paused}},
+			name: "stop tier off globally", cfg: lifecycle.Config{IdlePause: 3 * time.Minute},
+			steps:     []step{{3 * time.Minute, lifecycle.Paused}, {1000 * time.Hour, lifecycle.Paused}},
 			wantPause: 1,
 		},
 		{
-			name: "both tiers off globally", cfg: Config{},
-			steps: []step{{1000 * time.Hour, Running}},
+			name: "both tiers off globally", cfg: lifecycle.Config{},
+			steps: []step{{1000 * time.Hour, lifecycle.Running}},
 		},
 		{
-			name: "sandbox turns on a tier that is off globally", cfg: Config{},
+			name: "sandbox turns on a tier that is off globally", cfg: lifecycle.Config{},
 			pause: dur(time.Minute), stop: dur(time.Hour),
-			steps:     []step{{time.Minute, Paused}, {time.Hour, Stopped}},
+			steps:     []step{{time.Minute, lifecycle.Paused}, {time.Hour, lifecycle.Stopped}},
 			wantPause: 1,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e, clock := newClockEnv(t, tt.cfg)
-			e.seedWith(t, "app1", Running, func(r *Record) {
+			e.seedWith(t, "app1", lifecycle.Running, func(r *lifecycle.Record) {
 				r.Spec.IdlePause, r.Spec.IdleStop = tt.pause, tt.stop
 			})
 			for _, s := range tt.steps {
@@ -177,7 +179,7 @@ func TestReapIdleOverrides(t *testing.T) {
 					t.Fatalf("+%s: state = %s, want %s", s.at, got, s.want)
 				}
 			}
-			if n := e.rt.count("Pause"); n != tt.wantPause {
+			if n := e.rt.Count("Pause"); n != tt.wantPause {
 				t.Fatalf("%d pause calls, want %d", n, tt.wantPause)
 			}
 		})
@@ -187,21 +189,21 @@ func TestReapIdleOverrides(t *testing.T) {
 // TestReapNeverIdleWhenBusy: an open exchange or a keepalive in the future
 // keeps a sandbox awake however long ago its last request was.
 func TestReapNeverIdleWhenBusy(t *testing.T) {
-	cfg := Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute}
+	cfg := lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute}
 	tests := []struct {
 		name  string
-		state State
+		state lifecycle.State
 		busy  func(e *testEnv, id string)
 	}{
-		{"running with an open connection", Running, func(e *testEnv, id string) { e.m.Activity(id).Open() }},
-		{"paused with an open connection", Paused, func(e *testEnv, id string) { e.m.Activity(id).Open() }},
-		{"running with a keepalive", Running, nil},
-		{"paused with a keepalive", Paused, nil},
+		{"running with an open connection", lifecycle.Running, func(e *testEnv, id string) { e.m.Activity(id).Open() }},
+		{"paused with an open connection", lifecycle.Paused, func(e *testEnv, id string) { e.m.Activity(id).Open() }},
+		{"running with a keepalive", lifecycle.Running, nil},
+		{"paused with a keepalive", lifecycle.Paused, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e, clock := newClockEnv(t, cfg)
-			e.seedWith(t, "app1", tt.state, func(r *Record) {
+			e.seedWith(t, "app1", tt.state, func(r *lifecycle.Record) {
 				if tt.busy == nil {
 					r.KeepaliveUntil = testClock.Add(1000 * time.Hour)
 				}
@@ -224,8 +226,8 @@ func TestReapNeverIdleWhenBusy(t *testing.T) {
 			} else {
 				clock.at(1000 * time.Hour)
 			}
-			wantActions(t, reap(t, e.m), map[string]map[string]int{"idle": {ActionStop: 1}})
-			if got := e.state(t, "app1"); got != Stopped {
+			wantActions(t, reap(t, e.m), map[string]map[string]int{"idle": {lifecycle.ActionStop: 1}})
+			if got := e.state(t, "app1"); got != lifecycle.Stopped {
 				t.Fatalf("state = %s, want stopped once idle", got)
 			}
 		})
@@ -233,7 +235,7 @@ func TestReapNeverIdleWhenBusy(t *testing.T) {
 
 	t.Run("keepalive through the API", func(t *testing.T) {
 		e, clock := newClockEnv(t, cfg)
-		e.seed(t, "app1", Running)
+		e.seed(t, "app1", lifecycle.Running)
 		clock.at(time.Hour)
 		if _, err := e.m.Keepalive("app1", 2*time.Hour); err != nil {
 			t.Fatal(err)
@@ -245,29 +247,29 @@ func TestReapNeverIdleWhenBusy(t *testing.T) {
 		// The keepalive counted as activity at +1h: at +3h the sandbox has
 		// been idle 2h, past both tiers.
 		clock.at(3 * time.Hour)
-		wantActions(t, reap(t, e.m), map[string]map[string]int{"idle": {ActionStop: 1}})
+		wantActions(t, reap(t, e.m), map[string]map[string]int{"idle": {lifecycle.ActionStop: 1}})
 	})
 }
 
 func TestReapTouchResetsIdleness(t *testing.T) {
-	e, clock := newClockEnv(t, Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute})
-	e.seed(t, "app1", Running)
+	e, clock := newClockEnv(t, lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute})
+	e.seed(t, "app1", lifecycle.Running)
 	a := e.m.Activity("app1")
 	steps := []struct {
 		at    time.Duration
 		touch bool
-		want  State
+		want  lifecycle.State
 	}{
-		{2 * time.Minute, true, Running},
-		{3 * time.Minute, false, Running},   // idle 1m
-		{5*time.Minute - 1, false, Running}, // idle just under 3m
-		{5 * time.Minute, false, Paused},    // idle 3m
-		{20 * time.Minute, true, Paused},    // touched while paused
-		{32 * time.Minute, false, Paused},   // idle 12m: the 30m tier counts from the touch
-		{50*time.Minute - 1, false, Paused}, // idle just under 30m
-		{50 * time.Minute, false, Stopped},  // idle 30m
-		{50*time.Minute + 1, true, Stopped}, // a touch does not wake (the request path does)
-		{1000 * time.Hour, false, Stopped},  // and the idle tiers leave stopped sandboxes alone
+		{2 * time.Minute, true, lifecycle.Running},
+		{3 * time.Minute, false, lifecycle.Running},   // idle 1m
+		{5*time.Minute - 1, false, lifecycle.Running}, // idle just under 3m
+		{5 * time.Minute, false, lifecycle.Paused},    // idle 3m
+		{20 * time.Minute, true, lifecycle.Paused},    // touched while paused
+		{32 * time.Minute, false, lifecycle.Paused},   // idle 12m: the 30m tier counts from the touch
+		{50*time.Minute - 1, false, lifecycle.Paused}, // idle just under 30m
+		{50 * time.Minute, false, lifecycle.Stopped},  // idle 30m
+		{50*time.Minute + 1, true, lifecycle.Stopped}, // a touch does not wake (the request path does)
+		{1000 * time.Hour, false, lifecycle.Stopped},  // and the idle tiers leave stopped sandboxes alone
 	}
 	for _, s := range steps {
 		clock.at(s.at)
@@ -282,8 +284,8 @@ func TestReapTouchResetsIdleness(t *testing.T) {
 	wantCalls(t, e.rt, map[string]int{"Pause": 1, "Stop": 1})
 
 	t.Run("flushed activity counts too", func(t *testing.T) {
-		e, clock := newClockEnv(t, Config{IdlePause: 3 * time.Minute})
-		e.seed(t, "app1", Running)
+		e, clock := newClockEnv(t, lifecycle.Config{IdlePause: 3 * time.Minute})
+		e.seed(t, "app1", lifecycle.Running)
 		clock.at(10 * time.Minute)
 		e.m.Activity("app1").Touch()
 		if err := e.m.FlushActivity(); err != nil {
@@ -291,7 +293,7 @@ func TestReapTouchResetsIdleness(t *testing.T) {
 		}
 		// A new manager over the same store (a restart) knows only the
 		// stored time.
-		m, err := NewManager(e.st, e.rt, Config{IdlePause: 3 * time.Minute, Now: clock.Now})
+		m, err := lifecycle.NewManager(e.st, e.rt, lifecycle.Config{IdlePause: 3 * time.Minute, Now: clock.Now})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +301,7 @@ func TestReapTouchResetsIdleness(t *testing.T) {
 		clock.at(13*time.Minute - 1)
 		wantActions(t, reap(t, m), nil)
 		clock.at(13 * time.Minute)
-		wantActions(t, reap(t, m), map[string]map[string]int{"idle": {ActionPause: 1}})
+		wantActions(t, reap(t, m), map[string]map[string]int{"idle": {lifecycle.ActionPause: 1}})
 	})
 }
 
@@ -307,26 +309,25 @@ func TestReapTouchResetsIdleness(t *testing.T) {
 // selection and action keeps the sandbox running, and a sandbox another
 // operation holds is skipped rather than waited for.
 func TestReapRechecksUnderLock(t *testing.T) {
-	cfg := Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute}
+	cfg := lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute}
 
 	t.Run("touched after the decision", func(t *testing.T) {
 		e, clock := newClockEnv(t, cfg)
-		e.seed(t, "app1", Running)
+		e.seed(t, "app1", lifecycle.Running)
 		clock.at(3 * time.Minute)
 		rec, err := e.m.Get("app1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := e.m.config()
-		if reaper, action := e.m.reapDecision(&rec, &c, clock.Now()); reaper != "idle" || action != ActionPause {
+		if reaper, action := e.m.ReapDecision(&rec, clock.Now()); reaper != "idle" || action != lifecycle.ActionPause {
 			t.Fatalf("decision = %q %q, want idle pause", reaper, action)
 		}
 		e.m.Activity("app1").Touch()
-		reaper, action, err := e.m.reapOne(context.Background(), "app1")
+		reaper, action, err := e.m.ReapOne(context.Background(), "app1")
 		if err != nil || reaper != "" || action != "" {
 			t.Fatalf("reapOne = %q, %q, %v; want nothing done", reaper, action, err)
 		}
-		if got := e.state(t, "app1"); got != Running {
+		if got := e.state(t, "app1"); got != lifecycle.Running {
 			t.Fatalf("state = %s, want running", got)
 		}
 		wantCalls(t, e.rt, nil)
@@ -334,18 +335,17 @@ func TestReapRechecksUnderLock(t *testing.T) {
 
 	t.Run("connection opened after the decision", func(t *testing.T) {
 		e, clock := newClockEnv(t, cfg)
-		e.seed(t, "app1", Paused)
+		e.seed(t, "app1", lifecycle.Paused)
 		clock.at(30 * time.Minute)
 		rec, _ := e.m.Get("app1")
-		c := e.m.config()
-		if _, action := e.m.reapDecision(&rec, &c, clock.Now()); action != ActionStop {
+		if _, action := e.m.ReapDecision(&rec, clock.Now()); action != lifecycle.ActionStop {
 			t.Fatalf("decision = %q, want stop", action)
 		}
 		e.m.Activity("app1").Open()
-		if _, action, err := e.m.reapOne(context.Background(), "app1"); err != nil || action != "" {
+		if _, action, err := e.m.ReapOne(context.Background(), "app1"); err != nil || action != "" {
 			t.Fatalf("reapOne = %q, %v; want nothing done", action, err)
 		}
-		if got := e.state(t, "app1"); got != Paused {
+		if got := e.state(t, "app1"); got != lifecycle.Paused {
 			t.Fatalf("state = %s, want paused", got)
 		}
 		wantCalls(t, e.rt, nil)
@@ -353,13 +353,13 @@ func TestReapRechecksUnderLock(t *testing.T) {
 
 	t.Run("state changed after the decision", func(t *testing.T) {
 		e, clock := newClockEnv(t, cfg)
-		e.seed(t, "app1", Running)
+		e.seed(t, "app1", lifecycle.Running)
 		clock.at(3 * time.Minute)
 		if _, err := e.m.Stop(context.Background(), "app1", "api"); err != nil {
 			t.Fatal(err)
 		}
-		e.rt.resetCalls()
-		if _, action, err := e.m.reapOne(context.Background(), "app1"); err != nil || action != "" {
+		e.rt.ResetCalls()
+		if _, action, err := e.m.ReapOne(context.Background(), "app1"); err != nil || action != "" {
 			t.Fatalf("reapOne = %q, %v; want nothing done", action, err)
 		}
 		wantCalls(t, e.rt, nil)
@@ -367,23 +367,23 @@ func TestReapRechecksUnderLock(t *testing.T) {
 
 	t.Run("record gone", func(t *testing.T) {
 		e, _ := newClockEnv(t, cfg)
-		if _, action, err := e.m.reapOne(context.Background(), "nosuch"); err != nil || action != "" {
+		if _, action, err := e.m.ReapOne(context.Background(), "nosuch"); err != nil || action != "" {
 			t.Fatalf("reapOne = %q, %v; want nothing done", action, err)
 		}
 	})
 
 	t.Run("lock held", func(t *testing.T) {
 		e, clock := newClockEnv(t, cfg)
-		e.seed(t, "app1", Running)
+		e.seed(t, "app1", lifecycle.Running)
 		clock.at(time.Hour)
-		unlock := e.m.locks.lock("app1")
+		unlock := e.m.LockID("app1")
 		type result struct {
 			reaper, action string
 			err            error
 		}
 		done := make(chan result, 1)
 		go func() {
-			r, a, err := e.m.reapOne(context.Background(), "app1")
+			r, a, err := e.m.ReapOne(context.Background(), "app1")
 			done <- result{r, a, err}
 		}()
 		if res := receive(t, done, "reapOne to return while the lock is held"); res.err != nil || res.action != "" {
@@ -397,34 +397,34 @@ func TestReapRechecksUnderLock(t *testing.T) {
 		wantCalls(t, e.rt, nil)
 		unlock()
 		// Skipped, not forgotten: the next pass acts.
-		wantActions(t, reap(t, e.m), map[string]map[string]int{"idle": {ActionStop: 1}})
+		wantActions(t, reap(t, e.m), map[string]map[string]int{"idle": {lifecycle.ActionStop: 1}})
 	})
 }
 
 func TestReapExpiry(t *testing.T) {
-	for _, from := range []State{Running, Paused, Stopped, Killed, Error} {
+	for _, from := range []lifecycle.State{lifecycle.Running, lifecycle.Paused, lifecycle.Stopped, lifecycle.Killed, lifecycle.Error} {
 		t.Run("from_"+string(from), func(t *testing.T) {
-			e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour})
+			e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour})
 			e.seed(t, "app1", from)
-			hadVolume := e.rt.hasVolume("app1")
+			hadVolume := e.rt.HasVolume("app1")
 			clock.at(time.Hour - 1)
 			wantActions(t, reap(t, e.m), nil)
 			wantCalls(t, e.rt, nil)
 			clock.at(time.Hour)
-			wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {ActionExpire: 1}})
+			wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {lifecycle.ActionExpire: 1}})
 			wantCalls(t, e.rt, map[string]int{"Remove": 1})
 			rec, err := e.m.Get("app1")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.State != Expired || rec.Reason != "max_lifetime" || rec.ContainerID != "" || rec.Upstreams != nil ||
+			if rec.State != lifecycle.Expired || rec.Reason != "max_lifetime" || rec.ContainerID != "" || rec.Upstreams != nil ||
 				!rec.VerifiedAt.Equal(testClock.Add(time.Hour)) {
 				t.Fatalf("record = %+v", rec)
 			}
-			if got := e.rt.containerState("app1"); got != "" {
+			if got := e.rt.ContainerState("app1"); got != "" {
 				t.Fatalf("container is %s, want removed", got)
 			}
-			if e.rt.hasVolume("app1") != hadVolume {
+			if e.rt.HasVolume("app1") != hadVolume {
 				t.Fatal("expiry removed the volume")
 			}
 			if res, _ := e.m.Resident(); res != 0 {
@@ -436,9 +436,9 @@ func TestReapExpiry(t *testing.T) {
 			wantCalls(t, e.rt, map[string]int{"Remove": 1})
 		})
 	}
-	for _, from := range []State{Creating, Expired} {
+	for _, from := range []lifecycle.State{lifecycle.Creating, lifecycle.Expired} {
 		t.Run("not_from_"+string(from), func(t *testing.T) {
-			e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour})
+			e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour})
 			e.seed(t, "app1", from)
 			clock.at(1000 * time.Hour)
 			wantActions(t, reap(t, e.m), nil)
@@ -454,18 +454,18 @@ func TestReapExpiry(t *testing.T) {
 		global time.Duration
 		life   *time.Duration
 		at     time.Duration
-		want   State
+		want   lifecycle.State
 	}{
-		{"shorter for the sandbox", time.Hour, dur(10 * time.Minute), 10 * time.Minute, Expired},
-		{"longer for the sandbox", time.Hour, dur(2 * time.Hour), 2*time.Hour - 1, Running},
-		{"off for the sandbox", time.Hour, dur(0), 1000 * time.Hour, Running},
-		{"off globally", 0, nil, 1000 * time.Hour, Running},
-		{"on for the sandbox only", 0, dur(time.Hour), time.Hour, Expired},
+		{"shorter for the sandbox", time.Hour, dur(10 * time.Minute), 10 * time.Minute, lifecycle.Expired},
+		{"longer for the sandbox", time.Hour, dur(2 * time.Hour), 2*time.Hour - 1, lifecycle.Running},
+		{"off for the sandbox", time.Hour, dur(0), 1000 * time.Hour, lifecycle.Running},
+		{"off globally", 0, nil, 1000 * time.Hour, lifecycle.Running},
+		{"on for the sandbox only", 0, dur(time.Hour), time.Hour, lifecycle.Expired},
 	}
 	for _, tt := range overrides {
 		t.Run(tt.name, func(t *testing.T) {
-			e, clock := newClockEnv(t, Config{MaxLifetime: tt.global})
-			e.seedWith(t, "app1", Running, func(r *Record) { r.Spec.MaxLifetime = tt.life })
+			e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: tt.global})
+			e.seedWith(t, "app1", lifecycle.Running, func(r *lifecycle.Record) { r.Spec.MaxLifetime = tt.life })
 			clock.at(tt.at)
 			reap(t, e.m)
 			if got := e.state(t, "app1"); got != tt.want {
@@ -475,23 +475,23 @@ func TestReapExpiry(t *testing.T) {
 	}
 
 	t.Run("expiry comes before the idle tiers", func(t *testing.T) {
-		e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour, IdlePause: time.Minute, IdleStop: time.Minute})
-		e.seed(t, "app1", Running)
+		e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour, IdlePause: time.Minute, IdleStop: time.Minute})
+		e.seed(t, "app1", lifecycle.Running)
 		clock.at(time.Hour)
-		wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {ActionExpire: 1}})
+		wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {lifecycle.ActionExpire: 1}})
 		wantCalls(t, e.rt, map[string]int{"Remove": 1})
 	})
 
 	t.Run("engine unavailable", func(t *testing.T) {
-		e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour})
-		e.seed(t, "app1", Running)
-		e.rt.failWith("Remove", fmt.Errorf("docker: %w", ErrUnavailable))
+		e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour})
+		e.seed(t, "app1", lifecycle.Running)
+		e.rt.FailWith("Remove", fmt.Errorf("docker: %w", lifecycle.ErrUnavailable))
 		clock.at(time.Hour)
 		stats := reap(t, e.m)
 		if stats.Errors != 1 || stats.Total() != 0 {
 			t.Fatalf("stats = %+v, want one error and no action", stats)
 		}
-		if got := e.state(t, "app1"); got != Running {
+		if got := e.state(t, "app1"); got != lifecycle.Running {
 			t.Fatalf("state = %s, want running", got)
 		}
 	})
@@ -500,45 +500,45 @@ func TestReapExpiry(t *testing.T) {
 func TestWakeExpired(t *testing.T) {
 	expire := func(t *testing.T, e *testEnv, clock *fakeClock) {
 		t.Helper()
-		e.seed(t, "app1", Running)
+		e.seed(t, "app1", lifecycle.Running)
 		clock.at(time.Hour)
-		wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {ActionExpire: 1}})
-		e.rt.resetCalls()
+		wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {lifecycle.ActionExpire: 1}})
+		e.rt.ResetCalls()
 	}
 
 	t.Run("recreate by default", func(t *testing.T) {
-		e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour})
+		e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour})
 		expire(t, e, clock)
 		rec, err := e.m.Wake(context.Background(), "app1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.State != Running || rec.Reason != "recreate" || rec.ContainerID == "" || len(rec.Upstreams) == 0 {
+		if rec.State != lifecycle.Running || rec.Reason != "recreate" || rec.ContainerID == "" || len(rec.Upstreams) == 0 {
 			t.Fatalf("record = %+v", rec)
 		}
 		wantCalls(t, e.rt, map[string]int{"Create": 1, "Start": 1})
-		if got := e.rt.containerState("app1"); got != ContainerRunning {
+		if got := e.rt.ContainerState("app1"); got != lifecycle.ContainerRunning {
 			t.Fatalf("container is %s, want running", got)
 		}
 	})
 
 	t.Run("refuse", func(t *testing.T) {
-		e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour, ExpiredWake: ExpiredWakeRefuse})
+		e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour, ExpiredWake: lifecycle.ExpiredWakeRefuse})
 		expire(t, e, clock)
-		if _, err := e.m.Wake(context.Background(), "app1"); !errors.Is(err, ErrConflict) {
+		if _, err := e.m.Wake(context.Background(), "app1"); !errors.Is(err, lifecycle.ErrConflict) {
 			t.Fatalf("err = %v, want ErrConflict", err)
 		}
 		wantCalls(t, e.rt, nil)
-		if got := e.state(t, "app1"); got != Expired {
+		if got := e.state(t, "app1"); got != lifecycle.Expired {
 			t.Fatalf("state = %s, want expired", got)
 		}
 	})
 
 	t.Run("refuse after a reload", func(t *testing.T) {
-		e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour})
+		e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour})
 		expire(t, e, clock)
-		e.m.Reconfigure(Settings{MaxLifetime: time.Hour, ExpiredWake: ExpiredWakeRefuse})
-		if _, err := e.m.Wake(context.Background(), "app1"); !errors.Is(err, ErrConflict) {
+		e.m.Reconfigure(lifecycle.Settings{MaxLifetime: time.Hour, ExpiredWake: lifecycle.ExpiredWakeRefuse})
+		if _, err := e.m.Wake(context.Background(), "app1"); !errors.Is(err, lifecycle.ErrConflict) {
 			t.Fatalf("err = %v, want ErrConflict", err)
 		}
 		wantCalls(t, e.rt, nil)
@@ -551,16 +551,16 @@ func TestWakeExpired(t *testing.T) {
 // which nothing updates on a recreate, so with expired_wake recreate (the
 // default) the recreated sandbox lives one reap_interval at most.
 func TestExpiredWakeRecreateGetsANewLifetime(t *testing.T) {
-	e, clock := newClockEnv(t, Config{MaxLifetime: time.Hour})
-	e.seed(t, "app1", Running)
+	e, clock := newClockEnv(t, lifecycle.Config{MaxLifetime: time.Hour})
+	e.seed(t, "app1", lifecycle.Running)
 	clock.at(time.Hour)
-	wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {ActionExpire: 1}})
+	wantActions(t, reap(t, e.m), map[string]map[string]int{"expiry": {lifecycle.ActionExpire: 1}})
 	if _, err := e.m.Wake(context.Background(), "app1"); err != nil {
 		t.Fatal(err)
 	}
 	clock.at(time.Hour + 10*time.Second) // the next pass at the default reap_interval
 	reap(t, e.m)
-	if got := e.state(t, "app1"); got != Running {
+	if got := e.state(t, "app1"); got != lifecycle.Running {
 		t.Fatalf("sandbox recreated at +1h is %s at +1h10s (reason %q), want running until +2h",
 			got, e.lastReason(t, "app1"))
 	}

@@ -1,4 +1,4 @@
-package lifecycle
+package lifecycle_test
 
 import (
 	"context"
@@ -13,21 +13,25 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sandwake/sandwake/lifecycle"
+
+	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
 )
 
 // corrections collects what Config.OnReconcile receives.
 type corrections struct {
 	mu   sync.Mutex
-	list []Correction
+	list []lifecycle.Correction
 }
 
-func (c *corrections) note(x Correction) {
+func (c *corrections) note(x lifecycle.Correction) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.list = append(c.list, x)
 }
 
-func (c *corrections) all() []Correction {
+func (c *corrections) all() []lifecycle.Correction {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.list)
@@ -35,7 +39,7 @@ func (c *corrections) all() []Correction {
 
 // reconcileEnv is a test env with a movable clock whose corrections are
 // collected.
-func reconcileEnv(t *testing.T, cfg Config) (*testEnv, *fakeClock, *corrections) {
+func reconcileEnv(t *testing.T, cfg lifecycle.Config) (*testEnv, *fakeClock, *corrections) {
 	t.Helper()
 	got := new(corrections)
 	cfg.OnReconcile = got.note
@@ -55,11 +59,11 @@ func answeringAddr(t *testing.T) string {
 func TestReconcile(t *testing.T) {
 	tests := []struct {
 		name      string
-		state     State
-		container ContainerState // "" : no container
-		edit      func(*Container)
+		state     lifecycle.State
+		container lifecycle.ContainerState // "" : no container
+		edit      func(*lifecycle.Container)
 		at        time.Duration // clock when reconciling
-		want      State
+		want      lifecycle.State
 		kind      string // "" : no correction
 		reason    string
 		// moved: the container's port moved (a start outside sandwake) to
@@ -67,55 +71,55 @@ func TestReconcile(t *testing.T) {
 		// to one where nothing answers yet.
 		moved, silent bool
 	}{
-		{name: "running, container missing", state: Running, want: Killed, kind: CorrectionMissing, reason: "container_missing"},
-		{name: "paused, container missing", state: Paused, want: Killed, kind: CorrectionMissing, reason: "container_missing"},
-		{name: "stopped, container missing", state: Stopped, want: Killed, kind: CorrectionMissing, reason: "container_missing"},
-		{name: "running, exited(3)", state: Running, container: ContainerExited, edit: func(c *Container) { c.ExitCode = 3 },
-			want: Stopped, kind: CorrectionExited, reason: "exited(3)"},
-		{name: "running, OOM-killed", state: Running, container: ContainerExited, edit: func(c *Container) { c.ExitCode, c.OOMKilled = 137, true },
-			want: Stopped, kind: CorrectionOOM, reason: "oom"},
-		{name: "running, dead", state: Running, container: ContainerDead, edit: func(c *Container) { c.ExitCode = 1 },
-			want: Stopped, kind: CorrectionExited, reason: "exited(1)"},
+		{name: "running, container missing", state: lifecycle.Running, want: lifecycle.Killed, kind: lifecycle.CorrectionMissing, reason: "container_missing"},
+		{name: "paused, container missing", state: lifecycle.Paused, want: lifecycle.Killed, kind: lifecycle.CorrectionMissing, reason: "container_missing"},
+		{name: "stopped, container missing", state: lifecycle.Stopped, want: lifecycle.Killed, kind: lifecycle.CorrectionMissing, reason: "container_missing"},
+		{name: "running, exited(3)", state: lifecycle.Running, container: lifecycle.ContainerExited, edit: func(c *lifecycle.Container) { c.ExitCode = 3 },
+			want: lifecycle.Stopped, kind: lifecycle.CorrectionExited, reason: "exited(3)"},
+		{name: "running, OOM-killed", state: lifecycle.Running, container: lifecycle.ContainerExited, edit: func(c *lifecycle.Container) { c.ExitCode, c.OOMKilled = 137, true },
+			want: lifecycle.Stopped, kind: lifecycle.CorrectionOOM, reason: "oom"},
+		{name: "running, dead", state: lifecycle.Running, container: lifecycle.ContainerDead, edit: func(c *lifecycle.Container) { c.ExitCode = 1 },
+			want: lifecycle.Stopped, kind: lifecycle.CorrectionExited, reason: "exited(1)"},
 		// A container paused before a daemon or host restart comes back exited.
-		{name: "paused, exited", state: Paused, container: ContainerExited,
-			want: Stopped, kind: CorrectionExited, reason: "exited(0)"},
-		{name: "running, paused outside", state: Running, container: ContainerPaused,
-			want: Paused, kind: CorrectionPaused, reason: "paused_outside"},
-		{name: "stopped, started and paused outside", state: Stopped, container: ContainerPaused,
-			want: Paused, kind: CorrectionPaused, reason: "paused_outside"},
-		{name: "paused, unpaused outside", state: Paused, container: ContainerRunning,
-			want: Running, kind: CorrectionRunning, reason: "started_outside", moved: true},
-		{name: "stopped, started outside", state: Stopped, container: ContainerRunning,
-			want: Running, kind: CorrectionRunning, reason: "started_outside", moved: true},
-		{name: "killed, started outside", state: Killed, container: ContainerRunning,
-			want: Running, kind: CorrectionRunning, reason: "started_outside", moved: true},
-		{name: "error, started outside", state: Error, container: ContainerRunning,
-			want: Running, kind: CorrectionRunning, reason: "started_outside", moved: true},
+		{name: "paused, exited", state: lifecycle.Paused, container: lifecycle.ContainerExited,
+			want: lifecycle.Stopped, kind: lifecycle.CorrectionExited, reason: "exited(0)"},
+		{name: "running, paused outside", state: lifecycle.Running, container: lifecycle.ContainerPaused,
+			want: lifecycle.Paused, kind: lifecycle.CorrectionPaused, reason: "paused_outside"},
+		{name: "stopped, started and paused outside", state: lifecycle.Stopped, container: lifecycle.ContainerPaused,
+			want: lifecycle.Paused, kind: lifecycle.CorrectionPaused, reason: "paused_outside"},
+		{name: "paused, unpaused outside", state: lifecycle.Paused, container: lifecycle.ContainerRunning,
+			want: lifecycle.Running, kind: lifecycle.CorrectionRunning, reason: "started_outside", moved: true},
+		{name: "stopped, started outside", state: lifecycle.Stopped, container: lifecycle.ContainerRunning,
+			want: lifecycle.Running, kind: lifecycle.CorrectionRunning, reason: "started_outside", moved: true},
+		{name: "killed, started outside", state: lifecycle.Killed, container: lifecycle.ContainerRunning,
+			want: lifecycle.Running, kind: lifecycle.CorrectionRunning, reason: "started_outside", moved: true},
+		{name: "error, started outside", state: lifecycle.Error, container: lifecycle.ContainerRunning,
+			want: lifecycle.Running, kind: lifecycle.CorrectionRunning, reason: "started_outside", moved: true},
 		// A running container is adopted only once its port answers (a
 		// wake cut short by a crash may have started it before the app
 		// listens); the next wake waits for readiness instead.
-		{name: "stopped, started outside, not listening yet", state: Stopped, container: ContainerRunning, silent: true, want: Stopped},
-		{name: "killed, started outside, not listening yet", state: Killed, container: ContainerRunning, silent: true, want: Killed},
+		{name: "stopped, started outside, not listening yet", state: lifecycle.Stopped, container: lifecycle.ContainerRunning, silent: true, want: lifecycle.Stopped},
+		{name: "killed, started outside, not listening yet", state: lifecycle.Killed, container: lifecycle.ContainerRunning, silent: true, want: lifecycle.Killed},
 		// Create holds the lock for its whole run: a creating record seen
 		// under its lock is a create that died with an earlier process,
 		// however young (see TestReconcileSkipsHeld for one in flight).
-		{name: "creating, a second old", state: Creating, container: ContainerCreated,
-			want: Error, kind: CorrectionStuckCreating, reason: "stuck_creating"},
-		{name: "creating without a container, an hour old", state: Creating, at: time.Hour,
-			want: Error, kind: CorrectionStuckCreating, reason: "stuck_creating"},
-		{name: "running, running", state: Running, container: ContainerRunning, want: Running},
-		{name: "paused, paused", state: Paused, container: ContainerPaused, want: Paused},
-		{name: "stopped, exited", state: Stopped, container: ContainerExited, want: Stopped},
-		{name: "stopped, created", state: Stopped, container: ContainerCreated, want: Stopped},
-		{name: "error, exited", state: Error, container: ContainerExited, want: Error},
-		{name: "killed, no container", state: Killed, want: Killed},
-		{name: "expired, no container", state: Expired, want: Expired},
-		{name: "error, no container", state: Error, want: Error},
-		{name: "running, restarting", state: Running, container: ContainerRestarting, want: Running},
+		{name: "creating, a second old", state: lifecycle.Creating, container: lifecycle.ContainerCreated,
+			want: lifecycle.Error, kind: lifecycle.CorrectionStuckCreating, reason: "stuck_creating"},
+		{name: "creating without a container, an hour old", state: lifecycle.Creating, at: time.Hour,
+			want: lifecycle.Error, kind: lifecycle.CorrectionStuckCreating, reason: "stuck_creating"},
+		{name: "running, running", state: lifecycle.Running, container: lifecycle.ContainerRunning, want: lifecycle.Running},
+		{name: "paused, paused", state: lifecycle.Paused, container: lifecycle.ContainerPaused, want: lifecycle.Paused},
+		{name: "stopped, exited", state: lifecycle.Stopped, container: lifecycle.ContainerExited, want: lifecycle.Stopped},
+		{name: "stopped, created", state: lifecycle.Stopped, container: lifecycle.ContainerCreated, want: lifecycle.Stopped},
+		{name: "error, exited", state: lifecycle.Error, container: lifecycle.ContainerExited, want: lifecycle.Error},
+		{name: "killed, no container", state: lifecycle.Killed, want: lifecycle.Killed},
+		{name: "expired, no container", state: lifecycle.Expired, want: lifecycle.Expired},
+		{name: "error, no container", state: lifecycle.Error, want: lifecycle.Error},
+		{name: "running, restarting", state: lifecycle.Running, container: lifecycle.ContainerRestarting, want: lifecycle.Running},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e, clock, got := reconcileEnv(t, Config{})
+			e, clock, got := reconcileEnv(t, lifecycle.Config{})
 			e.seed(t, "app1", tt.state)
 			var moved map[int]string
 			switch {
@@ -125,13 +129,13 @@ func TestReconcile(t *testing.T) {
 				moved = map[int]string{testPort: closedAddr(t)}
 			}
 			if moved != nil {
-				e.rt.setUpstreams(moved)
+				e.rt.SetUpstreams(moved)
 			}
-			e.rt.put("app1", tt.container)
+			e.rt.Put("app1", tt.container)
 			if tt.edit != nil {
-				e.rt.edit("app1", tt.edit)
+				e.rt.Edit("app1", tt.edit)
 			}
-			e.rt.resetCalls()
+			e.rt.ResetCalls()
 			// Reconcile a second after the seed unless told otherwise, so
 			// that the times it records are its own.
 			clock.at(time.Second)
@@ -154,8 +158,8 @@ func TestReconcile(t *testing.T) {
 			if !e.m.LastReconcile().Equal(clock.Now()) {
 				t.Fatalf("LastReconcile = %v, want %v", e.m.LastReconcile(), clock.Now())
 			}
-			if e.rt.count("List") != 1 || e.rt.count("Start")+e.rt.count("Stop")+e.rt.count("Remove")+e.rt.count("Create") != 0 {
-				t.Fatalf("runtime calls = %v: reconcile only looks", e.rt.snapshot())
+			if e.rt.Count("List") != 1 || e.rt.Count("Start")+e.rt.Count("Stop")+e.rt.Count("Remove")+e.rt.Count("Create") != 0 {
+				t.Fatalf("runtime calls = %v: reconcile only looks", e.rt.Calls())
 			}
 			rec, err := e.m.Get("app1")
 			if err != nil {
@@ -170,7 +174,7 @@ func TestReconcile(t *testing.T) {
 				}
 				return
 			}
-			want := Correction{ID: "app1", Kind: tt.kind, From: tt.state, To: tt.want, Reason: tt.reason}
+			want := lifecycle.Correction{ID: "app1", Kind: tt.kind, From: tt.state, To: tt.want, Reason: tt.reason}
 			if c := got.all(); len(c) != 1 || c[0] != want {
 				t.Fatalf("OnReconcile got %+v, want %+v", c, want)
 			}
@@ -185,15 +189,15 @@ func TestReconcile(t *testing.T) {
 				t.Fatalf("record = %+v", rec)
 			}
 			switch tt.want {
-			case Killed:
+			case lifecycle.Killed:
 				if rec.ContainerID != "" || rec.Upstreams != nil {
 					t.Fatalf("killed record keeps container %q, upstreams %v", rec.ContainerID, rec.Upstreams)
 				}
-			case Stopped:
+			case lifecycle.Stopped:
 				if !rec.StoppedAt.Equal(clock.Now()) {
 					t.Fatalf("stopped at %v", rec.StoppedAt)
 				}
-			case Error:
+			case lifecycle.Error:
 				if rec.Error == "" {
 					t.Fatal("error record without an error text")
 				}
@@ -204,7 +208,7 @@ func TestReconcile(t *testing.T) {
 					t.Fatalf("record = %+v, want container %s with upstreams %v adopted", rec, c.ID, moved)
 				}
 			}
-			if res, _ := e.m.Resident(); res != btoi(Resident(tt.want)) {
+			if res, _ := e.m.Resident(); res != btoi(lifecycle.Resident(tt.want)) {
 				t.Fatalf("resident = %d after reconcile to %s", res, tt.want)
 			}
 			// Once corrected, the next reconcile finds nothing to do.
@@ -225,16 +229,16 @@ func btoi(b bool) int {
 
 func TestReconcileOne(t *testing.T) {
 	t.Run("upstreams changed", func(t *testing.T) {
-		e, clock, got := reconcileEnv(t, Config{})
-		e.seed(t, "app1", Running)
+		e, clock, got := reconcileEnv(t, lifecycle.Config{})
+		e.seed(t, "app1", lifecycle.Running)
 		movedUpstreams := map[int]string{testPort: answeringAddr(t)}
-		e.rt.edit("app1", func(c *Container) { c.Upstreams = maps.Clone(movedUpstreams) })
+		e.rt.Edit("app1", func(c *lifecycle.Container) { c.Upstreams = maps.Clone(movedUpstreams) })
 		clock.at(time.Minute)
 		c, err := e.m.ReconcileOne(context.Background(), "app1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := Correction{ID: "app1", Kind: CorrectionUpstream, From: Running, To: Running, Reason: "upstream_changed"}
+		want := lifecycle.Correction{ID: "app1", Kind: lifecycle.CorrectionUpstream, From: lifecycle.Running, To: lifecycle.Running, Reason: "upstream_changed"}
 		if c == nil || *c != want {
 			t.Fatalf("correction = %+v, want %+v", c, want)
 		}
@@ -242,11 +246,11 @@ func TestReconcileOne(t *testing.T) {
 			t.Fatalf("OnReconcile got %+v", g)
 		}
 		rec, _ := e.m.Get("app1")
-		if !maps.Equal(rec.Upstreams, movedUpstreams) || rec.State != Running || !rec.StateSince.Equal(testClock) {
+		if !maps.Equal(rec.Upstreams, movedUpstreams) || rec.State != lifecycle.Running || !rec.StateSince.Equal(testClock) {
 			t.Fatalf("record = %+v", rec)
 		}
 		evs := e.history(t, "app1")
-		if len(evs) != 2 || evs[1].From != Running || evs[1].To != Running || evs[1].Reason != "upstream_changed" {
+		if len(evs) != 2 || evs[1].From != lifecycle.Running || evs[1].To != lifecycle.Running || evs[1].Reason != "upstream_changed" {
 			t.Fatalf("events = %+v", evs)
 		}
 		wantCalls(t, e.rt, map[string]int{"Inspect": 1})
@@ -256,8 +260,8 @@ func TestReconcileOne(t *testing.T) {
 	})
 
 	t.Run("nothing changed", func(t *testing.T) {
-		e, _, got := reconcileEnv(t, Config{})
-		e.seed(t, "app1", Running)
+		e, _, got := reconcileEnv(t, lifecycle.Config{})
+		e.seed(t, "app1", lifecycle.Running)
 		c, err := e.m.ReconcileOne(context.Background(), "app1")
 		if err != nil || c != nil || len(got.all()) != 0 || len(e.history(t, "app1")) != 1 {
 			t.Fatalf("correction %+v, %v", c, err)
@@ -265,32 +269,32 @@ func TestReconcileOne(t *testing.T) {
 	})
 
 	t.Run("died", func(t *testing.T) {
-		e, _, _ := reconcileEnv(t, Config{})
-		e.seed(t, "app1", Running)
-		e.rt.put("app1", ContainerExited)
-		e.rt.edit("app1", func(c *Container) { c.ExitCode = 2 })
+		e, _, _ := reconcileEnv(t, lifecycle.Config{})
+		e.seed(t, "app1", lifecycle.Running)
+		e.rt.Put("app1", lifecycle.ContainerExited)
+		e.rt.Edit("app1", func(c *lifecycle.Container) { c.ExitCode = 2 })
 		c, err := e.m.ReconcileOne(context.Background(), "app1")
-		if err != nil || c == nil || c.Kind != CorrectionExited || c.Reason != "exited(2)" {
+		if err != nil || c == nil || c.Kind != lifecycle.CorrectionExited || c.Reason != "exited(2)" {
 			t.Fatalf("correction %+v, %v", c, err)
 		}
 	})
 
 	t.Run("no record", func(t *testing.T) {
-		e, _, _ := reconcileEnv(t, Config{})
-		e.rt.put("ghost", ContainerRunning)
+		e, _, _ := reconcileEnv(t, lifecycle.Config{})
+		e.rt.Put("ghost", lifecycle.ContainerRunning)
 		if c, err := e.m.ReconcileOne(context.Background(), "ghost"); err != nil || c != nil {
 			t.Fatalf("correction %+v, %v", c, err)
 		}
 	})
 
 	t.Run("engine unavailable", func(t *testing.T) {
-		e, _, _ := reconcileEnv(t, Config{})
-		e.seed(t, "app1", Running)
-		e.rt.failWith("Inspect", fmt.Errorf("docker: %w", ErrUnavailable))
-		if _, err := e.m.ReconcileOne(context.Background(), "app1"); !errors.Is(err, ErrUnavailable) {
+		e, _, _ := reconcileEnv(t, lifecycle.Config{})
+		e.seed(t, "app1", lifecycle.Running)
+		e.rt.FailWith("Inspect", fmt.Errorf("docker: %w", lifecycle.ErrUnavailable))
+		if _, err := e.m.ReconcileOne(context.Background(), "app1"); !errors.Is(err, lifecycle.ErrUnavailable) {
 			t.Fatalf("err = %v, want ErrUnavailable", err)
 		}
-		if got := e.state(t, "app1"); got != Running {
+		if got := e.state(t, "app1"); got != lifecycle.Running {
 			t.Fatalf("state = %s, want running", got)
 		}
 	})
@@ -299,14 +303,14 @@ func TestReconcileOne(t *testing.T) {
 func TestReconcileOrphans(t *testing.T) {
 	for _, remove := range []bool{false, true} {
 		t.Run(fmt.Sprintf("remove=%v", remove), func(t *testing.T) {
-			e, _, got := reconcileEnv(t, Config{OrphansRemove: remove})
-			e.seed(t, "app1", Running)
-			e.rt.put("ghost2", ContainerExited)
-			e.rt.put("ghost1", ContainerRunning)
+			e, _, got := reconcileEnv(t, lifecycle.Config{OrphansRemove: remove})
+			e.seed(t, "app1", lifecycle.Running)
+			e.rt.Put("ghost2", lifecycle.ContainerExited)
+			e.rt.Put("ghost1", lifecycle.ContainerRunning)
 			// A container without the sandbox label is not sandwake's.
-			e.rt.put("foreign", ContainerRunning)
-			e.rt.edit("foreign", func(c *Container) { c.SandboxID = "" })
-			e.rt.resetCalls()
+			e.rt.Put("foreign", lifecycle.ContainerRunning)
+			e.rt.Edit("foreign", func(c *lifecycle.Container) { c.SandboxID = "" })
+			e.rt.ResetCalls()
 			stats, err := e.m.Reconcile(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -320,26 +324,26 @@ func TestReconcileOrphans(t *testing.T) {
 					t.Fatalf("corrections %v / %v without orphans remove", stats.Corrections, got.all())
 				}
 				for _, id := range []string{"ghost1", "ghost2", "foreign"} {
-					if e.rt.containerState(id) == "" {
+					if e.rt.ContainerState(id) == "" {
 						t.Fatalf("%s removed without orphans remove", id)
 					}
 				}
 				return
 			}
 			wantCalls(t, e.rt, map[string]int{"List": 1, "Remove": 2})
-			if !maps.Equal(stats.Corrections, map[string]int{CorrectionOrphanRemoved: 2}) {
+			if !maps.Equal(stats.Corrections, map[string]int{lifecycle.CorrectionOrphanRemoved: 2}) {
 				t.Fatalf("corrections = %v", stats.Corrections)
 			}
-			want := []Correction{{ID: "ghost1", Kind: CorrectionOrphanRemoved}, {ID: "ghost2", Kind: CorrectionOrphanRemoved}}
+			want := []lifecycle.Correction{{ID: "ghost1", Kind: lifecycle.CorrectionOrphanRemoved}, {ID: "ghost2", Kind: lifecycle.CorrectionOrphanRemoved}}
 			if g := got.all(); !slices.Equal(g, want) {
 				t.Fatalf("OnReconcile got %+v, want %+v", g, want)
 			}
-			for id, want := range map[string]ContainerState{"ghost1": "", "ghost2": "", "foreign": ContainerRunning, "app1": ContainerRunning} {
-				if got := e.rt.containerState(id); got != want {
+			for id, want := range map[string]lifecycle.ContainerState{"ghost1": "", "ghost2": "", "foreign": lifecycle.ContainerRunning, "app1": lifecycle.ContainerRunning} {
+				if got := e.rt.ContainerState(id); got != want {
 					t.Fatalf("container of %s is %q, want %q", id, got, want)
 				}
 			}
-			if got := e.state(t, "app1"); got != Running {
+			if got := e.state(t, "app1"); got != lifecycle.Running {
 				t.Fatalf("app1 is %s", got)
 			}
 		})
@@ -348,14 +352,14 @@ func TestReconcileOrphans(t *testing.T) {
 
 func TestReconcileFailure(t *testing.T) {
 	t.Run("list unavailable", func(t *testing.T) {
-		e, _, got := reconcileEnv(t, Config{})
-		e.seed(t, "app1", Running)
-		e.rt.put("app1", "") // would be killed
-		e.rt.failWith("List", fmt.Errorf("docker: %w", ErrUnavailable))
-		if _, err := e.m.Reconcile(context.Background()); !errors.Is(err, ErrUnavailable) {
+		e, _, got := reconcileEnv(t, lifecycle.Config{})
+		e.seed(t, "app1", lifecycle.Running)
+		e.rt.Put("app1", "") // would be killed
+		e.rt.FailWith("List", fmt.Errorf("docker: %w", lifecycle.ErrUnavailable))
+		if _, err := e.m.Reconcile(context.Background()); !errors.Is(err, lifecycle.ErrUnavailable) {
 			t.Fatalf("err = %v, want ErrUnavailable", err)
 		}
-		if s := e.state(t, "app1"); s != Running || len(got.all()) != 0 {
+		if s := e.state(t, "app1"); s != lifecycle.Running || len(got.all()) != 0 {
 			t.Fatalf("state %s, corrections %v after a failed reconcile", s, got.all())
 		}
 		if !e.m.LastReconcile().IsZero() {
@@ -365,14 +369,14 @@ func TestReconcileFailure(t *testing.T) {
 	})
 
 	t.Run("inspect unavailable", func(t *testing.T) {
-		e, _, _ := reconcileEnv(t, Config{})
-		e.seed(t, "app1", Running)
-		e.rt.put("app1", ContainerExited)
-		e.rt.failWith("Inspect", fmt.Errorf("docker: %w", ErrUnavailable))
-		if _, err := e.m.Reconcile(context.Background()); !errors.Is(err, ErrUnavailable) {
+		e, _, _ := reconcileEnv(t, lifecycle.Config{})
+		e.seed(t, "app1", lifecycle.Running)
+		e.rt.Put("app1", lifecycle.ContainerExited)
+		e.rt.FailWith("Inspect", fmt.Errorf("docker: %w", lifecycle.ErrUnavailable))
+		if _, err := e.m.Reconcile(context.Background()); !errors.Is(err, lifecycle.ErrUnavailable) {
 			t.Fatalf("err = %v, want ErrUnavailable", err)
 		}
-		if s := e.state(t, "app1"); s != Running {
+		if s := e.state(t, "app1"); s != lifecycle.Running {
 			t.Fatalf("state %s", s)
 		}
 		if !e.m.LastReconcile().IsZero() {
@@ -381,13 +385,13 @@ func TestReconcileFailure(t *testing.T) {
 	})
 
 	t.Run("last success kept", func(t *testing.T) {
-		e, clock, _ := reconcileEnv(t, Config{})
+		e, clock, _ := reconcileEnv(t, lifecycle.Config{})
 		clock.at(time.Minute)
 		if _, err := e.m.Reconcile(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		clock.at(2 * time.Minute)
-		e.rt.failWith("List", fmt.Errorf("docker: %w", ErrUnavailable))
+		e.rt.FailWith("List", fmt.Errorf("docker: %w", lifecycle.ErrUnavailable))
 		if _, err := e.m.Reconcile(context.Background()); err == nil {
 			t.Fatal("reconcile succeeded with the engine down")
 		}
@@ -400,41 +404,41 @@ func TestReconcileFailure(t *testing.T) {
 // TestReconcileSkipsHeld: a sandbox another operation holds is left to it.
 func TestReconcileSkipsHeld(t *testing.T) {
 	t.Run("create in flight", func(t *testing.T) {
-		e, _, got := reconcileEnv(t, Config{})
-		g := e.rt.hold(t, "Start", "app1")
+		e, _, got := reconcileEnv(t, lifecycle.Config{})
+		g := e.rt.Hold(t, "Start", "app1")
 		done := make(chan error, 1)
 		go func() {
-			_, err := e.m.Create(context.Background(), CreateRequest{ID: "app1", Spec: testSpec()})
+			_, err := e.m.Create(context.Background(), lifecycle.CreateRequest{ID: "app1", Spec: testSpec()})
 			done <- err
 		}()
-		receive(t, g.entered, "the start of the create")
+		receive(t, g.Entered, "the start of the create")
 		stats, err := e.m.Reconcile(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := e.state(t, "app1"); s != Creating || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 || len(got.all()) != 0 {
+		if s := e.state(t, "app1"); s != lifecycle.Creating || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 || len(got.all()) != 0 {
 			t.Fatalf("reconcile during a create: %s, %+v", s, stats)
 		}
-		g.release()
+		g.Release()
 		if err := receive(t, done, "the create"); err != nil {
 			t.Fatal(err)
 		}
-		if s := e.state(t, "app1"); s != Running {
+		if s := e.state(t, "app1"); s != lifecycle.Running {
 			t.Fatalf("created sandbox is %s", s)
 		}
 	})
 
-	e, _, got := reconcileEnv(t, Config{})
-	e.seed(t, "held", Running)
-	e.seed(t, "free", Running)
-	e.rt.put("held", "")
-	e.rt.put("free", "")
-	unlock := e.m.locks.lock("held")
+	e, _, got := reconcileEnv(t, lifecycle.Config{})
+	e.seed(t, "held", lifecycle.Running)
+	e.seed(t, "free", lifecycle.Running)
+	e.rt.Put("held", "")
+	e.rt.Put("free", "")
+	unlock := e.m.LockID("held")
 	stats, err := e.m.Reconcile(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.state(t, "held") != Running || e.state(t, "free") != Killed || stats.Corrections[CorrectionMissing] != 1 {
+	if e.state(t, "held") != lifecycle.Running || e.state(t, "free") != lifecycle.Killed || stats.Corrections[lifecycle.CorrectionMissing] != 1 {
 		t.Fatalf("held %s, free %s, corrections %v", e.state(t, "held"), e.state(t, "free"), stats.Corrections)
 	}
 	if len(stats.Orphans) != 0 {
@@ -444,7 +448,7 @@ func TestReconcileSkipsHeld(t *testing.T) {
 	if _, err := e.m.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if s := e.state(t, "held"); s != Killed || len(got.all()) != 2 {
+	if s := e.state(t, "held"); s != lifecycle.Killed || len(got.all()) != 2 {
 		t.Fatalf("held is %s after release, corrections %v", s, got.all())
 	}
 }
@@ -452,28 +456,28 @@ func TestReconcileSkipsHeld(t *testing.T) {
 // eventRuntime is the fake engine with an event stream. Each subscription is
 // handed to the test through streams.
 type eventRuntime struct {
-	*fakeRuntime
+	*lifecycletest.Runtime
 	streams    chan *fakeStream
 	subscribed atomic.Int32
 }
 
 type fakeStream struct {
 	ctx  context.Context
-	evs  chan RuntimeEvent
+	evs  chan lifecycle.RuntimeEvent
 	errs chan error
 }
 
-func (r *eventRuntime) Events(ctx context.Context) (<-chan RuntimeEvent, <-chan error) {
+func (r *eventRuntime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-chan error) {
 	r.subscribed.Add(1)
-	s := &fakeStream{ctx: ctx, evs: make(chan RuntimeEvent), errs: make(chan error, 1)}
+	s := &fakeStream{ctx: ctx, evs: make(chan lifecycle.RuntimeEvent), errs: make(chan error, 1)}
 	r.streams <- s
 	return s.evs, s.errs
 }
 
-var _ EventSource = (*eventRuntime)(nil)
+var _ lifecycle.EventSource = (*eventRuntime)(nil)
 
 // send delivers ev on the stream; the manager must be reading it.
-func (s *fakeStream) send(t *testing.T, ev RuntimeEvent) {
+func (s *fakeStream) send(t *testing.T, ev lifecycle.RuntimeEvent) {
 	t.Helper()
 	select {
 	case s.evs <- ev:
@@ -484,11 +488,11 @@ func (s *fakeStream) send(t *testing.T, ev RuntimeEvent) {
 	}
 }
 
-func eventsEnv(t *testing.T, cfg Config) (*testEnv, *eventRuntime) {
+func eventsEnv(t *testing.T, cfg lifecycle.Config) (*testEnv, *eventRuntime) {
 	t.Helper()
 	var er *eventRuntime
-	e := newTestEnvWith(t, cfg, func(f *fakeRuntime) Runtime {
-		er = &eventRuntime{fakeRuntime: f, streams: make(chan *fakeStream, 64)}
+	e := newTestEnvWith(t, cfg, func(f *lifecycletest.Runtime) lifecycle.Runtime {
+		er = &eventRuntime{Runtime: f, streams: make(chan *fakeStream, 64)}
 		return er
 	})
 	return e, er
@@ -497,30 +501,30 @@ func eventsEnv(t *testing.T, cfg Config) (*testEnv, *eventRuntime) {
 func TestRuntimeEvents(t *testing.T) {
 	tests := []struct {
 		name      string
-		state     State
-		container ContainerState
-		edit      func(*Container)
+		state     lifecycle.State
+		container lifecycle.ContainerState
+		edit      func(*lifecycle.Container)
 		action    string
-		want      State
+		want      lifecycle.State
 		reason    string
 	}{
-		{"die", Running, ContainerExited, func(c *Container) { c.ExitCode = 3 }, "die", Stopped, "exited(3)"},
-		{"oom", Running, ContainerExited, func(c *Container) { c.ExitCode, c.OOMKilled = 137, true }, "oom", Stopped, "oom"},
-		{"destroy", Stopped, "", nil, "destroy", Killed, "container_missing"},
-		{"pause", Running, ContainerPaused, nil, "pause", Paused, "paused_outside"},
-		{"unpause", Paused, ContainerRunning, nil, "unpause", Running, "started_outside"},
-		{"start", Stopped, ContainerRunning, nil, "start", Running, "started_outside"},
+		{"die", lifecycle.Running, lifecycle.ContainerExited, func(c *lifecycle.Container) { c.ExitCode = 3 }, "die", lifecycle.Stopped, "exited(3)"},
+		{"oom", lifecycle.Running, lifecycle.ContainerExited, func(c *lifecycle.Container) { c.ExitCode, c.OOMKilled = 137, true }, "oom", lifecycle.Stopped, "oom"},
+		{"destroy", lifecycle.Stopped, "", nil, "destroy", lifecycle.Killed, "container_missing"},
+		{"pause", lifecycle.Running, lifecycle.ContainerPaused, nil, "pause", lifecycle.Paused, "paused_outside"},
+		{"unpause", lifecycle.Paused, lifecycle.ContainerRunning, nil, "unpause", lifecycle.Running, "started_outside"},
+		{"start", lifecycle.Stopped, lifecycle.ContainerRunning, nil, "start", lifecycle.Running, "started_outside"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e, er := eventsEnv(t, Config{WatchEvents: true})
+			e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
 			s := receive(t, er.streams, "the subscription")
 			e.seed(t, "app1", tt.state)
-			e.rt.put("app1", tt.container)
+			e.rt.Put("app1", tt.container)
 			if tt.edit != nil {
-				e.rt.edit("app1", tt.edit)
+				e.rt.Edit("app1", tt.edit)
 			}
-			s.send(t, RuntimeEvent{SandboxID: "app1", Action: tt.action})
+			s.send(t, lifecycle.RuntimeEvent{SandboxID: "app1", Action: tt.action})
 			waitFor(t, "the event to be reconciled", func() bool { return e.state(t, "app1") == tt.want })
 			if r := e.lastReason(t, "app1"); r != tt.reason {
 				t.Fatalf("reason = %q, want %q", r, tt.reason)
@@ -532,18 +536,18 @@ func TestRuntimeEvents(t *testing.T) {
 	}
 
 	t.Run("ignored events", func(t *testing.T) {
-		e, er := eventsEnv(t, Config{WatchEvents: true})
+		e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
 		s := receive(t, er.streams, "the subscription")
-		e.seed(t, "app1", Running)
-		e.rt.put("app1", "")
+		e.seed(t, "app1", lifecycle.Running)
+		e.rt.Put("app1", "")
 		for _, id := range []string{"", "not-an-id", "nosuch"} {
-			s.send(t, RuntimeEvent{SandboxID: id, Action: "die"})
+			s.send(t, lifecycle.RuntimeEvent{SandboxID: id, Action: "die"})
 		}
-		s.send(t, RuntimeEvent{SandboxID: "app1", Action: "destroy"})
-		waitFor(t, "app1 to be killed", func() bool { return e.state(t, "app1") == Killed })
+		s.send(t, lifecycle.RuntimeEvent{SandboxID: "app1", Action: "destroy"})
+		waitFor(t, "app1 to be killed", func() bool { return e.state(t, "app1") == lifecycle.Killed })
 		e.m.Close() // waits for every reconcile an event started
 		// Invalid ids never reach the engine, nor does an id without a record.
-		if n := e.rt.count("Inspect"); n != 1 {
+		if n := e.rt.Count("Inspect"); n != 1 {
 			t.Fatalf("%d inspects, want 1 (app1)", n)
 		}
 	})
@@ -552,17 +556,17 @@ func TestRuntimeEvents(t *testing.T) {
 		name   string
 		break_ func(s *fakeStream)
 	}{
-		{"error", func(s *fakeStream) { s.errs <- fmt.Errorf("reading events: %w", ErrUnavailable) }},
+		{"error", func(s *fakeStream) { s.errs <- fmt.Errorf("reading events: %w", lifecycle.ErrUnavailable) }},
 		{"errs closed", func(s *fakeStream) { close(s.errs) }},
 		{"events closed", func(s *fakeStream) { close(s.evs) }},
 	} {
 		t.Run("stream breaks: "+brk.name, func(t *testing.T) {
-			e, er := eventsEnv(t, Config{WatchEvents: true})
+			e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
 			s := receive(t, er.streams, "the subscription")
 			// A change that no event reports, as if missed while the
 			// stream was down.
-			e.seed(t, "app1", Running)
-			e.rt.put("app1", "")
+			e.seed(t, "app1", lifecycle.Running)
+			e.rt.Put("app1", "")
 			brk.break_(s)
 			s2 := receive(t, er.streams, "the second subscription")
 			if n := er.subscribed.Load(); n != 2 {
@@ -572,22 +576,22 @@ func TestRuntimeEvents(t *testing.T) {
 				t.Fatal("the broken subscription's context is still live")
 			}
 			// The full reconcile runs before the new subscription.
-			if got := e.state(t, "app1"); got != Killed {
+			if got := e.state(t, "app1"); got != lifecycle.Killed {
 				t.Fatalf("app1 is %s after resubscribing, want killed by the full reconcile", got)
 			}
 			if e.m.LastReconcile().IsZero() {
 				t.Fatal("no full reconcile after the stream broke")
 			}
 			// The new stream works.
-			e.seed(t, "app2", Running)
-			e.rt.put("app2", ContainerPaused)
-			s2.send(t, RuntimeEvent{SandboxID: "app2", Action: "pause"})
-			waitFor(t, "app2 to be paused", func() bool { return e.state(t, "app2") == Paused })
+			e.seed(t, "app2", lifecycle.Running)
+			e.rt.Put("app2", lifecycle.ContainerPaused)
+			s2.send(t, lifecycle.RuntimeEvent{SandboxID: "app2", Action: "pause"})
+			waitFor(t, "app2 to be paused", func() bool { return e.state(t, "app2") == lifecycle.Paused })
 		})
 	}
 
 	t.Run("not watched", func(t *testing.T) {
-		e, er := eventsEnv(t, Config{})
+		e, er := eventsEnv(t, lifecycle.Config{})
 		e.m.Close()
 		if n := er.subscribed.Load(); n != 0 {
 			t.Fatalf("%d subscriptions without WatchEvents", n)
@@ -595,7 +599,7 @@ func TestRuntimeEvents(t *testing.T) {
 	})
 
 	t.Run("close ends the subscription", func(t *testing.T) {
-		e, er := eventsEnv(t, Config{WatchEvents: true})
+		e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
 		s := receive(t, er.streams, "the subscription")
 		e.m.Close()
 		if s.ctx.Err() == nil {
@@ -608,79 +612,41 @@ func TestRuntimeEvents(t *testing.T) {
 // every container, a die comes with a destroy) costs at most two reconciles
 // per sandbox and a bounded number of goroutines, not one per event.
 func TestEventFloodIsQueued(t *testing.T) {
-	e, er := eventsEnv(t, Config{WatchEvents: true})
+	e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
 	s := receive(t, er.streams, "the subscription")
 	const sandboxes, perSandbox = 50, 20
 	ids := make([]string, sandboxes)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("app%d", i)
-		e.seed(t, ids[i], Running)
-		e.rt.put(ids[i], "")
+		e.seed(t, ids[i], lifecycle.Running)
+		e.rt.Put(ids[i], "")
 	}
-	e.rt.resetCalls()
+	e.rt.ResetCalls()
 	// Every inspect waits at the gate while the flood arrives: the workers
 	// are busy, everything else is queued.
-	g := e.rt.hold(t, "Inspect", "")
+	g := e.rt.Hold(t, "Inspect", "")
 	before := runtime.NumGoroutine()
 	for range perSandbox {
 		for _, id := range ids {
-			s.send(t, RuntimeEvent{SandboxID: id, Action: "die"})
+			s.send(t, lifecycle.RuntimeEvent{SandboxID: id, Action: "die"})
 		}
 	}
 	if grown := runtime.NumGoroutine() - before; grown > 10 {
 		t.Fatalf("%d goroutines more during a flood of %d events", grown, sandboxes*perSandbox)
 	}
-	if n := e.m.events.len(); n > sandboxes {
+	if n := e.m.QueuedEvents(); n > sandboxes {
 		t.Fatalf("%d ids queued for %d sandboxes", n, sandboxes)
 	}
-	g.release()
+	g.Release()
 	for _, id := range ids {
-		waitFor(t, id+" to be killed", func() bool { return e.state(t, id) == Killed })
+		waitFor(t, id+" to be killed", func() bool { return e.state(t, id) == lifecycle.Killed })
 	}
-	waitFor(t, "the queue to drain", func() bool { return e.m.events.len() == 0 })
+	waitFor(t, "the queue to drain", func() bool { return e.m.QueuedEvents() == 0 })
 	e.m.Close()
 	// Each sandbox: one inspect, plus at most one more for the worker that
 	// held it when its later events came (they may report something newer).
-	if n := e.rt.count("Inspect"); n < sandboxes || n > 2*sandboxes {
+	if n := e.rt.Count("Inspect"); n < sandboxes || n > 2*sandboxes {
 		t.Fatalf("%d inspects for %d events over %d sandboxes; want %d to %d", n, sandboxes*perSandbox, sandboxes, sandboxes, 2*sandboxes)
-	}
-}
-
-func TestWorkQueue(t *testing.T) {
-	q := newWorkQueue()
-	q.add("a")
-	q.add("b")
-	q.add("a") // queued already
-	if n := q.len(); n != 2 {
-		t.Fatalf("len %d, want 2", n)
-	}
-	id, _ := q.get()
-	if id != "a" {
-		t.Fatalf("got %q, want a", id)
-	}
-	q.add("a") // while processing: queued again after done, not before
-	if n := q.len(); n != 1 {
-		t.Fatalf("len %d while a is processed, want 1 (b)", n)
-	}
-	q.done("a")
-	if id, _ := q.get(); id != "b" {
-		t.Fatalf("got %q, want b", id)
-	}
-	if id, _ := q.get(); id != "a" {
-		t.Fatalf("got %q, want a again", id)
-	}
-	done := make(chan bool)
-	go func() {
-		_, ok := q.get()
-		done <- ok
-	}()
-	q.close()
-	if <-done {
-		t.Fatal("get after close returned an id")
-	}
-	q.add("c")
-	if n := q.len(); n != 0 {
-		t.Fatalf("add after close queued %d", n)
 	}
 }
 
@@ -689,21 +655,21 @@ func TestWorkQueue(t *testing.T) {
 // nothing registers them while the loops run (go test -race checks it).
 func TestEventsDuringStartup(t *testing.T) {
 	var changes, events atomic.Int32
-	e, er := eventsEnv(t, Config{
+	e, er := eventsEnv(t, lifecycle.Config{
 		WatchEvents: true, ReapInterval: time.Millisecond, ActivityFlush: time.Millisecond, ReconcileInterval: time.Millisecond,
 		OnChange: func(string) { changes.Add(1) },
-		OnEvent:  func(Event) { events.Add(1) },
+		OnEvent:  func(lifecycle.Event) { events.Add(1) },
 	})
 	s := receive(t, er.streams, "the subscription")
 	for i := range 20 {
 		id := fmt.Sprintf("app%d", i)
-		e.seed(t, id, Running)
-		e.rt.put(id, "")
-		s.send(t, RuntimeEvent{SandboxID: id, Action: "destroy"})
+		e.seed(t, id, lifecycle.Running)
+		e.rt.Put(id, "")
+		s.send(t, lifecycle.RuntimeEvent{SandboxID: id, Action: "destroy"})
 	}
 	for i := range 20 {
 		id := fmt.Sprintf("app%d", i)
-		waitFor(t, id+" to be killed", func() bool { return e.state(t, id) == Killed })
+		waitFor(t, id+" to be killed", func() bool { return e.state(t, id) == lifecycle.Killed })
 	}
 	if changes.Load() < 40 || events.Load() < 40 {
 		t.Fatalf("hooks saw %d changes and %d events, want at least 40 each (20 seeds, 20 kills)", changes.Load(), events.Load())
@@ -712,7 +678,7 @@ func TestEventsDuringStartup(t *testing.T) {
 		t.Fatalf("a second Start: %v", err)
 	}
 	e.m.Close()
-	if err := e.m.Start(); !errors.Is(err, ErrClosed) {
+	if err := e.m.Start(); !errors.Is(err, lifecycle.ErrClosed) {
 		t.Fatalf("Start after Close: %v, want ErrClosed", err)
 	}
 }

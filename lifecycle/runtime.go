@@ -3,8 +3,6 @@ package lifecycle
 import (
 	"context"
 	"time"
-
-	"github.com/sandwake/sandwake/store"
 )
 
 // ContainerState is what the container engine says of a sandbox's container.
@@ -45,7 +43,7 @@ type Container struct {
 type Runtime interface {
 	// Create creates the sandbox's volume (when missing) and container (not
 	// started) from spec, replacing any container the sandbox had.
-	Create(ctx context.Context, id string, spec store.Spec) (Container, error)
+	Create(ctx context.Context, id string, spec Spec) (Container, error)
 	// Start starts the container and returns it with its upstreams re-read
 	// (published host ports can change on every start).
 	Start(ctx context.Context, id string) (Container, error)

@@ -1,10 +1,12 @@
-package lifecycle
+package lifecycle_test
 
 import (
 	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // benchSizes are the record counts the scale benchmarks run at; the design's
@@ -12,7 +14,7 @@ import (
 var benchSizes = []int{1000, 10000}
 
 // benchStates cycles through the states a large farm mostly holds.
-var benchStates = []State{Running, Paused, Stopped, Stopped, Stopped, Stopped, Killed, Expired}
+var benchStates = []lifecycle.State{lifecycle.Running, lifecycle.Paused, lifecycle.Stopped, lifecycle.Stopped, lifecycle.Stopped, lifecycle.Stopped, lifecycle.Killed, lifecycle.Expired}
 
 // seedRecords stores n records directly (no manager, no admission) and gives
 // the fake engine the containers that match them, so that neither a reaper
@@ -20,22 +22,22 @@ var benchStates = []State{Running, Paused, Stopped, Stopped, Stopped, Stopped, K
 func seedRecords(b *testing.B, e *testEnv, n int) {
 	b.Helper()
 	spec := testSpec()
-	if err := NormalizeSpec(&spec); err != nil {
+	if err := lifecycle.NormalizeSpec(&spec); err != nil {
 		b.Fatal(err)
 	}
 	up := map[int]string{testPort: e.srv.Listener.Addr().String()}
 	for i := range n {
 		id := fmt.Sprintf("sb%05d", i)
 		s := benchStates[i%len(benchStates)]
-		rec := Record{ID: id, Spec: spec, State: s, CreatedAt: testClock, LastActiveAt: testClock, StateSince: testClock}
-		if Resident(s) {
+		rec := lifecycle.Record{ID: id, Spec: spec, State: s, CreatedAt: testClock, LastActiveAt: testClock, StateSince: testClock}
+		if lifecycle.Resident(s) {
 			rec.ContainerID = "seeded-" + id
 			rec.Upstreams = up
 		}
 		if _, _, err := e.st.Create(rec, "seed"); err != nil {
 			b.Fatal(err)
 		}
-		e.rt.put(id, containerFor(s))
+		e.rt.Put(id, containerFor(s))
 	}
 }
 
@@ -44,12 +46,12 @@ func seedRecords(b *testing.B, e *testEnv, n int) {
 func BenchmarkReapPass(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
-			cfg := Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour, MaxResident: n,
+			cfg := lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour, MaxResident: n,
 				Now: func() time.Time { return testClock.Add(time.Minute) }}
 			e := newTestEnvWith(b, cfg, nil)
 			seedRecords(b, e, n)
 			// A new manager reads the records, as one started over them would.
-			m, err := NewManager(e.st, e.rt, cfg)
+			m, err := lifecycle.NewManager(e.st, e.rt, cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -76,7 +78,7 @@ func BenchmarkReapPass(b *testing.B) {
 func BenchmarkBootReconcile(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
-			cfg := Config{Now: func() time.Time { return testClock.Add(time.Minute) }}
+			cfg := lifecycle.Config{Now: func() time.Time { return testClock.Add(time.Minute) }}
 			e := newTestEnvWith(b, cfg, nil)
 			seedRecords(b, e, n)
 			ctx := context.Background()
@@ -84,7 +86,7 @@ func BenchmarkBootReconcile(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			for b.Loop() {
-				m, err := NewManager(e.st, e.rt, cfg)
+				m, err := lifecycle.NewManager(e.st, e.rt, cfg)
 				if err != nil {
 					b.Fatal(err)
 				}

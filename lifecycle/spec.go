@@ -9,18 +9,7 @@ import (
 	"unicode"
 
 	"github.com/distribution/reference"
-
-	"github.com/sandwake/sandwake/store"
 )
-
-// Spec is a sandbox's container specification (see store.Spec).
-type Spec = store.Spec
-
-// Record is a sandbox's stored state (see store.Record).
-type Record = store.Record
-
-// Event is one entry of the event log (see store.Event).
-type Event = store.Event
 
 // Limits of a spec, so that one request cannot ask for absurd resources.
 const (

@@ -1,13 +1,11 @@
 package lifecycle
 
-import (
-	"slices"
+import "slices"
 
-	"github.com/sandwake/sandwake/store"
-)
-
-// State is a sandbox's lifecycle state (see docs/DESIGN.md, "States").
-type State = store.State
+// State is a sandbox's lifecycle state (see docs/DESIGN.md, "States"). The
+// Store keeps it and compares it; this package owns its values and the
+// transition table.
+type State string
 
 // The states of a sandbox.
 const (
@@ -33,7 +31,7 @@ var States = []State{Creating, Running, Paused, Stopped, Killed, Expired, Error}
 
 // allowedFrom is the transition table: for each target state, the states a
 // sandbox may enter it from. Every transition in the system is checked
-// against it (store.Transition compares and sets atomically).
+// against it (Store.Transition compares and sets atomically).
 var allowedFrom = map[State][]State{
 	Creating: {},
 	// running → running records new upstreams (a restart outside sandwake).

@@ -1,10 +1,6 @@
 package lifecycle
 
-import (
-	"time"
-
-	"github.com/sandwake/sandwake/store"
-)
+import "time"
 
 // Store is what the Manager needs from its persistence: sandbox records
 // with compare-and-set transitions, the append-only event log and the
@@ -51,6 +47,3 @@ type Store interface {
 	// new event is queued for.
 	SetOutboxTargets(fn func(Event) []string)
 }
-
-// Interface guard: the Badger store is a Store.
-var _ Store = (*store.Store)(nil)

@@ -1,4 +1,4 @@
-package lifecycle
+package lifecycle_test
 
 import (
 	"context"
@@ -10,13 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandwake/sandwake/lifecycle"
+
+	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
+
 	"github.com/sandwake/sandwake/store"
 )
 
 // newStoreFullEnv is newTestEnv over a store whose free space the test sets
 // (free, in bytes; the reserve is 64 MiB); checks counts the store's
 // free-space readings.
-func newStoreFullEnv(t *testing.T, cfg Config) (e *testEnv, free, checks *atomic.Int64) {
+func newStoreFullEnv(t *testing.T, cfg lifecycle.Config) (e *testEnv, free, checks *atomic.Int64) {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	t.Cleanup(srv.Close)
@@ -29,8 +33,8 @@ func newStoreFullEnv(t *testing.T, cfg Config) (e *testEnv, free, checks *atomic
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	rt := newFakeRuntime(map[int]string{testPort: srv.Listener.Addr().String()})
-	m, err := NewManager(st, rt, cfg)
+	rt := lifecycletest.NewRuntime(map[int]string{testPort: srv.Listener.Addr().String()})
+	m, err := lifecycle.NewManager(st, rt, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,30 +50,39 @@ func newStoreFullEnv(t *testing.T, cfg Config) (e *testEnv, free, checks *atomic
 func TestStoreFullRecordsLater(t *testing.T) {
 	tests := []struct {
 		name          string
-		from          State
-		op            func(m *Manager, id string) error
+		from          lifecycle.State
+		op            func(m *lifecycle.Manager, id string) error
 		says          string
-		wantContainer ContainerState
-		want          State
+		wantContainer lifecycle.ContainerState
+		want          lifecycle.State
 	}{
-		{"stop", Running, func(m *Manager, id string) error { _, err := m.Stop(context.Background(), id, "api"); return err },
-			"the container was stopped, but the store could not record it", ContainerExited, Stopped},
-		{"pause", Running, func(m *Manager, id string) error { _, err := m.Pause(context.Background(), id, "api"); return err },
-			"the container was paused, but the store could not record it", ContainerPaused, Paused},
-		{"stop of a paused sandbox", Paused, func(m *Manager, id string) error { _, err := m.Stop(context.Background(), id, "api"); return err },
-			"the container was stopped", ContainerExited, Stopped},
+		{"stop", lifecycle.Running, func(m *lifecycle.Manager, id string) error {
+			_, err := m.Stop(context.Background(), id, "api")
+			return err
+		},
+			"the container was stopped, but the store could not record it", lifecycle.ContainerExited, lifecycle.Stopped},
+		{"pause", lifecycle.Running, func(m *lifecycle.Manager, id string) error {
+			_, err := m.Pause(context.Background(), id, "api")
+			return err
+		},
+			"the container was paused, but the store could not record it", lifecycle.ContainerPaused, lifecycle.Paused},
+		{"stop of a paused sandbox", lifecycle.Paused, func(m *lifecycle.Manager, id string) error {
+			_, err := m.Stop(context.Background(), id, "api")
+			return err
+		},
+			"the container was stopped", lifecycle.ContainerExited, lifecycle.Stopped},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
+			e, free, _ := newStoreFullEnv(t, lifecycle.Config{StoreRetry: 5 * time.Millisecond})
 			e.seed(t, "sf1", tt.from)
 			free.Store(1 << 20)
 
 			err := tt.op(e.m, "sf1")
-			if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), tt.says) {
+			if !errors.Is(err, lifecycle.ErrStoreUnavailable) || !strings.Contains(err.Error(), tt.says) {
 				t.Fatalf("%s with the store full: %v; want ErrStoreUnavailable saying %q", tt.name, err, tt.says)
 			}
-			if got := e.rt.containerState("sf1"); got != tt.wantContainer {
+			if got := e.rt.ContainerState("sf1"); got != tt.wantContainer {
 				t.Fatalf("engine after %s: container %s, want %s", tt.name, got, tt.wantContainer)
 			}
 			if got := e.state(t, "sf1"); got != tt.from {
@@ -81,11 +94,7 @@ func TestStoreFullRecordsLater(t *testing.T) {
 
 			free.Store(1 << 30)
 			waitFor(t, "the record to follow the engine", func() bool { return e.state(t, "sf1") == tt.want })
-			waitFor(t, "the retry loop to end", func() bool {
-				e.m.unrecorded.mu.Lock()
-				defer e.m.unrecorded.mu.Unlock()
-				return !e.m.unrecorded.looping && len(e.m.unrecorded.ids) == 0
-			})
+			waitFor(t, "the retry loop to end", e.m.UnrecordedSettled)
 		})
 	}
 }
@@ -94,22 +103,22 @@ func TestStoreFullRecordsLater(t *testing.T) {
 // noted however often the loop looks, and the engine is not asked again
 // (the loop checks the store first).
 func TestStoreFullStaysUnrecorded(t *testing.T) {
-	e, free, checks := newStoreFullEnv(t, Config{StoreRetry: time.Millisecond})
-	e.seed(t, "sf2", Running)
+	e, free, checks := newStoreFullEnv(t, lifecycle.Config{StoreRetry: time.Millisecond})
+	e.seed(t, "sf2", lifecycle.Running)
 	free.Store(1 << 20)
-	if _, err := e.m.Stop(context.Background(), "sf2", "api"); !errors.Is(err, ErrStoreUnavailable) {
+	if _, err := e.m.Stop(context.Background(), "sf2", "api"); !errors.Is(err, lifecycle.ErrStoreUnavailable) {
 		t.Fatalf("stop with the store full: %v", err)
 	}
-	inspects := e.rt.count("Inspect")
+	inspects := e.rt.Count("Inspect")
 	// Let the loop look at the store 50 times: it must neither drop the
 	// sandbox nor ask the engine while the store refuses.
 	seen := checks.Load()
 	waitFor(t, "50 rounds of the retry loop", func() bool { return checks.Load() >= seen+50 })
-	if e.m.Unrecorded() != 1 || e.rt.count("Inspect") != inspects {
-		t.Fatalf("while full: %d unrecorded (want 1), %d inspects since the stop (want 0)", e.m.Unrecorded(), e.rt.count("Inspect")-inspects)
+	if e.m.Unrecorded() != 1 || e.rt.Count("Inspect") != inspects {
+		t.Fatalf("while full: %d unrecorded (want 1), %d inspects since the stop (want 0)", e.m.Unrecorded(), e.rt.Count("Inspect")-inspects)
 	}
 	free.Store(1 << 30)
-	waitFor(t, "the record to follow the engine", func() bool { return e.state(t, "sf2") == Stopped })
+	waitFor(t, "the record to follow the engine", func() bool { return e.state(t, "sf2") == lifecycle.Stopped })
 	if h := e.history(t, "sf2"); h[len(h)-1].Reason != "exited(0)" {
 		t.Fatalf("last event %+v, want the reconcile's exited correction", h[len(h)-1])
 	}
@@ -119,12 +128,12 @@ func TestStoreFullStaysUnrecorded(t *testing.T) {
 // ErrStoreUnavailable before the engine is touched, so no container runs
 // behind a record that says it is stopped.
 func TestStoreFullRefusesWake(t *testing.T) {
-	e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
-	e.seed(t, "sf3", Stopped)
-	e.rt.resetCalls()
+	e, free, _ := newStoreFullEnv(t, lifecycle.Config{StoreRetry: 5 * time.Millisecond})
+	e.seed(t, "sf3", lifecycle.Stopped)
+	e.rt.ResetCalls()
 	free.Store(1 << 20)
 	_, err := e.m.Wake(context.Background(), "sf3")
-	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "no space left (1 MiB free, reserve 64 MiB)") {
+	if !errors.Is(err, lifecycle.ErrStoreUnavailable) || !strings.Contains(err.Error(), "no space left (1 MiB free, reserve 64 MiB)") {
 		t.Fatalf("wake with the store full: %v; want ErrStoreUnavailable naming the shortage", err)
 	}
 	wantCalls(t, e.rt, map[string]int{})
@@ -132,7 +141,7 @@ func TestStoreFullRefusesWake(t *testing.T) {
 	if _, err := e.m.Wake(context.Background(), "sf3"); err != nil {
 		t.Fatalf("wake once space is back: %v", err)
 	}
-	if got := e.state(t, "sf3"); got != Running {
+	if got := e.state(t, "sf3"); got != lifecycle.Running {
 		t.Fatalf("after the wake: %s", got)
 	}
 }
@@ -141,15 +150,15 @@ func TestStoreFullRefusesWake(t *testing.T) {
 // says the container is gone and that the DELETE must be sent again; sent
 // again once space is back, it deletes the record.
 func TestStoreFullDestroy(t *testing.T) {
-	e, free, _ := newStoreFullEnv(t, Config{StoreRetry: 5 * time.Millisecond})
-	e.seed(t, "sf4", Running)
+	e, free, _ := newStoreFullEnv(t, lifecycle.Config{StoreRetry: 5 * time.Millisecond})
+	e.seed(t, "sf4", lifecycle.Running)
 	free.Store(1 << 20)
 	err := e.m.Destroy(context.Background(), "sf4", "api")
-	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "the container was removed, but the store could not delete the record") ||
+	if !errors.Is(err, lifecycle.ErrStoreUnavailable) || !strings.Contains(err.Error(), "the container was removed, but the store could not delete the record") ||
 		!strings.Contains(err.Error(), "send the DELETE again") {
 		t.Fatalf("destroy with the store full: %v", err)
 	}
-	if got := e.rt.containerState("sf4"); got != "" {
+	if got := e.rt.ContainerState("sf4"); got != "" {
 		t.Fatalf("container after the destroy: %s, want none", got)
 	}
 	free.Store(1 << 30)

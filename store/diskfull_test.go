@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // diskFullDirEnv, when set, makes TestDiskFullOnEventLog run the scenario
@@ -77,7 +79,7 @@ func diskFullScenario(t *testing.T, dir string) {
 	}
 	defer func() { s.Close() }()
 
-	var committed []Event
+	var committed []lifecycle.Event
 	rec, ev, err := s.Create(newRecord("full1", "running"), "created")
 	if err != nil {
 		t.Fatal(err)
@@ -100,11 +102,11 @@ func diskFullScenario(t *testing.T, dir string) {
 	reason := strings.Repeat("x", 100)
 	var writeErr error
 	for i := 0; i < 100000 && writeErr == nil; i++ {
-		from, to := State("running"), State("paused")
+		from, to := lifecycle.State("running"), lifecycle.State("paused")
 		if last.State == "paused" {
 			from, to = "paused", "running"
 		}
-		r, e, err := s.Transition("full1", []State{from}, to, fmt.Sprintf("%s %d", reason, i), nil)
+		r, e, err := s.Transition("full1", []lifecycle.State{from}, to, fmt.Sprintf("%s %d", reason, i), nil)
 		if err != nil {
 			writeErr = err
 			break
@@ -137,8 +139,8 @@ func diskFullScenario(t *testing.T, dir string) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	from, to := last.State, State("stopped")
-	r, e, err := s.Transition("full1", []State{from}, to, "space freed", nil)
+	from, to := last.State, lifecycle.State("stopped")
+	r, e, err := s.Transition("full1", []lifecycle.State{from}, to, "space freed", nil)
 	if err != nil {
 		t.Fatalf("transition after freeing space: %v", err)
 	}

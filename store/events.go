@@ -7,12 +7,14 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
-func decodeEvent(v []byte) (Event, error) {
-	var ev Event
+func decodeEvent(v []byte) (lifecycle.Event, error) {
+	var ev lifecycle.Event
 	if err := json.Unmarshal(v, &ev); err != nil {
-		return Event{}, fmt.Errorf("decoding event: %w", err)
+		return lifecycle.Event{}, fmt.Errorf("decoding event: %w", err)
 	}
 	return ev, nil
 }
@@ -38,13 +40,13 @@ func (s *Store) LastEventID() (uint64, error) {
 
 // EventsAfter returns up to limit events with ids greater than after, oldest
 // first (limit <= 0: all).
-func (s *Store) EventsAfter(after uint64, limit int) ([]Event, error) {
-	var out []Event
+func (s *Store) EventsAfter(after uint64, limit int) ([]lifecycle.Event, error) {
+	var out []lifecycle.Event
 	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixEvent, PrefetchValues: true, PrefetchSize: 100})
 		defer it.Close()
 		for it.Seek(eventKey(after + 1)); it.Valid(); it.Next() {
-			var ev Event
+			var ev lifecycle.Event
 			err := it.Item().Value(func(v []byte) error {
 				var err error
 				ev, err = decodeEvent(v)
@@ -68,8 +70,8 @@ func (s *Store) EventsAfter(after uint64, limit int) ([]Event, error) {
 
 // History returns every event of one sandbox, oldest first. It works after the
 // sandbox's record is gone.
-func (s *Store) History(sandbox string) ([]Event, error) {
-	var out []Event
+func (s *Store) History(sandbox string) ([]lifecycle.Event, error) {
+	var out []lifecycle.Event
 	err := s.db.View(func(txn *badger.Txn) error {
 		prefix := historyKey(sandbox, 0)[:len(prefixHistory)+len(sandbox)+1]
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
@@ -108,7 +110,7 @@ func (s *Store) PruneEvents(before time.Time) (int, error) {
 			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixEvent, PrefetchValues: true, PrefetchSize: 100})
 			defer it.Close()
 			for it.Rewind(); it.Valid() && len(keys) < 2*pruneBatch; it.Next() {
-				var ev Event
+				var ev lifecycle.Event
 				err := it.Item().Value(func(v []byte) error {
 					var err error
 					ev, err = decodeEvent(v)

@@ -1,23 +1,21 @@
 package store
 
 import (
-	"errors"
 	"fmt"
 	"syscall"
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
-// ErrUnwritable: the store refused a write, or could not commit it, because
-// of its file system (free space below the reserve, read-only, I/O errors).
-// Nothing of the write was kept; the same write succeeds once the file system
-// is fixed. Errors matching it are *UnwritableError.
-var ErrUnwritable = errors.New("store not writable")
-
 // UnwritableError says why the store cannot take writes, naming its
-// directory. It matches ErrUnwritable with errors.Is and wraps the cause
-// (syscall.ENOSPC for free space below the reserve).
+// directory: it refused a write, or could not commit it, because of its file
+// system (free space below the reserve, read-only, I/O errors). Nothing of
+// the write was kept; the same write succeeds once the file system is fixed.
+// It matches lifecycle.ErrStoreUnavailable with errors.Is and wraps the
+// cause (syscall.ENOSPC for free space below the reserve).
 type UnwritableError struct {
 	// Dir is the store's directory.
 	Dir string
@@ -30,8 +28,8 @@ type UnwritableError struct {
 
 func (e *UnwritableError) Error() string { return fmt.Sprintf("store %s: %s", e.Dir, e.Problem) }
 
-// Is makes errors.Is(err, ErrUnwritable) true.
-func (e *UnwritableError) Is(target error) bool { return target == ErrUnwritable }
+// Is makes errors.Is(err, lifecycle.ErrStoreUnavailable) true.
+func (e *UnwritableError) Is(target error) bool { return target == lifecycle.ErrStoreUnavailable }
 
 // Unwrap returns the cause.
 func (e *UnwritableError) Unwrap() error { return e.Err }
@@ -41,7 +39,7 @@ func (e *UnwritableError) Unwrap() error { return e.Err }
 var keyProbe = []byte("meta/probe")
 
 // Check reports whether the store takes writes now: nil, or an error matching
-// ErrUnwritable that says why not. While writes succeed it costs one statfs
+// lifecycle.ErrStoreUnavailable that says why not. While writes succeed it costs one statfs
 // and writes nothing; after a write failed it writes one small key, since
 // only a write tells whether a read-only or failing file system recovered.
 func (s *Store) Check() error {
@@ -52,7 +50,7 @@ func (s *Store) Check() error {
 	if s.unwritable.Load() == nil {
 		return nil
 	}
-	return s.write(func(txn *badger.Txn, _ func(Event) (Event, error)) error {
+	return s.write(func(txn *badger.Txn, _ func(lifecycle.Event) (lifecycle.Event, error)) error {
 		return txn.Set(keyProbe, []byte(s.now().UTC().Format(time.RFC3339Nano)))
 	})
 }

@@ -5,10 +5,12 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // TestCheckFollowsFreeSpace: below the reserve, every write is refused with
-// an error naming the store and the shortage (matching ErrUnwritable and
+// an error naming the store and the shortage (matching lifecycle.ErrStoreUnavailable and
 // ENOSPC) and Check says the same without writing; once space is back, Check
 // passes and writes succeed again.
 func TestCheckFollowsFreeSpace(t *testing.T) {
@@ -24,9 +26,9 @@ func TestCheckFollowsFreeSpace(t *testing.T) {
 
 	free.Store(3 << 20)
 	const want = "store (in memory): no space left (3 MiB free, reserve 64 MiB)"
-	_, _, err := s.Transition("h1", []State{"running"}, "stopped", "api", nil)
-	if !errors.Is(err, ErrUnwritable) || !errors.Is(err, syscall.ENOSPC) {
-		t.Fatalf("transition below the reserve: %v, want ErrUnwritable and ENOSPC", err)
+	_, _, err := s.Transition("h1", []lifecycle.State{"running"}, "stopped", "api", nil)
+	if !errors.Is(err, lifecycle.ErrStoreUnavailable) || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("transition below the reserve: %v, want lifecycle.ErrStoreUnavailable and ENOSPC", err)
 	}
 	var uerr *UnwritableError
 	if !errors.As(err, &uerr) || uerr.Error() != want {
@@ -36,13 +38,13 @@ func TestCheckFollowsFreeSpace(t *testing.T) {
 		name string
 		fn   func() error
 	}{
-		{"update", func() error { _, err := s.Update("h1", func(*Record) error { return nil }); return err }},
-		{"update many", func() error { return s.UpdateMany([]string{"h1"}, func(*Record) {}) }},
-		{"delete", func() error { _, err := s.Delete("h1", EventDestroyed, "api"); return err }},
+		{"update", func() error { _, err := s.Update("h1", func(*lifecycle.Record) error { return nil }); return err }},
+		{"update many", func() error { return s.UpdateMany([]string{"h1"}, func(*lifecycle.Record) {}) }},
+		{"delete", func() error { _, err := s.Delete("h1", lifecycle.EventDestroyed, "api"); return err }},
 		{"create", func() error { _, _, err := s.Create(newRecord("h2", "running"), "created"); return err }},
 	} {
-		if err := write.fn(); !errors.Is(err, ErrUnwritable) {
-			t.Errorf("%s below the reserve: %v, want ErrUnwritable", write.name, err)
+		if err := write.fn(); !errors.Is(err, lifecycle.ErrStoreUnavailable) {
+			t.Errorf("%s below the reserve: %v, want lifecycle.ErrStoreUnavailable", write.name, err)
 		}
 	}
 	if err := s.Check(); err == nil || err.Error() != want {
@@ -59,7 +61,7 @@ func TestCheckFollowsFreeSpace(t *testing.T) {
 	if s.unwritable.Load() != nil {
 		t.Fatal("Check passed but the store still notes a failed write")
 	}
-	if _, _, err := s.Transition("h1", []State{"running"}, "stopped", "api", nil); err != nil {
+	if _, _, err := s.Transition("h1", []lifecycle.State{"running"}, "stopped", "api", nil); err != nil {
 		t.Fatalf("transition once space is back: %v", err)
 	}
 }

@@ -4,13 +4,15 @@ import (
 	"fmt"
 
 	badger "github.com/dgraph-io/badger/v4"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // OutboxPending returns up to limit events still to be delivered to target,
 // oldest first. Entries are written with their event (see
 // Options.OutboxTargets), so a delivery survives restarts until acknowledged.
-func (s *Store) OutboxPending(target string, limit int) ([]Event, error) {
-	var out []Event
+func (s *Store) OutboxPending(target string, limit int) ([]lifecycle.Event, error) {
+	var out []lifecycle.Event
 	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: outboxPrefix(target), PrefetchValues: true})
 		defer it.Close()

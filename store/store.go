@@ -1,6 +1,8 @@
 // Package store persists sandwake's sandbox records, its append-only event log
-// and the webhook outbox in an embedded Badger database. It knows nothing of
-// Docker or Caddy.
+// and the webhook outbox in an embedded Badger database: it is the Badger
+// implementation of lifecycle.Store. It imports lifecycle for the types it
+// stores (a Go type satisfies an interface only with the interface's own
+// types) and knows nothing of Docker or Caddy.
 package store
 
 import (
@@ -17,6 +19,8 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // DefaultMinFreeBytes covers what Badger may still write through its
@@ -27,16 +31,12 @@ const DefaultMinFreeBytes = 64 << 20
 // written by a newer sandwake fails instead of misreading it.
 const SchemaVersion = 1
 
-// Errors returned by the store. They are wrapped with context; test with
-// errors.Is.
+// Errors of the store itself. Errors about records wrap lifecycle's
+// sentinels (lifecycle.ErrNotFound, lifecycle.ErrExists,
+// lifecycle.ErrConflict, lifecycle.ErrStoreUnavailable): the Manager tells
+// them apart without knowing which Store it has. All are wrapped with
+// context; test with errors.Is.
 var (
-	// ErrNotFound: no record with that id.
-	ErrNotFound = errors.New("not found")
-	// ErrExists: a record with that id already exists.
-	ErrExists = errors.New("already exists")
-	// ErrStateConflict: the record is not in one of the states the
-	// transition allows.
-	ErrStateConflict = errors.New("state conflict")
 	// ErrInstanceMismatch: the configured instance name is not the store's.
 	ErrInstanceMismatch = errors.New("instance mismatch")
 	// ErrClosed: the store has been closed.
@@ -44,20 +44,21 @@ var (
 )
 
 // StateError reports a transition refused because the record's current state
-// is not one it may leave from. It matches ErrStateConflict with errors.Is.
+// is not one it may leave from. It matches lifecycle.ErrConflict with
+// errors.Is.
 type StateError struct {
 	ID      string
-	Current State
-	To      State
-	Allowed []State
+	Current lifecycle.State
+	To      lifecycle.State
+	Allowed []lifecycle.State
 }
 
 func (e *StateError) Error() string {
 	return fmt.Sprintf("sandbox %s is %s: cannot go to %s (allowed from %v)", e.ID, e.Current, e.To, e.Allowed)
 }
 
-// Is makes errors.Is(err, ErrStateConflict) true.
-func (e *StateError) Is(target error) bool { return target == ErrStateConflict }
+// Is makes errors.Is(err, lifecycle.ErrConflict) true.
+func (e *StateError) Is(target error) bool { return target == lifecycle.ErrConflict }
 
 // Options configure Open.
 type Options struct {
@@ -83,7 +84,7 @@ type Options struct {
 	// OutboxTargets, when set, names the webhook targets an event must be
 	// delivered to; one outbox entry per target is written in the same
 	// transaction as the event. SetOutboxTargets changes it later.
-	OutboxTargets func(Event) []string
+	OutboxTargets func(lifecycle.Event) []string
 }
 
 // Store is an open sandwake database. All methods are safe for concurrent use.
@@ -100,9 +101,9 @@ type Store struct {
 	closed  bool
 	// onCommit is called with each committed event, in id order, while the
 	// write lock is still held (see OnCommit).
-	onCommit atomic.Pointer[func(Event)]
+	onCommit atomic.Pointer[func(lifecycle.Event)]
 	// outboxTargets names the webhook targets of an event (see Options).
-	outboxTargets atomic.Pointer[func(Event) []string]
+	outboxTargets atomic.Pointer[func(lifecycle.Event) []string]
 	// unwritable is why the last write failed for want of a writable file
 	// system; nil once a write succeeds (see Check).
 	unwritable atomic.Pointer[UnwritableError]
@@ -276,7 +277,7 @@ func (s *Store) Close() error {
 // in event-id order. It runs under the store's write lock, so it must not block
 // or call back into the store; it is how the event bus publishes transitions
 // in exactly the order of the log.
-func (s *Store) OnCommit(fn func(Event)) { s.onCommit.Store(&fn) }
+func (s *Store) OnCommit(fn func(lifecycle.Event)) { s.onCommit.Store(&fn) }
 
 // Secret returns the secret stored under name, creating it with gen on first
 // use (in one transaction, so concurrent callers agree).
@@ -342,7 +343,7 @@ func (s *Store) Instance(configured string, gen func() string) (string, error) {
 
 // SetOutboxTargets sets the function that names the webhook targets each new
 // event is queued for (nil: none). Like OnCommit it runs under the write lock.
-func (s *Store) SetOutboxTargets(fn func(Event) []string) {
+func (s *Store) SetOutboxTargets(fn func(lifecycle.Event) []string) {
 	if fn == nil {
 		s.outboxTargets.Store(nil)
 		return
@@ -378,29 +379,29 @@ func outboxKey(target string, seq uint64) []byte {
 	return append(outboxPrefix(target), seqBytes(seq)...)
 }
 
-func decodeRecord(item *badger.Item) (Record, error) {
-	var r Record
+func decodeRecord(item *badger.Item) (lifecycle.Record, error) {
+	var r lifecycle.Record
 	err := item.Value(func(v []byte) error { return json.Unmarshal(v, &r) })
 	if err != nil {
-		return Record{}, fmt.Errorf("decoding record %s: %w", bytes.TrimPrefix(item.Key(), prefixRecord), err)
+		return lifecycle.Record{}, fmt.Errorf("decoding record %s: %w", bytes.TrimPrefix(item.Key(), prefixRecord), err)
 	}
 	return r, nil
 }
 
-func getRecord(txn *badger.Txn, id string) (Record, error) {
+func getRecord(txn *badger.Txn, id string) (lifecycle.Record, error) {
 	item, err := txn.Get(recordKey(id))
 	if errors.Is(err, badger.ErrKeyNotFound) {
-		return Record{}, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+		return lifecycle.Record{}, fmt.Errorf("sandbox %s: %w", id, lifecycle.ErrNotFound)
 	}
 	if err != nil {
-		return Record{}, fmt.Errorf("reading sandbox %s: %w", id, err)
+		return lifecycle.Record{}, fmt.Errorf("reading sandbox %s: %w", id, err)
 	}
 	return decodeRecord(item)
 }
 
 // Get returns the record with the given id, or an error matching ErrNotFound.
-func (s *Store) Get(id string) (Record, error) {
-	var r Record
+func (s *Store) Get(id string) (lifecycle.Record, error) {
+	var r lifecycle.Record
 	err := s.db.View(func(txn *badger.Txn) error {
 		var err error
 		r, err = getRecord(txn, id)
@@ -411,8 +412,8 @@ func (s *Store) Get(id string) (Record, error) {
 
 // List returns every record for which keep returns true (all when keep is
 // nil), ordered by id.
-func (s *Store) List(keep func(*Record) bool) ([]Record, error) {
-	var out []Record
+func (s *Store) List(keep func(*lifecycle.Record) bool) ([]lifecycle.Record, error) {
+	var out []lifecycle.Record
 	err := s.db.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixRecord, PrefetchValues: true, PrefetchSize: 100})
 		defer it.Close()
@@ -432,3 +433,6 @@ func (s *Store) List(keep func(*Record) bool) ([]Record, error) {
 	}
 	return out, nil
 }
+
+// Interface guard: the Badger store is a lifecycle.Store.
+var _ lifecycle.Store = (*Store)(nil)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 func openMem(t *testing.T, opts Options) *Store {
@@ -23,12 +25,12 @@ func openMem(t *testing.T, opts Options) *Store {
 	return s
 }
 
-func newRecord(id string, state State) Record {
+func newRecord(id string, state lifecycle.State) lifecycle.Record {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	d := 90 * time.Second
-	return Record{
+	return lifecycle.Record{
 		ID:         id,
-		Spec:       Spec{Image: "img:1", Ports: []int{8080, 9000}, Env: map[string]string{"A": "b"}, IdlePause: &d, WorkspacePath: "/workspace"},
+		Spec:       lifecycle.Spec{Image: "img:1", Ports: []int{8080, 9000}, Env: map[string]string{"A": "b"}, IdlePause: &d, WorkspacePath: "/workspace"},
 		State:      state,
 		CreatedAt:  now,
 		StateSince: now,
@@ -39,14 +41,14 @@ func newRecord(id string, state State) Record {
 func TestTransitionTable(t *testing.T) {
 	tests := []struct {
 		name    string
-		from    []State
+		from    []lifecycle.State
 		wantErr error
-		want    State
+		want    lifecycle.State
 	}{
-		{"allowed", []State{"running"}, nil, "paused"},
-		{"one of several", []State{"stopped", "running"}, nil, "paused"},
-		{"refused", []State{"stopped"}, ErrStateConflict, "running"},
-		{"none allowed", nil, ErrStateConflict, "running"},
+		{"allowed", []lifecycle.State{"running"}, nil, "paused"},
+		{"one of several", []lifecycle.State{"stopped", "running"}, nil, "paused"},
+		{"refused", []lifecycle.State{"stopped"}, lifecycle.ErrConflict, "running"},
+		{"none allowed", nil, lifecycle.ErrConflict, "running"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,7 +88,7 @@ func TestMutateErrorWritesNothing(t *testing.T) {
 	s := openMem(t, Options{})
 	s.Create(newRecord("a1", "stopped"), "")
 	boom := errors.New("boom")
-	_, _, err := s.Transition("a1", []State{"stopped"}, "running", "", func(r *Record) error {
+	_, _, err := s.Transition("a1", []lifecycle.State{"stopped"}, "running", "", func(r *lifecycle.Record) error {
 		r.ContainerID = "changed"
 		return boom
 	})
@@ -101,7 +103,7 @@ func TestMutateErrorWritesNothing(t *testing.T) {
 		t.Fatalf("last event = %d, want 1", last)
 	}
 	// The failed write did not burn an id.
-	_, ev, err := s.Transition("a1", []State{"stopped"}, "running", "", nil)
+	_, ev, err := s.Transition("a1", []lifecycle.State{"stopped"}, "running", "", nil)
 	if err != nil || ev.ID != 2 {
 		t.Fatalf("next event id = %d (%v), want 2", ev.ID, err)
 	}
@@ -112,16 +114,16 @@ func TestCreateExistsAndNotFound(t *testing.T) {
 	if _, _, err := s.Create(newRecord("a1", "creating"), ""); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Create(newRecord("a1", "creating"), ""); !errors.Is(err, ErrExists) {
+	if _, _, err := s.Create(newRecord("a1", "creating"), ""); !errors.Is(err, lifecycle.ErrExists) {
 		t.Fatalf("second create: %v", err)
 	}
-	if _, err := s.Get("nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Get("nope"); !errors.Is(err, lifecycle.ErrNotFound) {
 		t.Fatalf("get: %v", err)
 	}
-	if _, _, err := s.Transition("nope", []State{"running"}, "paused", "", nil); !errors.Is(err, ErrNotFound) {
+	if _, _, err := s.Transition("nope", []lifecycle.State{"running"}, "paused", "", nil); !errors.Is(err, lifecycle.ErrNotFound) {
 		t.Fatalf("transition: %v", err)
 	}
-	if _, err := s.Delete("nope", EventDestroyed, ""); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Delete("nope", lifecycle.EventDestroyed, ""); !errors.Is(err, lifecycle.ErrNotFound) {
 		t.Fatalf("delete: %v", err)
 	}
 }
@@ -138,10 +140,10 @@ func TestConcurrentTransitionsGetDenseOrderedIDs(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			id := fmt.Sprintf("s%d", i)
-			if _, _, err := s.Transition(id, []State{"running"}, "paused", "", nil); err != nil {
+			if _, _, err := s.Transition(id, []lifecycle.State{"running"}, "paused", "", nil); err != nil {
 				t.Error(err)
 			}
-			if _, _, err := s.Transition(id, []State{"paused"}, "stopped", "", nil); err != nil {
+			if _, _, err := s.Transition(id, []lifecycle.State{"paused"}, "stopped", "", nil); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -177,8 +179,8 @@ func TestReopenGivesBackExactlyWhatWasWritten(t *testing.T) {
 	}
 	s.Create(newRecord("a1", "running"), "created")
 	s.Create(newRecord("b2", "stopped"), "created")
-	s.Transition("a1", []State{"running"}, "paused", "idle", func(r *Record) error { r.ContainerID = "c1"; return nil })
-	s.Delete("b2", EventDestroyed, "api")
+	s.Transition("a1", []lifecycle.State{"running"}, "paused", "idle", func(r *lifecycle.Record) error { r.ContainerID = "c1"; return nil })
+	s.Delete("b2", lifecycle.EventDestroyed, "api")
 	recs1, _ := s.List(nil)
 	evs1, _ := s.EventsAfter(0, 0)
 	hist1, _ := s.History("b2")
@@ -203,7 +205,7 @@ func TestReopenGivesBackExactlyWhatWasWritten(t *testing.T) {
 	if !reflect.DeepEqual(hist1, hist2) || len(hist2) != 2 {
 		t.Fatalf("history differs")
 	}
-	_, ev, err := s2.Transition("a1", []State{"paused"}, "running", "wake", nil)
+	_, ev, err := s2.Transition("a1", []lifecycle.State{"paused"}, "running", "wake", nil)
 	if err != nil || ev.ID != 5 {
 		t.Fatalf("id after reopen = %d (%v), want 5", ev.ID, err)
 	}
@@ -238,11 +240,11 @@ func TestUpdateAndUpdateMany(t *testing.T) {
 	s := openMem(t, Options{})
 	s.Create(newRecord("a", "running"), "")
 	s.Create(newRecord("b", "running"), "")
-	if _, err := s.Update("a", func(r *Record) error { r.State = "paused"; return nil }); err == nil {
+	if _, err := s.Update("a", func(r *lifecycle.Record) error { r.State = "paused"; return nil }); err == nil {
 		t.Fatal("update changed state")
 	}
 	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	if err := s.UpdateMany([]string{"a", "gone", "b"}, func(r *Record) { r.LastActiveAt = at }); err != nil {
+	if err := s.UpdateMany([]string{"a", "gone", "b"}, func(r *lifecycle.Record) { r.LastActiveAt = at }); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"a", "b"} {
@@ -257,14 +259,14 @@ func TestUpdateAndUpdateMany(t *testing.T) {
 }
 
 func TestOutboxWrittenWithEvent(t *testing.T) {
-	s := openMem(t, Options{OutboxTargets: func(ev Event) []string {
+	s := openMem(t, Options{OutboxTargets: func(ev lifecycle.Event) []string {
 		if ev.Type == "sandbox.killed" {
 			return []string{"hookA", "hookB"}
 		}
 		return []string{"hookA"}
 	}})
 	s.Create(newRecord("a", "running"), "")
-	s.Transition("a", []State{"running"}, "killed", "gone", nil)
+	s.Transition("a", []lifecycle.State{"running"}, "killed", "gone", nil)
 	a, _ := s.OutboxPending("hookA", 0)
 	b, _ := s.OutboxPending("hookB", 0)
 	if len(a) != 2 || len(b) != 1 || b[0].Type != "sandbox.killed" {

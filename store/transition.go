@@ -7,21 +7,14 @@ import (
 	"slices"
 
 	badger "github.com/dgraph-io/badger/v4"
-)
 
-// EventType names the event of a transition into state to.
-func EventType(to State) string { return "sandbox." + string(to) }
-
-// Event types that are not a state.
-const (
-	EventDestroyed = "sandbox.destroyed"
-	EventPurged    = "sandbox.purged"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // write runs fn in one read-write transaction under the event-log lock and
 // commits it (synced). fn appends events through the returned appender so that
 // their ids are allocated in commit order.
-func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error) error {
+func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(lifecycle.Event) (lifecycle.Event, error)) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -34,26 +27,26 @@ func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, e
 	txn := s.db.NewTransaction(true)
 	defer txn.Discard()
 	next := s.nextSeq
-	var appended []Event
-	appendEvent := func(ev Event) (Event, error) {
+	var appended []lifecycle.Event
+	appendEvent := func(ev lifecycle.Event) (lifecycle.Event, error) {
 		ev.ID = next
 		if ev.At.IsZero() {
 			ev.At = s.now().UTC()
 		}
 		b, err := json.Marshal(ev)
 		if err != nil {
-			return Event{}, err
+			return lifecycle.Event{}, err
 		}
 		if err := txn.Set(eventKey(ev.ID), b); err != nil {
-			return Event{}, err
+			return lifecycle.Event{}, err
 		}
 		if err := txn.Set(historyKey(ev.SandboxID, ev.ID), nil); err != nil {
-			return Event{}, err
+			return lifecycle.Event{}, err
 		}
 		if fn := s.outboxTargets.Load(); fn != nil {
 			for _, target := range (*fn)(ev) {
 				if err := txn.Set(outboxKey(target, ev.ID), b); err != nil {
-					return Event{}, err
+					return lifecycle.Event{}, err
 				}
 			}
 		}
@@ -84,7 +77,7 @@ func (s *Store) write(fn func(txn *badger.Txn, appendEvent func(Event) (Event, e
 	return nil
 }
 
-func putRecord(txn *badger.Txn, r *Record) error {
+func putRecord(txn *badger.Txn, r *lifecycle.Record) error {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("encoding sandbox %s: %w", r.ID, err)
@@ -94,11 +87,11 @@ func putRecord(txn *badger.Txn, r *Record) error {
 
 // Create stores a new record and its first event (from no state to r.State).
 // It fails with ErrExists when the id is taken.
-func (s *Store) Create(r Record, reason string) (Record, Event, error) {
-	var ev Event
-	err := s.write(func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error {
+func (s *Store) Create(r lifecycle.Record, reason string) (lifecycle.Record, lifecycle.Event, error) {
+	var ev lifecycle.Event
+	err := s.write(func(txn *badger.Txn, appendEvent func(lifecycle.Event) (lifecycle.Event, error)) error {
 		if _, err := txn.Get(recordKey(r.ID)); err == nil {
-			return fmt.Errorf("sandbox %s: %w", r.ID, ErrExists)
+			return fmt.Errorf("sandbox %s: %w", r.ID, lifecycle.ErrExists)
 		} else if !errors.Is(err, badger.ErrKeyNotFound) {
 			return err
 		}
@@ -106,11 +99,11 @@ func (s *Store) Create(r Record, reason string) (Record, Event, error) {
 			return err
 		}
 		var err error
-		ev, err = appendEvent(Event{Type: EventType(r.State), SandboxID: r.ID, To: r.State, Reason: reason, At: r.StateSince})
+		ev, err = appendEvent(lifecycle.Event{Type: lifecycle.EventType(r.State), SandboxID: r.ID, To: r.State, Reason: reason, At: r.StateSince})
 		return err
 	})
 	if err != nil {
-		return Record{}, Event{}, fmt.Errorf("creating sandbox %s: %w", r.ID, err)
+		return lifecycle.Record{}, lifecycle.Event{}, fmt.Errorf("creating sandbox %s: %w", r.ID, err)
 	}
 	return r, ev, nil
 }
@@ -121,12 +114,12 @@ func (s *Store) Create(r Record, reason string) (Record, Event, error) {
 // synced to disk before Transition returns. A record in a state not in from is
 // left untouched and a *StateError is returned. If mutate returns an error,
 // nothing is written.
-func (s *Store) Transition(id string, from []State, to State, reason string, mutate func(*Record) error) (Record, Event, error) {
+func (s *Store) Transition(id string, from []lifecycle.State, to lifecycle.State, reason string, mutate func(*lifecycle.Record) error) (lifecycle.Record, lifecycle.Event, error) {
 	var (
-		rec Record
-		ev  Event
+		rec lifecycle.Record
+		ev  lifecycle.Event
 	)
-	err := s.write(func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error {
+	err := s.write(func(txn *badger.Txn, appendEvent func(lifecycle.Event) (lifecycle.Event, error)) error {
 		var err error
 		rec, err = getRecord(txn, id)
 		if err != nil {
@@ -150,20 +143,20 @@ func (s *Store) Transition(id string, from []State, to State, reason string, mut
 		if err := putRecord(txn, &rec); err != nil {
 			return err
 		}
-		ev, err = appendEvent(Event{Type: EventType(to), SandboxID: id, From: prev, To: to, Reason: reason, At: at})
+		ev, err = appendEvent(lifecycle.Event{Type: lifecycle.EventType(to), SandboxID: id, From: prev, To: to, Reason: reason, At: at})
 		return err
 	})
 	if err != nil {
-		return Record{}, Event{}, fmt.Errorf("sandbox %s to %s: %w", id, to, err)
+		return lifecycle.Record{}, lifecycle.Event{}, fmt.Errorf("sandbox %s to %s: %w", id, to, err)
 	}
 	return rec, ev, nil
 }
 
 // Update applies mutate to record id without a state change and without an
 // event (settings, keepalive, activity). mutate must not change State.
-func (s *Store) Update(id string, mutate func(*Record) error) (Record, error) {
-	var rec Record
-	err := s.write(func(txn *badger.Txn, _ func(Event) (Event, error)) error {
+func (s *Store) Update(id string, mutate func(*lifecycle.Record) error) (lifecycle.Record, error) {
+	var rec lifecycle.Record
+	err := s.write(func(txn *badger.Txn, _ func(lifecycle.Event) (lifecycle.Event, error)) error {
 		var err error
 		rec, err = getRecord(txn, id)
 		if err != nil {
@@ -179,7 +172,7 @@ func (s *Store) Update(id string, mutate func(*Record) error) (Record, error) {
 		return putRecord(txn, &rec)
 	})
 	if err != nil {
-		return Record{}, fmt.Errorf("updating sandbox %s: %w", id, err)
+		return lifecycle.Record{}, fmt.Errorf("updating sandbox %s: %w", id, err)
 	}
 	return rec, nil
 }
@@ -187,11 +180,11 @@ func (s *Store) Update(id string, mutate func(*Record) error) (Record, error) {
 // UpdateMany applies mutate to each existing record in ids in one transaction;
 // ids without a record are skipped. It is the activity flush: one batch, one
 // sync, however many sandboxes were active.
-func (s *Store) UpdateMany(ids []string, mutate func(*Record)) error {
-	err := s.write(func(txn *badger.Txn, _ func(Event) (Event, error)) error {
+func (s *Store) UpdateMany(ids []string, mutate func(*lifecycle.Record)) error {
+	err := s.write(func(txn *badger.Txn, _ func(lifecycle.Event) (lifecycle.Event, error)) error {
 		for _, id := range ids {
 			rec, err := getRecord(txn, id)
-			if errors.Is(err, ErrNotFound) {
+			if errors.Is(err, lifecycle.ErrNotFound) {
 				continue
 			}
 			if err != nil {
@@ -212,9 +205,9 @@ func (s *Store) UpdateMany(ids []string, mutate func(*Record)) error {
 
 // Delete removes record id and appends an event of type eventType (EventDestroyed
 // or EventPurged) from its last state.
-func (s *Store) Delete(id, eventType, reason string) (Event, error) {
-	var ev Event
-	err := s.write(func(txn *badger.Txn, appendEvent func(Event) (Event, error)) error {
+func (s *Store) Delete(id, eventType, reason string) (lifecycle.Event, error) {
+	var ev lifecycle.Event
+	err := s.write(func(txn *badger.Txn, appendEvent func(lifecycle.Event) (lifecycle.Event, error)) error {
 		rec, err := getRecord(txn, id)
 		if err != nil {
 			return err
@@ -222,25 +215,25 @@ func (s *Store) Delete(id, eventType, reason string) (Event, error) {
 		if err := txn.Delete(recordKey(id)); err != nil {
 			return err
 		}
-		ev, err = appendEvent(Event{Type: eventType, SandboxID: id, From: rec.State, Reason: reason})
+		ev, err = appendEvent(lifecycle.Event{Type: eventType, SandboxID: id, From: rec.State, Reason: reason})
 		return err
 	})
 	if err != nil {
-		return Event{}, fmt.Errorf("deleting sandbox %s: %w", id, err)
+		return lifecycle.Event{}, fmt.Errorf("deleting sandbox %s: %w", id, err)
 	}
 	return ev, nil
 }
 
 // AppendEvent appends an event that belongs to no record change (for example
 // the purge of a sandbox whose record was destroyed earlier).
-func (s *Store) AppendEvent(ev Event) (Event, error) {
-	err := s.write(func(_ *badger.Txn, appendEvent func(Event) (Event, error)) error {
+func (s *Store) AppendEvent(ev lifecycle.Event) (lifecycle.Event, error) {
+	err := s.write(func(_ *badger.Txn, appendEvent func(lifecycle.Event) (lifecycle.Event, error)) error {
 		var err error
 		ev, err = appendEvent(ev)
 		return err
 	})
 	if err != nil {
-		return Event{}, fmt.Errorf("appending event for sandbox %s: %w", ev.SandboxID, err)
+		return lifecycle.Event{}, fmt.Errorf("appending event for sandbox %s: %w", ev.SandboxID, err)
 	}
 	return ev, nil
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/lifecycle"
-	"github.com/sandwake/sandwake/store"
 )
 
 // seedStates cycles through the states a large farm mostly holds (as
@@ -40,11 +40,12 @@ type seededStore struct {
 // seedStore writes n records into a new store in dir, each in its own synced
 // transaction, as sandwake writes them.
 func seedStore(dir string, n int) (*seededStore, error) {
-	st, err := store.Open(store.Options{Dir: dir})
+	eng, err := engine.Open(engine.Options{Dir: dir, Runtime: &listedRuntime{}})
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	defer eng.Close()
+	st := eng.Store()
 	s := &seededStore{dir: dir, n: n, at: time.Now().UTC()}
 	spec := lifecycle.Spec{Image: "sandwake-bench-seed:none", Ports: []int{8080}, MemoryMB: 64}
 	if err := lifecycle.NormalizeSpec(&spec); err != nil {
@@ -53,7 +54,7 @@ func seedStore(dir string, n int) (*seededStore, error) {
 	for i := range n {
 		id := fmt.Sprintf("sb%05d", i)
 		state := seedStates[i%len(seedStates)]
-		rec := store.Record{ID: id, Spec: spec, State: state, CreatedAt: s.at, LastActiveAt: s.at, StateSince: s.at}
+		rec := lifecycle.Record{ID: id, Spec: spec, State: state, CreatedAt: s.at, LastActiveAt: s.at, StateSince: s.at}
 		c := lifecycle.Container{ID: "seeded-" + id, SandboxID: id}
 		switch state {
 		case lifecycle.Running, lifecycle.Paused:
@@ -91,7 +92,7 @@ type listedRuntime struct {
 }
 
 func (r *listedRuntime) other() error { r.calls.Add(1); return lifecycle.ErrUnavailable }
-func (r *listedRuntime) Create(context.Context, string, store.Spec) (lifecycle.Container, error) {
+func (r *listedRuntime) Create(context.Context, string, lifecycle.Spec) (lifecycle.Container, error) {
 	return lifecycle.Container{}, r.other()
 }
 func (r *listedRuntime) Start(context.Context, string) (lifecycle.Container, error) {
@@ -116,21 +117,18 @@ func (r *listedRuntime) Ping(context.Context) error { return nil }
 // (mean of passes) and a boot: loading the records (NewManager) plus one
 // full reconcile (mean of boots).
 func engineCosts(s *seededStore, passes, boots int) (reap, boot time.Duration, err error) {
-	st, err := store.Open(store.Options{Dir: s.dir})
-	if err != nil {
-		return 0, 0, err
-	}
-	defer st.Close()
 	rt := &listedRuntime{containers: s.containers}
 	now := func() time.Time { return s.at.Add(time.Minute) }
 	ctx := context.Background()
 
 	cfg := lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour,
 		MaxResident: s.n, Now: now}
-	m, err := lifecycle.NewManager(st, rt, cfg)
+	eng, err := engine.Open(engine.Options{Dir: s.dir, Runtime: rt, Manager: cfg})
 	if err != nil {
 		return 0, 0, err
 	}
+	defer eng.Close()
+	st, m := eng.Store(), eng.Manager
 	var total time.Duration
 	for range passes {
 		t0 := time.Now()

@@ -20,7 +20,6 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/lifecycle"
-	"github.com/sandwake/sandwake/store"
 )
 
 // Labels every container, volume and network sandwake makes carries.
@@ -290,7 +289,7 @@ func (r *Runtime) CheckImage(ctx context.Context, image string) error {
 // sandbox's names that is not this instance's is never removed or reused:
 // the create fails with ErrIDTaken. A volume the create made is removed
 // again when the create fails.
-func (r *Runtime) Create(ctx context.Context, id string, spec store.Spec) (c lifecycle.Container, err error) {
+func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c lifecycle.Container, err error) {
 	if err := r.ensureImage(ctx, spec.Image); err != nil {
 		return lifecycle.Container{}, err
 	}

@@ -30,7 +30,7 @@ type counting struct {
 	creates, starts, unpauses atomic.Int64
 }
 
-func (c *counting) Create(ctx context.Context, id string, spec store.Spec) (lifecycle.Container, error) {
+func (c *counting) Create(ctx context.Context, id string, spec lifecycle.Spec) (lifecycle.Container, error) {
 	c.creates.Add(1)
 	return c.Runtime.Create(ctx, id, spec)
 }
@@ -413,7 +413,7 @@ func TestDestroyKeepsVolumePurgeFreesIt(t *testing.T) {
 		t.Fatalf("second purge: %v", err)
 	}
 	h, _ := f.store.History(rec.ID)
-	if h[len(h)-2].Type != store.EventDestroyed || h[len(h)-1].Type != store.EventPurged {
+	if h[len(h)-2].Type != lifecycle.EventDestroyed || h[len(h)-1].Type != lifecycle.EventPurged {
 		t.Fatalf("history: %+v", h)
 	}
 }

@@ -1,11 +1,10 @@
-package store
+package lifecycle
 
 import "time"
 
-// State is the lifecycle state of a sandbox as stored. The states themselves and
-// the table of allowed transitions belong to package lifecycle; the store only
-// compares them.
-type State string
+// This file holds the sandbox's data as it is stored: the spec it is
+// (re)created from, its record and the entries of the event log. The Store
+// persists them as JSON; the field names are the stored format.
 
 // Spec is everything needed to (re)create a sandbox's container. It is kept for
 // the sandbox's whole life so that a removed container can be recreated with the
@@ -91,3 +90,12 @@ type Event struct {
 	Reason    string    `json:"reason,omitempty"`
 	At        time.Time `json:"at"`
 }
+
+// EventType names the event of a transition into state to.
+func EventType(to State) string { return "sandbox." + string(to) }
+
+// Event types that are not a state.
+const (
+	EventDestroyed = "sandbox.destroyed"
+	EventPurged    = "sandbox.purged"
+)
