@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -209,25 +210,6 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	return false
 }
 
-// createBody is the body of POST /v1/sandboxes.
-type createBody struct {
-	ID            string            `json:"id"`
-	Image         string            `json:"image"`
-	Cmd           []string          `json:"cmd"`
-	Env           map[string]string `json:"env"`
-	Ports         []int             `json:"ports"`
-	MemoryMB      int64             `json:"memory_mb"`
-	CPUs          float64           `json:"cpus"`
-	WorkspacePath string            `json:"workspace_path"`
-	ReadyPath     string            `json:"ready_path"`
-	ReadyMode     string            `json:"ready_mode"`
-	IdlePause     *string           `json:"idle_pause"`
-	IdleStop      *string           `json:"idle_stop"`
-	MaxLifetime   *string           `json:"max_lifetime"`
-	Labels        map[string]string `json:"labels"`
-	Access        string            `json:"access"`
-}
-
 // parseOptionalDuration parses a Go duration string field.
 func parseOptionalDuration(name string, s *string) (*time.Duration, error) {
 	if s == nil {
@@ -286,7 +268,7 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 	for i := range recs {
 		out[i] = e.view(&recs[i])
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out})
 }
 
 // sandboxID reads and checks the {id} path value; ids are case-insensitive.
@@ -324,14 +306,6 @@ func (api *API) wake(w http.ResponseWriter, r *http.Request, e *engine) {
 	})
 }
 
-// patchBody is the body of PATCH /v1/sandboxes/{id}.
-type patchBody struct {
-	Access      *string `json:"access"`
-	IdlePause   *string `json:"idle_pause"`
-	IdleStop    *string `json:"idle_stop"`
-	MaxLifetime *string `json:"max_lifetime"`
-}
-
 func (api *API) patch(w http.ResponseWriter, r *http.Request, e *engine) {
 	var body patchBody
 	if !decodeBody(w, r, &body) {
@@ -365,10 +339,7 @@ func (api *API) createToken(w http.ResponseWriter, r *http.Request, e *engine) {
 	if !ok {
 		return
 	}
-	var body struct {
-		TTL     string `json:"ttl"`
-		Subject string `json:"subject"`
-	}
+	var body client.TokenRequest
 	if r.ContentLength != 0 && !decodeBody(w, r, &body) {
 		return
 	}
@@ -394,7 +365,7 @@ func (api *API) createToken(w http.ResponseWriter, r *http.Request, e *engine) {
 	exp := time.Now().Add(ttl).Truncate(time.Second)
 	token := signToken(s.previewSecret, id, rec.Incarnation, rec.TokenGeneration, exp, body.Subject)
 	link := s.previewURLOf(id, rec.Spec.Ports[0]) + "?" + tokenQueryParam + "=" + url.QueryEscape(token)
-	writeJSON(w, http.StatusCreated, map[string]any{"token": token, "url": link, "expires_at": exp.UTC()})
+	writeJSON(w, http.StatusCreated, client.Token{Token: token, URL: link, ExpiresAt: exp.UTC()})
 }
 
 func (api *API) revokeTokens(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -418,9 +389,7 @@ func (api *API) stop(w http.ResponseWriter, r *http.Request, e *engine) {
 }
 
 func (api *API) keepalive(w http.ResponseWriter, r *http.Request, e *engine) {
-	var body struct {
-		For string `json:"for"`
-	}
+	var body client.KeepaliveRequest
 	if !decodeBody(w, r, &body) {
 		return
 	}
@@ -454,7 +423,7 @@ func (api *API) purge(w http.ResponseWriter, r *http.Request, e *engine) {
 		writeEngineError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int64{"freed_bytes": freed})
+	writeJSON(w, http.StatusOK, client.PurgeResult{FreedBytes: freed})
 }
 
 func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -490,20 +459,14 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("sandbox %q is not a sandbox id", filter), 0)
 		return
 	}
-	resume := r.Header.Get("Last-Event-ID")
-	if resume == "" {
-		resume = r.URL.Query().Get("last_event_id")
+	last, resume, err := lastEventID(r)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid", err.Error(), 0)
+		return
 	}
 	sub := e.mgr.Subscribe()
 	defer func() { sub.Cancel() }()
-	var last uint64
-	if resume != "" {
-		n, err := strconv.ParseUint(resume, 10, 64)
-		if err != nil {
-			writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("Last-Event-ID %q is not an event id", resume), 0)
-			return
-		}
-		last = n
+	if resume {
 		// A resume point beyond the log (a wiped store restarts ids) would
 		// silently skip live events: start from now instead.
 		if newest, err := e.mgr.LastEventID(); err == nil && last > newest {
@@ -518,13 +481,9 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		}
 		last = n
 	}
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	if _, err := io.WriteString(w, ": sandwake events\n\n"); err != nil || rc.Flush() != nil {
+	stream := startSSE(w)
+	defer stream.stop()
+	if stream.comment("sandwake events") != nil {
 		return
 	}
 	send := func(ev lifecycle.Event) error {
@@ -532,10 +491,8 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		if filter != "" && ev.SandboxID != filter {
 			return nil
 		}
-		return writeSSE(w, ev)
+		return stream.event(ev)
 	}
-	tick := time.NewTicker(sseHeartbeat)
-	defer tick.Stop()
 	for {
 		// Replay from the log everything after last: on connect, and
 		// after the live subscription dropped us for being slow.
@@ -549,7 +506,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 					return
 				}
 			}
-			if rc.Flush() != nil {
+			if stream.flush() != nil {
 				return
 			}
 			if len(evs) < eventsReplayPage {
@@ -572,45 +529,16 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 				if ev.ID <= last {
 					continue
 				}
-				if send(ev) != nil || rc.Flush() != nil {
+				if send(ev) != nil || stream.flush() != nil {
 					return
 				}
-			case <-tick.C:
-				if _, err := io.WriteString(w, ": keep-alive\n\n"); err != nil || rc.Flush() != nil {
+			case <-stream.heartbeat:
+				if stream.keepAlive() != nil {
 					return
 				}
 			}
 		}
 	}
-}
-
-// recordView is a sandbox as the API shows it: env values are never shown.
-type recordView struct {
-	ID              string            `json:"id"`
-	State           string            `json:"state"`
-	Reason          string            `json:"reason,omitempty"`
-	Error           string            `json:"error,omitempty"`
-	Image           string            `json:"image"`
-	Cmd             []string          `json:"cmd,omitempty"`
-	EnvKeys         []string          `json:"env_keys"`
-	Ports           []int             `json:"ports"`
-	URLs            map[string]string `json:"urls"`
-	MemoryMB        int64             `json:"memory_mb,omitempty"`
-	CPUs            float64           `json:"cpus,omitempty"`
-	WorkspacePath   string            `json:"workspace_path"`
-	ReadyPath       string            `json:"ready_path,omitempty"`
-	IdlePause       string            `json:"idle_pause,omitempty"`
-	IdleStop        string            `json:"idle_stop,omitempty"`
-	MaxLifetime     string            `json:"max_lifetime,omitempty"`
-	Labels          map[string]string `json:"labels,omitempty"`
-	Access          string            `json:"access"`
-	CreatedAt       time.Time         `json:"created_at"`
-	LastActiveAt    time.Time         `json:"last_active_at"`
-	StateSince      time.Time         `json:"state_since"`
-	ExpiresAt       *time.Time        `json:"expires_at,omitempty"`
-	KeepaliveUntil  *time.Time        `json:"keepalive_until,omitempty"`
-	VerifiedAt      *time.Time        `json:"verified_at,omitempty"`
-	OpenConnections int64             `json:"open_connections"`
 }
 
 func optTime(t time.Time) *time.Time {

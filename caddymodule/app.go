@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"path"
 	"path/filepath"
@@ -209,12 +208,12 @@ type WebhookConfig struct {
 // Defaults of the App.
 const (
 	DefaultDomain            = "localhost"
-	DefaultWakeTimeout       = 60 * time.Second
+	DefaultWakeTimeout       = lifecycle.DefaultWakeTimeout
 	DefaultHoldTimeout       = 60 * time.Second
 	DefaultMaxResident       = 200
-	DefaultKeepaliveMax      = 24 * time.Hour
+	DefaultKeepaliveMax      = lifecycle.DefaultKeepaliveMax
 	DefaultActivityFlush     = 5 * time.Second
-	DefaultStopTimeout       = 10 * time.Second
+	DefaultStopTimeout       = docker.DefaultStopTimeout
 	DefaultIdlePause         = 3 * time.Minute
 	DefaultIdleStop          = 30 * time.Minute
 	DefaultMinResident       = 30 * time.Second
@@ -222,7 +221,7 @@ const (
 	DefaultReapInterval      = 10 * time.Second
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultMinFreeMemory     = "10%"
-	DefaultWebhookMaxAge     = 24 * time.Hour
+	DefaultWebhookMaxAge     = lifecycle.DefaultWebhookMaxAge
 	DefaultEventRetention    = 7 * 24 * time.Hour
 	DefaultWakeRate          = 20.0
 	DefaultMemory            = "512MiB"
@@ -300,9 +299,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.WakeRate == nil {
 		r := DefaultWakeRate
 		a.WakeRate = &r
-	}
-	if r := *a.WakeRate; !(r >= 0) || math.IsInf(r, 0) {
-		return fmt.Errorf("sandwake: wake_rate %v is not a number of wakes per second", r)
 	}
 	if a.WakeBurst == 0 {
 		a.WakeBurst = max(1, int(2**a.WakeRate))
@@ -423,13 +419,8 @@ func (a *App) Validate() error {
 	default:
 		return fmt.Errorf("sandwake: upstream_mode %q is not published or network", a.UpstreamMode)
 	}
-	for name, d := range map[string]caddy.Duration{
-		"wake_timeout": a.WakeTimeout, "hold_timeout": a.HoldTimeout, "keepalive_max": a.KeepaliveMax,
-		"activity_flush": a.ActivityFlush, "stop_timeout": a.StopTimeout,
-	} {
-		if d < 0 {
-			return fmt.Errorf("sandwake: %s must not be negative", name)
-		}
+	if err := a.checkBounds(); err != nil {
+		return fmt.Errorf("sandwake: %w", err)
 	}
 	switch a.ExpiredWake {
 	case lifecycle.ExpiredWakeRecreate, lifecycle.ExpiredWakeRefuse:
@@ -456,18 +447,6 @@ func (a *App) Validate() error {
 		if _, err := path.Match(p, ""); err != nil || p == "" {
 			return fmt.Errorf("sandwake: allowed_images %q is not a pattern", p)
 		}
-	}
-	if *a.IdlePause < 0 || *a.IdleStop < 0 || a.MaxLifetime < 0 || a.ReapInterval < 0 || a.ReconcileInterval < 0 {
-		return errors.New("sandwake: idle_pause, idle_stop, max_lifetime, reap_interval and reconcile_interval must not be negative")
-	}
-	if *a.MinResident < 0 || *a.CapacityWait < 0 {
-		return errors.New("sandwake: min_resident and capacity_wait must not be negative")
-	}
-	if *a.MaxResident < 0 {
-		return errors.New("sandwake: max_resident must not be negative")
-	}
-	if *a.MaxEventStreams < 0 || *a.MaxEventStreamsPerClient < 0 {
-		return errors.New("sandwake: max_event_streams and max_event_streams_per_client must not be negative")
 	}
 	seen := map[string]bool{}
 	for _, w := range a.Webhooks {

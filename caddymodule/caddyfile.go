@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"encoding/json"
-	"math"
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
@@ -116,7 +115,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(f >= 0) || math.IsInf(f, 0) { // also NaN
+			if err != nil {
 				return d.Errf("wake_rate %q: want wakes per second >= 0", v)
 			}
 			a.WakeRate = &f
@@ -159,7 +158,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur < 0 {
+			if err != nil {
 				return d.Errf("%s %q: want a duration >= 0 like 3m (0 turns it off)", opt, v)
 			}
 			cd := caddy.Duration(dur)
@@ -224,16 +223,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return d.Errf("%s %q: %v", opt, v, err)
 			}
-			if dur < 0 {
-				return d.Errf("%s must not be negative", opt)
-			}
-			target := map[string]*caddy.Duration{
-				"wake_timeout": &a.WakeTimeout, "hold_timeout": &a.HoldTimeout, "keepalive_max": &a.KeepaliveMax,
-				"activity_flush": &a.ActivityFlush, "stop_timeout": &a.StopTimeout,
-				"max_lifetime": &a.MaxLifetime, "reap_interval": &a.ReapInterval, "reconcile_interval": &a.ReconcileInterval,
-				"webhook_max_age": &a.WebhookMaxAge, "event_retention": &a.EventRetention,
-			}[opt]
-			*target = caddy.Duration(dur)
+			*a.durationOptions()[opt] = caddy.Duration(dur)
 		case "webhook":
 			var w WebhookConfig
 			if !d.NextArg() {
@@ -290,7 +280,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
+			if err != nil {
 				return d.Errf("%s %q: want a whole number >= 0", opt, v)
 			}
 			*map[string]**int{
@@ -299,6 +289,9 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}[opt] = &n
 		default:
 			return d.Errf("unknown sandwake option %q", opt)
+		}
+		if err := a.checkBounds(); err != nil {
+			return d.Err(err.Error())
 		}
 	}
 	return nil

@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +22,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -94,9 +94,9 @@ func sandwakeCommand(cmd *cobra.Command) {
 
 	for _, sub := range []*cobra.Command{
 		c.lsCommand(), c.getCommand(), c.createCommand(),
-		c.actionCommand("wake", "Wakes a sandbox and waits until it is running"),
-		c.actionCommand("pause", "Pauses a sandbox (it keeps its memory)"),
-		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)"),
+		c.actionCommand("wake", "Wakes a sandbox and waits until it is running", (*client.Client).Wake),
+		c.actionCommand("pause", "Pauses a sandbox (it keeps its memory)", (*client.Client).Pause),
+		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)", (*client.Client).Stop),
 		c.keepaliveCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
 	} {
 		sub.SilenceErrors, sub.SilenceUsage = true, true
@@ -124,20 +124,23 @@ func (c *cli) fail(cmd *cobra.Command, err error) error {
 
 // run wraps a subcommand's body: it builds the API client, cancels the
 // context on Ctrl-C and prints a failure as one line.
-func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error) func(*cobra.Command, []string) error {
+func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		token, from := c.tokenValue()
-		api, err := newAPIClient(c.apiURL(), token)
-		if err == nil {
+		base := c.apiURL()
+		api, err := client.New(base, token, nil)
+		if err != nil {
+			err = fmt.Errorf("--api %q is not an http(s) URL like %s", base, defaultAPI)
+		} else {
 			err = body(ctx, cmd, api, args)
 		}
 		if err == nil {
 			return nil
 		}
-		if statusOf(err) == http.StatusUnauthorized {
-			err = fmt.Errorf("%w (%s)", err, from)
+		if client.StatusOf(err) == http.StatusUnauthorized {
+			err = fmt.Errorf("%w; set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN (%s)", err, from)
 		}
 		if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			err = errors.New("interrupted")
@@ -208,14 +211,15 @@ func (c *cli) lsCommand() *cobra.Command {
 		Short: "Lists sandboxes",
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state ("+statesList()+")")
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args); err != nil {
 			return err
 		}
 		if state != "" && !lifecycle.ValidState(lifecycle.State(state)) {
 			return fmt.Errorf("ls: --state %q is not one of %s", state, statesList())
 		}
-		recs, raw, err := api.List(ctx, state)
+		var raw []byte
+		recs, err := api.List(ctx, client.ListOptions{State: state}, client.Body(&raw))
 		if err != nil {
 			return err
 		}
@@ -236,7 +240,7 @@ func statesList() string {
 }
 
 // writeTable prints sandboxes as an aligned table.
-func writeTable(w io.Writer, recs []recordView, now time.Time) error {
+func writeTable(w io.Writer, recs []client.Sandbox, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tPORTS\tLAST ACTIVE\tURL")
 	for i := range recs {
@@ -246,7 +250,7 @@ func writeTable(w io.Writer, recs []recordView, now time.Time) error {
 			ports[j] = strconv.Itoa(p)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, orDash(strings.Join(ports, ",")),
-			relTime(r.LastActiveAt, now), orDash(firstURL(r)))
+			relTime(r.LastActiveAt, now), orDash(r.FirstURL()))
 	}
 	return tw.Flush()
 }
@@ -256,14 +260,6 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// firstURL is the preview URL of a sandbox's first port.
-func firstURL(r *recordView) string {
-	if len(r.Ports) == 0 {
-		return ""
-	}
-	return r.URLs[strconv.Itoa(r.Ports[0])]
 }
 
 // relTime renders t relative to now: "12s ago", "in 3m", "-" for none.
@@ -300,11 +296,12 @@ func (c *cli) getCommand() *cobra.Command {
 		Use:   "get <id>",
 		Short: "Shows one sandbox",
 	}
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args, "id"); err != nil {
 			return err
 		}
-		rec, raw, err := api.Get(ctx, args[0])
+		var raw []byte
+		rec, err := api.Get(ctx, args[0], client.Body(&raw))
 		if err != nil {
 			return err
 		}
@@ -318,7 +315,7 @@ func (c *cli) getCommand() *cobra.Command {
 
 // writeRecord prints a sandbox as aligned "key: value" lines, leaving out
 // what is not set.
-func writeRecord(w io.Writer, r *recordView, now time.Time) error {
+func writeRecord(w io.Writer, r *client.Sandbox, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	line := func(k, v string) {
 		if v != "" {
@@ -378,9 +375,9 @@ func writeRecord(w io.Writer, r *recordView, now time.Time) error {
 
 // writeSummary prints the one line an operation answers with:
 // "sandbox <id> <state>  <url>".
-func writeSummary(w io.Writer, r *recordView, extra string) error {
+func writeSummary(w io.Writer, r *client.Sandbox, extra string) error {
 	s := fmt.Sprintf("sandbox %s %s", r.ID, r.State)
-	if u := firstURL(r); u != "" {
+	if u := r.FirstURL(); u != "" {
 		s += "  " + u
 	}
 	if extra != "" {
@@ -418,12 +415,13 @@ func (c *cli) createCommand() *cobra.Command {
 	fl.StringVar(&f.idleStop, "idle-stop", "", "stop after this long idle, like 30m (0: never)")
 	fl.StringVar(&f.maxLifetime, "max-lifetime", "", "remove the container this long after creation (0: never)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		body, err := f.body(cmd, args)
 		if err != nil {
 			return err
 		}
-		rec, raw, err := api.Create(ctx, body)
+		var raw []byte
+		rec, err := api.Create(ctx, body, client.Body(&raw))
 		if err != nil {
 			return err
 		}
@@ -437,8 +435,8 @@ func (c *cli) createCommand() *cobra.Command {
 
 // body checks the create flags and builds the request body; arguments after
 // "--" are the container's command.
-func (f *createFlags) body(cmd *cobra.Command, args []string) (createBody, error) {
-	b := createBody{ID: f.id, Image: f.image, Ports: f.ports, MemoryMB: f.memoryMB, CPUs: f.cpus, ReadyPath: f.readyPath}
+func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequest, error) {
+	b := client.CreateRequest{ID: f.id, Image: f.image, Ports: f.ports, MemoryMB: f.memoryMB, CPUs: f.cpus, ReadyPath: f.readyPath}
 	if dash := cmd.ArgsLenAtDash(); len(args) > 0 && dash != 0 {
 		return b, fmt.Errorf("create: unexpected argument %q (the container's command goes after --)", args[0])
 	}
@@ -488,20 +486,24 @@ func keyValues(flag string, kvs []string) (map[string]string, error) {
 	return m, nil
 }
 
+// sandboxOp is a client method that runs an operation on one sandbox and
+// answers it.
+type sandboxOp func(api *client.Client, ctx context.Context, id string, opts ...client.CallOption) (client.Sandbox, error)
+
 // actionCommand builds wake, pause and stop: POST /v1/sandboxes/{id}/<op>.
-func (c *cli) actionCommand(op, short string) *cobra.Command {
+func (c *cli) actionCommand(op, short string, do sandboxOp) *cobra.Command {
 	cmd := &cobra.Command{Use: op + " <id>", Short: short}
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args, "id"); err != nil {
 			return err
 		}
-		var rec recordView
+		var rec client.Sandbox
 		var raw []byte
 		var err error
 		if op == "wake" && !c.json && isTerminal(cmd.ErrOrStderr()) {
-			rec, raw, err = wakeWithSpinner(ctx, api, args[0], cmd.ErrOrStderr())
+			rec, err = wakeWithSpinner(ctx, api, args[0], cmd.ErrOrStderr())
 		} else {
-			rec, raw, err = api.Act(ctx, args[0], op)
+			rec, err = do(api, ctx, args[0], client.Body(&raw))
 		}
 		if err != nil {
 			return err
@@ -521,19 +523,19 @@ func isTerminal(w io.Writer) bool {
 }
 
 // wakeWithSpinner wakes sandbox id while a spinner on w shows its state.
-func wakeWithSpinner(ctx context.Context, api *apiClient, id string, w io.Writer) (recordView, []byte, error) {
+func wakeWithSpinner(ctx context.Context, api *client.Client, id string, w io.Writer) (client.Sandbox, error) {
 	spinCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		spin(spinCtx, w, "waking "+id, spinEvery, func(ctx context.Context) (string, error) {
-			rec, _, err := api.Get(ctx, id)
+			rec, err := api.Get(ctx, id)
 			return rec.State, err
 		})
 	})
-	rec, raw, err := api.Act(ctx, id, "wake")
+	rec, err := api.Wake(ctx, id)
 	stop()
 	wg.Wait()
-	return rec, raw, err
+	return rec, err
 }
 
 // spin draws a spinner with what poll answers and the time spent on one
@@ -568,14 +570,15 @@ func (c *cli) keepaliveCommand() *cobra.Command {
 		Use:   "keepalive <id> <duration>",
 		Short: "Keeps a sandbox from idling out for a while (capped by keepalive_max)",
 	}
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args, "id", "duration"); err != nil {
 			return err
 		}
 		if d, err := caddy.ParseDuration(args[1]); err != nil || d <= 0 {
 			return fmt.Errorf("keepalive: %q is not a positive duration like 10m or 2h", args[1])
 		}
-		rec, raw, err := api.Keepalive(ctx, args[0], args[1])
+		var raw []byte
+		rec, err := api.Keepalive(ctx, args[0], args[1], client.Body(&raw))
 		if err != nil {
 			return err
 		}
@@ -596,11 +599,12 @@ func (c *cli) destroyCommand() *cobra.Command {
 		Use:   "destroy <id>",
 		Short: "Removes a sandbox's container and record; its volume is kept (see purge)",
 	}
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args, "id"); err != nil {
 			return err
 		}
-		raw, err := api.Destroy(ctx, args[0])
+		var raw []byte
+		err := api.Destroy(ctx, args[0], client.Body(&raw))
 		if err != nil {
 			return err
 		}
@@ -619,11 +623,12 @@ func (c *cli) purgeCommand() *cobra.Command {
 		Use:   "purge <id>",
 		Short: "Removes a sandbox with its volume (also the volume of a destroyed one)",
 	}
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args, "id"); err != nil {
 			return err
 		}
-		freed, raw, err := api.Purge(ctx, args[0])
+		var raw []byte
+		freed, err := api.Purge(ctx, args[0], client.Body(&raw))
 		if err != nil {
 			return err
 		}
@@ -658,17 +663,17 @@ func (c *cli) eventsCommand() *cobra.Command {
 		Short: "Follows sandbox state changes until interrupted",
 	}
 	cmd.Flags().StringVar(&sandbox, "sandbox", "", "only this sandbox's events")
-	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *apiClient, args []string) error {
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args); err != nil {
 			return err
 		}
 		out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
-		return api.FollowEvents(ctx, sandbox, func(ev sseEvent) error {
+		return api.FollowEvents(ctx, sandbox, func(m client.Message) error {
 			if c.json {
-				_, err := fmt.Fprintln(out, ev.Data)
+				_, err := fmt.Fprintln(out, m.Data)
 				return err
 			}
-			return writeEvent(out, ev.Data)
+			return writeEvent(out, m.Data)
 		}, func(err error, delay time.Duration) {
 			fmt.Fprintf(errw, "sandwake: events: %s; reconnecting in %s\n", strings.Join(strings.Fields(err.Error()), " "), delay)
 		})
@@ -676,24 +681,13 @@ func (c *cli) eventsCommand() *cobra.Command {
 	return cmd
 }
 
-// eventView is an event as /v1/events sends it.
-type eventView struct {
-	ID        uint64    `json:"id"`
-	Type      string    `json:"type"`
-	SandboxID string    `json:"sandbox_id"`
-	From      string    `json:"from"`
-	To        string    `json:"to"`
-	Reason    string    `json:"reason"`
-	At        time.Time `json:"at"`
-}
-
 // writeEvent prints an event as "<at> <sandbox> <from> → <to> (<reason>)".
 // An event that is not a transition (destroyed, purged) shows its type as
 // the target.
 func writeEvent(w io.Writer, data string) error {
-	var ev eventView
-	if err := json.Unmarshal([]byte(data), &ev); err != nil {
-		return fmt.Errorf("events: an event is not the expected JSON (%v): %.200s", err, data)
+	ev, err := client.Message{Data: data}.Event()
+	if err != nil {
+		return fmt.Errorf("events: %w", err)
 	}
 	to := ev.To
 	if to == "" {
@@ -703,6 +697,6 @@ func writeEvent(w io.Writer, data string) error {
 	if ev.Reason != "" {
 		s += " (" + ev.Reason + ")"
 	}
-	_, err := fmt.Fprintln(w, s)
+	_, err = fmt.Fprintln(w, s)
 	return err
 }

@@ -10,18 +10,6 @@ import (
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
-// apiError is the JSON body of every error sandwake answers:
-// {"error":{"code":"…","message":"…"}}.
-type apiError struct {
-	Error apiErrorBody `json:"error"`
-}
-
-type apiErrorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	State   string `json:"state,omitempty"`
-}
-
 // errorStatus maps an engine error to its HTTP status, error code and
 // Retry-After seconds (0: none). It is the one place this mapping lives.
 func errorStatus(err error) (status int, code string, retryAfter int) {

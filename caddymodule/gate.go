@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -517,9 +516,6 @@ func (g *Gate) status(e *engine, rt *route, port int) previewStatus {
 	return st
 }
 
-// sseHeartbeat keeps idle event streams open through proxies.
-const sseHeartbeat = 15 * time.Second
-
 // serveEvents streams this sandbox's transitions as server-sent events. The
 // first message is the current state, so a page that subscribes after the
 // sandbox became ready still learns of it. Streams are capped per client
@@ -538,22 +534,16 @@ func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt
 	defer release()
 	sub := e.mgr.Subscribe()
 	defer sub.Cancel()
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
+	stream := startSSE(w)
+	defer stream.stop()
 	current := lifecycle.Event{SandboxID: rt.id, Type: "sandbox." + string(rt.state), To: rt.state}
 	if fresh, err := e.routes.get(rt.id); err == nil {
 		current.To, current.Type = fresh.state, "sandbox."+string(fresh.state)
 	}
-	if err := writeSSE(w, current); err != nil {
+	if err := stream.event(current); err != nil {
 		return nil
 	}
-	rc.Flush()
-	tick := time.NewTicker(sseHeartbeat)
-	defer tick.Stop()
+	stream.flush()
 	for {
 		select {
 		case <-r.Context().Done():
@@ -565,29 +555,15 @@ func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt
 			if ev.SandboxID != rt.id {
 				continue
 			}
-			if writeSSE(w, ev) != nil || rc.Flush() != nil {
+			if stream.event(ev) != nil || stream.flush() != nil {
 				return nil
 			}
-		case <-tick.C:
-			if _, err := w.Write([]byte(": keep-alive\n\n")); err != nil || rc.Flush() != nil {
+		case <-stream.heartbeat:
+			if stream.keepAlive() != nil {
 				return nil
 			}
 		}
 	}
-}
-
-func writeSSE(w http.ResponseWriter, ev lifecycle.Event) error {
-	b, err := json.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	if ev.ID > 0 {
-		if _, err := fmt.Fprintf(w, "id: %d\n", ev.ID); err != nil {
-			return err
-		}
-	}
-	_, err = fmt.Fprintf(w, "data: %s\n\n", b)
-	return err
 }
 
 // page builds the data of a state page for rt.

@@ -117,10 +117,10 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.WakeTimeout <= 0 {
-		c.WakeTimeout = 60 * time.Second
+		c.WakeTimeout = DefaultWakeTimeout
 	}
 	if c.KeepaliveMax <= 0 {
-		c.KeepaliveMax = 24 * time.Hour
+		c.KeepaliveMax = DefaultKeepaliveMax
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -135,7 +135,7 @@ func (c *Config) setDefaults() {
 		c.MemAvailable = HostMemAvailable
 	}
 	if c.StoreRetry <= 0 {
-		c.StoreRetry = time.Second
+		c.StoreRetry = DefaultStoreRetry
 	}
 }
 

@@ -146,10 +146,8 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 	if p.Access != nil && *p.Access != AccessPublic && *p.Access != AccessPrivate {
 		return Record{}, invalid("access: %q is not public or private", *p.Access)
 	}
-	for name, d := range map[string]*time.Duration{"idle_pause": p.IdlePause, "idle_stop": p.IdleStop, "max_lifetime": p.MaxLifetime} {
-		if d != nil && (*d < 0 || *d > MaxDuration) {
-			return Record{}, invalid("%s: %s is out of range (0 to 10 years)", name, *d)
-		}
+	if err := checkTiers(p.IdlePause, p.IdleStop, p.MaxLifetime); err != nil {
+		return Record{}, err
 	}
 	unlock := m.locks.lock(id)
 	defer unlock()

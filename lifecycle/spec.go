@@ -152,10 +152,8 @@ func NormalizeSpec(spec *Spec) error {
 	default:
 		return invalid("ready_mode: %q is not http or tcp", spec.ReadyMode)
 	}
-	for name, d := range map[string]*time.Duration{"idle_pause": spec.IdlePause, "idle_stop": spec.IdleStop, "max_lifetime": spec.MaxLifetime} {
-		if d != nil && (*d < 0 || *d > MaxDuration) {
-			return invalid("%s: %s is out of range (0 to 10 years)", name, *d)
-		}
+	if err := checkTiers(spec.IdlePause, spec.IdleStop, spec.MaxLifetime); err != nil {
+		return err
 	}
 	switch spec.Access {
 	case "":
@@ -184,4 +182,18 @@ func ImageAllowed(patterns []string, image string) bool {
 		}
 	}
 	return false
+}
+
+// checkTiers refuses a sandbox's own idle tiers and lifetime (nil: the
+// gateway's) outside 0 to MaxDuration. Creates and updates both use it.
+func checkTiers(idlePause, idleStop, maxLifetime *time.Duration) error {
+	for _, t := range []struct {
+		name string
+		d    *time.Duration
+	}{{"idle_pause", idlePause}, {"idle_stop", idleStop}, {"max_lifetime", maxLifetime}} {
+		if t.d != nil && (*t.d < 0 || *t.d > MaxDuration) {
+			return invalid("%s: %s is out of range (0 to 10 years)", t.name, *t.d)
+		}
+	}
+	return nil
 }

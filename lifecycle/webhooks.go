@@ -67,13 +67,13 @@ func (m *Manager) SetWebhooks(hooks []Webhook) {
 	next := make(map[string]*webhookWorker, len(hooks))
 	for _, h := range hooks {
 		if h.RetryMin <= 0 {
-			h.RetryMin = time.Second
+			h.RetryMin = DefaultWebhookRetryMin
 		}
 		if h.RetryMax <= 0 {
-			h.RetryMax = 5 * time.Minute
+			h.RetryMax = DefaultWebhookRetryMax
 		}
 		if h.MaxAge <= 0 {
-			h.MaxAge = 24 * time.Hour
+			h.MaxAge = DefaultWebhookMaxAge
 		}
 		if w, ok := m.hooks[h.URL]; ok {
 			w.cancel()

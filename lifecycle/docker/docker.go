@@ -42,6 +42,10 @@ const (
 // DefaultSandboxNetwork is the network sandboxes join in published mode.
 const DefaultSandboxNetwork = "sandwake"
 
+// DefaultStopTimeout is how long a stop waits for the app to exit before
+// the engine kills it.
+const DefaultStopTimeout = 10 * time.Second
+
 // networkICC is the bridge driver option that turns inter-container
 // communication on the network off.
 const networkICC = "com.docker.network.bridge.enable_icc"
@@ -117,7 +121,7 @@ func New(opts Options) (*Runtime, error) {
 		return nil, fmt.Errorf("docker runtime: unknown upstream mode %q (published or network)", opts.UpstreamMode)
 	}
 	if opts.StopTimeout <= 0 {
-		opts.StopTimeout = 10 * time.Second
+		opts.StopTimeout = DefaultStopTimeout
 	}
 	if opts.Instance == "" {
 		return nil, errors.New("docker runtime: an instance name is required")

@@ -1,0 +1,169 @@
+package client
+
+import (
+	"strconv"
+	"time"
+)
+
+// The types below are the management API's JSON, shared by the server (the
+// sandwake_api handler) and this client so the two cannot drift apart.
+// Field order is the order the API writes.
+
+// Sandbox is a sandbox as the API shows it. Environment values are never
+// shown, only their keys.
+type Sandbox struct {
+	ID     string `json:"id"`
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	// Error is the last failure's message, for sandboxes in state error.
+	Error   string   `json:"error,omitempty"`
+	Image   string   `json:"image"`
+	Cmd     []string `json:"cmd,omitempty"`
+	EnvKeys []string `json:"env_keys"`
+	Ports   []int    `json:"ports"`
+	// URLs maps each port, in decimal, to its preview URL.
+	URLs          map[string]string `json:"urls"`
+	MemoryMB      int64             `json:"memory_mb,omitempty"`
+	CPUs          float64           `json:"cpus,omitempty"`
+	WorkspacePath string            `json:"workspace_path"`
+	ReadyPath     string            `json:"ready_path,omitempty"`
+	// IdlePause, IdleStop and MaxLifetime are Go durations ("3m0s"), empty
+	// when the sandbox follows the gateway's settings.
+	IdlePause       string            `json:"idle_pause,omitempty"`
+	IdleStop        string            `json:"idle_stop,omitempty"`
+	MaxLifetime     string            `json:"max_lifetime,omitempty"`
+	Labels          map[string]string `json:"labels,omitempty"`
+	Access          string            `json:"access"`
+	CreatedAt       time.Time         `json:"created_at"`
+	LastActiveAt    time.Time         `json:"last_active_at"`
+	StateSince      time.Time         `json:"state_since"`
+	ExpiresAt       *time.Time        `json:"expires_at,omitempty"`
+	KeepaliveUntil  *time.Time        `json:"keepalive_until,omitempty"`
+	VerifiedAt      *time.Time        `json:"verified_at,omitempty"`
+	OpenConnections int64             `json:"open_connections"`
+}
+
+// FirstURL is the preview URL of the sandbox's first port, "" when it has
+// none.
+func (s *Sandbox) FirstURL() string {
+	if len(s.Ports) == 0 {
+		return ""
+	}
+	return s.URLs[strconv.Itoa(s.Ports[0])]
+}
+
+// SandboxList is the answer of GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// ListOptions filter GET /v1/sandboxes.
+type ListOptions struct {
+	// State lists only the sandboxes in this state; empty lists all.
+	State string
+}
+
+// CreateRequest is the body of POST /v1/sandboxes. The durations are
+// strings like "90s" or "30m"; nil leaves the gateway's setting, "0" turns
+// the tier off.
+type CreateRequest struct {
+	ID            string            `json:"id"`
+	Image         string            `json:"image"`
+	Cmd           []string          `json:"cmd"`
+	Env           map[string]string `json:"env"`
+	Ports         []int             `json:"ports"`
+	MemoryMB      int64             `json:"memory_mb"`
+	CPUs          float64           `json:"cpus"`
+	WorkspacePath string            `json:"workspace_path"`
+	ReadyPath     string            `json:"ready_path"`
+	ReadyMode     string            `json:"ready_mode"`
+	IdlePause     *string           `json:"idle_pause"`
+	IdleStop      *string           `json:"idle_stop"`
+	MaxLifetime   *string           `json:"max_lifetime"`
+	Labels        map[string]string `json:"labels"`
+	Access        string            `json:"access"`
+}
+
+// Patch is the body of PATCH /v1/sandboxes/{id}: the fields to change, nil
+// for those to keep.
+type Patch struct {
+	Access      *string `json:"access"`
+	IdlePause   *string `json:"idle_pause"`
+	IdleStop    *string `json:"idle_stop"`
+	MaxLifetime *string `json:"max_lifetime"`
+}
+
+// KeepaliveRequest is the body of POST /v1/sandboxes/{id}/keepalive.
+type KeepaliveRequest struct {
+	// For is how long to keep the sandbox from the idle tiers, a duration
+	// like "10m"; the gateway caps it at its keepalive_max.
+	For string `json:"for"`
+}
+
+// PurgeResult is the answer of POST /v1/sandboxes/{id}/purge.
+type PurgeResult struct {
+	// FreedBytes is the size of the volume removed.
+	FreedBytes int64 `json:"freed_bytes"`
+}
+
+// TokenRequest is the body of POST /v1/sandboxes/{id}/tokens. Both fields
+// are optional.
+type TokenRequest struct {
+	// TTL is the token's lifetime, a duration up to 90 days. Default: 1h.
+	TTL string `json:"ttl"`
+	// Subject is recorded in the token, at most 200 characters without |.
+	Subject string `json:"subject"`
+}
+
+// Token is the answer of POST /v1/sandboxes/{id}/tokens: a preview token
+// and a link that carries it.
+type Token struct {
+	ExpiresAt time.Time `json:"expires_at"`
+	Token     string    `json:"token"`
+	URL       string    `json:"url"`
+}
+
+// Event is a sandbox event, as GET /v1/events streams it and
+// GET /v1/sandboxes/{id}/history lists it. A transition has From and To;
+// sandbox.destroyed and sandbox.purged have no To.
+type Event struct {
+	ID        uint64    `json:"id"`
+	Type      string    `json:"type"`
+	SandboxID string    `json:"sandbox_id"`
+	From      string    `json:"from,omitempty"`
+	To        string    `json:"to,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	At        time.Time `json:"at"`
+}
+
+// History is the answer of GET /v1/sandboxes/{id}/history.
+type History struct {
+	Events []Event `json:"events"`
+}
+
+// Readiness is the answer of GET /v1/readyz, with status 200 when Ready and
+// 503 otherwise.
+type Readiness struct {
+	Ready bool `json:"ready"`
+	// Checks maps store, docker and boot_reconcile to "ok" or what is wrong.
+	Checks        map[string]string `json:"checks"`
+	Instance      string            `json:"instance,omitempty"`
+	LastReconcile string            `json:"last_reconcile,omitempty"`
+}
+
+// ErrorResponse is the body of every error the API answers:
+// {"error":{"code":"…","message":"…"}}.
+type ErrorResponse struct {
+	Error ErrorBody `json:"error"`
+}
+
+// ErrorBody is the inside of an ErrorResponse.
+type ErrorBody struct {
+	// Code is a stable, machine-readable word: not_found, invalid,
+	// unauthorized, conflict, capacity, unavailable, …
+	Code string `json:"code"`
+	// Message is a sentence for people.
+	Message string `json:"message"`
+	// State is the sandbox's state, on errors about one.
+	State string `json:"state,omitempty"`
+}
