@@ -213,7 +213,7 @@ const (
 	DefaultMaxResident       = 200
 	DefaultKeepaliveMax      = lifecycle.DefaultKeepaliveMax
 	DefaultActivityFlush     = 5 * time.Second
-	DefaultStopTimeout       = docker.DefaultStopTimeout
+	DefaultStopTimeout       = core.DefaultStopTimeout
 	DefaultIdlePause         = 3 * time.Minute
 	DefaultIdleStop          = 30 * time.Minute
 	DefaultMinResident       = 30 * time.Second

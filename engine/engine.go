@@ -20,14 +20,16 @@ import (
 	"github.com/sandwake/sandwake/store"
 )
 
-// Values of Options.UpstreamMode and Options.Pull, and the default sandbox
-// network (see lifecycle/docker).
+// Values of Options.UpstreamMode and Options.Pull, the default sandbox
+// network and stop timeout (see lifecycle/docker).
 const (
 	UpstreamPublished     = docker.UpstreamPublished
 	UpstreamNetwork       = docker.UpstreamNetwork
 	PullMissing           = docker.PullMissing
 	PullNever             = docker.PullNever
 	DefaultSandboxNetwork = docker.DefaultSandboxNetwork
+	// DefaultStopTimeout is a container stop's grace period when unset.
+	DefaultStopTimeout = docker.DefaultStopTimeout
 )
 
 // hostSizeTimeout bounds the engine-info call Open makes.
