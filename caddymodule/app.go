@@ -180,6 +180,9 @@ type App struct {
 	// trusted_proxies; an IPv6 address counts as its /64); past it, 429 +
 	// Retry-After. 0 means no cap. Default: 16.
 	MaxEventStreamsPerClient *int `json:"max_event_streams_per_client,omitempty"`
+	// Cluster joins this gateway to a cluster of nodes sharing one sandbox
+	// catalog in etcd (see ClusterConfig). Default: none, a single host.
+	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	storageDir    string
 	minFreeBytes  uint64
@@ -393,6 +396,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("sandwake: storage %q: %w", a.storageDir, err)
 	}
 	a.storageDir = abs
+	if a.Cluster != nil {
+		if err := a.Cluster.provision(a); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -470,6 +478,11 @@ func (a *App) Validate() error {
 	}
 	if *a.MaxEventStreams < 0 || *a.MaxEventStreamsPerClient < 0 {
 		return errors.New("sandwake: max_event_streams and max_event_streams_per_client must not be negative")
+	}
+	if a.Cluster != nil {
+		if err := a.Cluster.validate(); err != nil {
+			return err
+		}
 	}
 	seen := map[string]bool{}
 	for _, w := range a.Webhooks {
@@ -604,6 +617,19 @@ type engine struct {
 	instance string
 	// storeWarning, when set, says the store looks lost (readyz shows it).
 	storeWarning string
+
+	// cluster is the node's part in a cluster, nil on a single host.
+	cluster *clusterState
+	clusterFigures
+}
+
+// changed is the manager's change hook: the route is dropped from the cache
+// and, in a cluster, the sandbox queued for publishing.
+func (e *engine) changed(id string) {
+	e.routes.invalidate(id)
+	if e.cluster != nil {
+		e.cluster.c.Changed(id)
+	}
 }
 
 // observeWake is the manager's wake hook: metrics, the failing-wake
@@ -695,7 +721,7 @@ func openEngine(a *App) (*engine, error) {
 		guard: newWakeGuard(), streams: newStreamLimiter(),
 	}
 	mgr, err := lifecycle.NewManager(st, rt, lifecycle.Config{
-		OnChange:          func(id string) { e.routes.invalidate(id) },
+		OnChange:          e.changed,
 		OnWake:            e.observeWake,
 		OnReap:            observeReap,
 		OnDelivery:        observeDelivery,
@@ -729,6 +755,12 @@ func openEngine(a *App) (*engine, error) {
 	}
 	e.mgr = mgr
 	e.routes = newRouteCache(mgr)
+	if err := e.joinCluster(a); err != nil {
+		mgr.Close()
+		rt.Close()
+		st.Close()
+		return nil, err
+	}
 	e.storedSecret, err = st.Secret("preview", func() ([]byte, error) {
 		b := make([]byte, 32)
 		_, err := rand.Read(b)
@@ -762,6 +794,13 @@ func openEngine(a *App) (*engine, error) {
 				a.storageDir, len(stats.Orphans), instance)
 			log.Error("store lost? "+e.storeWarning, zap.Strings("containers", stats.Orphans))
 		}
+	}
+	if err := e.startCluster(); err != nil {
+		e.closeCluster()
+		mgr.Close()
+		rt.Close()
+		st.Close()
+		return nil, err
 	}
 	e.ready.Store(true)
 	metricsEngine.Store(e)
@@ -800,6 +839,7 @@ func (e *engine) apply(a *App) {
 		EventRetention: time.Duration(a.EventRetention),
 	})
 	e.mgr.SetWebhooks(a.hooks)
+	e.applyCapacity(a)
 }
 
 // validEventType reports whether typ names an event sandwake emits.
@@ -816,7 +856,9 @@ func validEventType(typ string) bool {
 func (e *engine) Destruct() error {
 	e.ready.Store(false)
 	metricsEngine.CompareAndSwap(e, nil)
-	errs := []error{e.mgr.Close(), e.docker.Close(), e.store.Close()}
+	// The cluster goes first: the lease is revoked while the store can
+	// still answer the publisher's last reads.
+	errs := []error{e.closeCluster(), e.mgr.Close(), e.docker.Close(), e.store.Close()}
 	e.log.Info("sandwake engine stopped")
 	return errors.Join(errs...)
 }
