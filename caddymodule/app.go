@@ -451,6 +451,11 @@ func (a *App) Validate() error {
 	default:
 		return fmt.Errorf("sandwake: orphans %q is not keep or remove", a.Orphans)
 	}
+	if a.Cluster != nil {
+		if err := a.Cluster.validate(); err != nil {
+			return err
+		}
+	}
 	if a.Instance != "" && !validInstance(a.Instance) {
 		return fmt.Errorf("sandwake: instance %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.Instance)
 	}
@@ -478,11 +483,6 @@ func (a *App) Validate() error {
 	}
 	if *a.MaxEventStreams < 0 || *a.MaxEventStreamsPerClient < 0 {
 		return errors.New("sandwake: max_event_streams and max_event_streams_per_client must not be negative")
-	}
-	if a.Cluster != nil {
-		if err := a.Cluster.validate(); err != nil {
-			return err
-		}
 	}
 	seen := map[string]bool{}
 	for _, w := range a.Webhooks {
