@@ -58,10 +58,10 @@ type nodeRecord struct {
 	UpdatedAt    time.Time `json:"updated_at"`
 }
 
-func (c *Cluster) sandboxKey(id string) string  { return c.cfg.Prefix + sandboxesDir + id }
-func (c *Cluster) nodeKey(node string) string    { return c.cfg.Prefix + nodesDir + node }
-func (c *Cluster) drainKey(node string) string   { return c.cfg.Prefix + drainDir + node }
-func (c *Cluster) sandboxesPrefix() string       { return c.cfg.Prefix + sandboxesDir }
+func (c *Cluster) sandboxKey(id string) string { return c.cfg.Prefix + sandboxesDir + id }
+func (c *Cluster) nodeKey(node string) string  { return c.cfg.Prefix + nodesDir + node }
+func (c *Cluster) drainKey(node string) string { return c.cfg.Prefix + drainDir + node }
+func (c *Cluster) sandboxesPrefix() string     { return c.cfg.Prefix + sandboxesDir }
 
 // decodeEntry reads a catalog value; a value that is not an entry yields
 // an entry owned by nobody (so its owner may overwrite it) and an error.
