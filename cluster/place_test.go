@@ -50,7 +50,7 @@ func TestPlace(t *testing.T) {
 		{name: "draining excluded", memoryMB: 0, want: "b", draining: []string{"a"},
 			live: []NodeInfo{capNode("a", 0, 10, 1000, 0), capNode("b", 5, 10, 1000, 0)}},
 		{name: "no room says why for each node", memoryMB: 512, draining: []string{"a", "gone"},
-			live: []NodeInfo{capNode("a", 0, 10, 1000, 0), capNode("b", 3, 3, 1000, 0), capNode("c", 0, 10, 800, 400)},
+			live:    []NodeInfo{capNode("a", 0, 10, 1000, 0), capNode("b", 3, 3, 1000, 0), capNode("c", 0, 10, 800, 400)},
 			wantErr: []string{"a: draining", "b: 3 of max_resident 3", "c: 800 MB free, needs 512 MB", "gone: not live"}},
 		{name: "no nodes", memoryMB: 1, wantErr: []string{"no node is registered"}},
 	}
