@@ -586,3 +586,69 @@ func TestDrainRemoveAndPlace(t *testing.T) {
 		t.Fatalf("Remove of an unknown node: %v", err)
 	}
 }
+
+// TestCatalogReloadsAfterCompaction: a watch that cannot resume (its
+// revision compacted) ends, and the reload tells watchers what changed
+// meanwhile: entries gone and entries new.
+func TestCatalogReloadsAfterCompaction(t *testing.T) {
+	ec := etcdtest.Start(t, 3)
+	prefix := testPrefix()
+	srcA := newMemSource()
+	a := startNode(t, ec.Endpoints(), prefix, "node-a", srcA)
+	srcA.set(record("kept", lifecycle.Running))
+	a.Changed("kept")
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		_, ok := a.Lookup("kept")
+		return ok, "kept not in the catalog"
+	})
+	cli := newClient(t, ec.Endpoints())
+	resp, err := cli.Get(ctxT(t), prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctxT(t), resp.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.followCatalog(1); err == nil || !strings.Contains(err.Error(), "compacted") {
+		t.Fatalf("watch from a compacted revision: %v, want it to end as compacted", err)
+	}
+
+	// Make the cache miss a change and hold a ghost, as after a gap.
+	var changes []Change
+	var mu sync.Mutex
+	a.Watch(func(ch Change) {
+		mu.Lock()
+		changes = append(changes, ch)
+		mu.Unlock()
+	})
+	a.cache.mu.Lock()
+	delete(a.cache.entries, "kept")
+	a.cache.uncount("node-a")
+	a.cache.entries["ghost"] = Entry{ID: "ghost", Node: "node-a", Revision: 1}
+	a.cache.counts["node-a"]++
+	a.cache.mu.Unlock()
+	if _, err := a.loadCatalog(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Lookup("ghost"); ok {
+		t.Fatal("the reload kept an entry etcd does not have")
+	}
+	if e, ok := a.Lookup("kept"); !ok || e.State != lifecycle.Running {
+		t.Fatalf("kept after the reload: %+v (%v)", e, ok)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got := map[string]bool{}
+	for _, ch := range changes {
+		got[ch.Entry.ID] = ch.Deleted
+	}
+	if del, ok := got["ghost"]; !ok || !del {
+		t.Fatalf("watchers saw %+v, want ghost deleted", changes)
+	}
+	if del, ok := got["kept"]; !ok || del {
+		t.Fatalf("watchers saw %+v, want kept put", changes)
+	}
+	if n, _ := a.Node("node-a"); n.Sandboxes != 1 {
+		t.Fatalf("node-a's sandbox count after the reload: %d, want 1", n.Sandboxes)
+	}
+}
