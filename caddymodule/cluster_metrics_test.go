@@ -14,7 +14,9 @@ import (
 // started.
 type nopSource struct{}
 
-func (nopSource) Get(string) (lifecycle.Record, error) { return lifecycle.Record{}, lifecycle.ErrNotFound }
+func (nopSource) Get(string) (lifecycle.Record, error) {
+	return lifecycle.Record{}, lifecycle.ErrNotFound
+}
 func (nopSource) List(lifecycle.State) ([]lifecycle.Record, error) {
 	return nil, nil
 }
