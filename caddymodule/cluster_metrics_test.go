@@ -1,8 +1,11 @@
 package caddymodule
 
 import (
+	"net/http/httptest"
 	"slices"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -80,5 +83,28 @@ func TestClusterMetrics(t *testing.T) {
 	}
 	if got["caddy_sandwake_cluster_forwarded_requests_total"] != 2 {
 		t.Fatalf("forwarded requests: %d series, want preview and api (got %v)", got["caddy_sandwake_cluster_forwarded_requests_total"], got)
+	}
+}
+
+// TestHotPathAllocationsInCluster: in cluster mode a request for a local
+// running sandbox costs the gate a catalog lookup in memory and nothing
+// allocated, like on a single host.
+func TestHotPathAllocationsInCluster(t *testing.T) {
+	g, _ := hotPathGate(t)
+	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: "n1", Secret: []byte("0123456789abcdef")}, nopSource{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.app.engine().cluster = &clusterState{c: c}
+	r := hotRequest()
+	w := httptest.NewRecorder()
+	var next caddyhttp.Handler = proxyStub{t}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := g.ServeHTTP(w, r, next); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("gate allocates %v times per proxied request in cluster mode, want 0", allocs)
 	}
 }
