@@ -76,18 +76,21 @@ func (api *API) Provision(ctx caddy.Context) error {
 	mux.HandleFunc("GET /v1/readyz", api.readyz)
 	mux.HandleFunc("POST /v1/sandboxes", api.authed(api.create))
 	mux.HandleFunc("GET /v1/sandboxes", api.authed(api.list))
-	mux.HandleFunc("GET /v1/sandboxes/{id}", api.authed(api.get))
-	mux.HandleFunc("DELETE /v1/sandboxes/{id}", api.authed(api.destroy))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/wake", api.authed(api.wake))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", api.authed(api.pause))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/stop", api.authed(api.stop))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", api.authed(api.keepalive))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/purge", api.authed(api.purge))
-	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(api.history))
+	mux.HandleFunc("GET /v1/sandboxes/{id}", api.authed(api.routed(api.get)))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", api.authed(api.routed(api.destroy)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/wake", api.authed(api.routed(api.wake)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", api.authed(api.routed(api.pause)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/stop", api.authed(api.routed(api.stop)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", api.authed(api.routed(api.keepalive)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/purge", api.authed(api.routed(api.purge)))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(api.routed(api.history)))
 	mux.HandleFunc("GET /v1/events", api.authed(api.events))
-	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(api.patch))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(api.createToken))
-	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(api.revokeTokens))
+	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(api.routed(api.patch)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(api.routed(api.createToken)))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(api.routed(api.revokeTokens)))
+	mux.HandleFunc("GET /v1/nodes", api.authed(api.nodes))
+	mux.HandleFunc("POST /v1/nodes/{name}/drain", api.authed(api.drainNode))
+	mux.HandleFunc("DELETE /v1/nodes/{name}", api.authed(api.removeNode))
 	mux.HandleFunc("GET /{$}", serveDashboard)
 	mux.HandleFunc("GET /index.html", serveDashboard)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -131,6 +134,9 @@ func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http
 			writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "sandwake is starting", 1)
 			return
 		}
+		if !checkForward(w, r, e) {
+			return
+		}
 		h(w, r, e)
 	}
 }
@@ -161,6 +167,12 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 		} else if e.storeWarning != "" {
 			checks["store"], ok = e.storeWarning, false
 		}
+		if e.cluster != nil {
+			var cok bool
+			if checks["cluster"], cok = clusterCheck(e); !cok {
+				ok = false
+			}
+		}
 	}
 	status := http.StatusOK
 	if !ok {
@@ -169,6 +181,7 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 	out := map[string]any{"ready": ok, "checks": checks}
 	if e != nil {
 		out["instance"] = e.instance
+		out["node"] = e.nodeName()
 		if at := e.mgr.LastReconcile(); !at.IsZero() {
 			out["last_reconcile"] = at.UTC().Format(time.RFC3339Nano)
 		}
@@ -250,6 +263,10 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 		writeEngineError(w, err)
 		return
 	}
+	if e.cluster != nil {
+		api.createInCluster(w, r, e, &body, spec)
+		return
+	}
 	rec, err := e.mgr.Create(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec})
 	if err != nil {
 		writeEngineError(w, err)
@@ -259,6 +276,10 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 }
 
 func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
+	if e.cluster != nil {
+		api.listInCluster(w, r, e, lifecycle.State(r.URL.Query().Get("state")))
+		return
+	}
 	recs, err := e.mgr.List(lifecycle.State(r.URL.Query().Get("state")))
 	if err != nil {
 		writeEngineError(w, err)
@@ -466,6 +487,15 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	sub := e.mgr.Subscribe()
 	defer func() { sub.Cancel() }()
+	// In a cluster, other nodes' transitions come from the catalog watch
+	// (nil channel on a single host: never ready).
+	var remote *remoteSub
+	var remoteC <-chan remoteEvent
+	if e.cluster != nil {
+		remote = e.cluster.remote.subscribe()
+		remoteC = remote.C
+		defer func() { remote.cancel() }()
+	}
 	if resume {
 		// A resume point beyond the log (a wiped store restarts ids) would
 		// silently skip live events: start from now instead.
@@ -532,6 +562,21 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 				if send(ev) != nil || stream.flush() != nil {
 					return
 				}
+			case ev, ok := <-remoteC:
+				if !ok {
+					if !remote.lagged {
+						return // shutting down
+					}
+					remote = e.cluster.remote.subscribe()
+					remoteC = remote.C
+					continue
+				}
+				if filter != "" && ev.SandboxID != filter {
+					continue
+				}
+				if writeRemoteSSE(stream.w, ev) != nil || stream.flush() != nil {
+					return
+				}
 			case <-stream.heartbeat:
 				if stream.keepAlive() != nil {
 					return
@@ -568,6 +613,7 @@ func (e *engine) view(r *lifecycle.Record) recordView {
 		Labels: r.Spec.Labels, Access: r.Spec.Access,
 		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, StateSince: r.StateSince,
 		ExpiresAt: optTime(r.ExpiresAt), KeepaliveUntil: optTime(r.KeepaliveUntil), VerifiedAt: optTime(r.VerifiedAt),
+		Node: e.nodeName(),
 	}
 	if v.EnvKeys == nil {
 		v.EnvKeys = []string{}

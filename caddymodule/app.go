@@ -177,6 +177,9 @@ type App struct {
 	// trusted_proxies; an IPv6 address counts as its /64); past it, 429 +
 	// Retry-After. 0 means no cap. Default: 16.
 	MaxEventStreamsPerClient *int `json:"max_event_streams_per_client,omitempty"`
+	// Cluster joins this gateway to a cluster of nodes sharing one sandbox
+	// catalog in etcd (see ClusterConfig). Default: none, a single host.
+	Cluster *ClusterConfig `json:"cluster,omitempty"`
 
 	storageDir    string
 	minFreeBytes  uint64
@@ -387,6 +390,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("sandwake: storage %q: %w", a.storageDir, err)
 	}
 	a.storageDir = abs
+	if a.Cluster != nil {
+		if err := a.Cluster.provision(a); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -431,6 +439,11 @@ func (a *App) Validate() error {
 	case "keep", "remove":
 	default:
 		return fmt.Errorf("sandwake: orphans %q is not keep or remove", a.Orphans)
+	}
+	if a.Cluster != nil {
+		if err := a.Cluster.validate(); err != nil {
+			return err
+		}
 	}
 	if a.Instance != "" && !validInstance(a.Instance) {
 		return fmt.Errorf("sandwake: instance %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.Instance)
@@ -581,6 +594,19 @@ type engine struct {
 	instance string
 	// storeWarning, when set, says the store looks lost (readyz shows it).
 	storeWarning string
+
+	// cluster is the node's part in a cluster, nil on a single host.
+	cluster *clusterState
+	clusterFigures
+}
+
+// changed is the manager's change hook: the route is dropped from the cache
+// and, in a cluster, the sandbox queued for publishing.
+func (e *engine) changed(id string) {
+	e.routes.invalidate(id)
+	if e.cluster != nil {
+		e.cluster.c.Changed(id)
+	}
 }
 
 // observeWake is the manager's wake hook: metrics, the failing-wake
@@ -624,7 +650,7 @@ func openEngine(a *App) (*engine, error) {
 		Pull:           a.Pull,
 		Logger:         log,
 		Manager: lifecycle.Config{
-			OnChange:          func(id string) { e.routes.invalidate(id) },
+			OnChange:          e.changed,
 			OnWake:            e.observeWake,
 			OnReap:            observeReap,
 			OnDelivery:        observeDelivery,
@@ -656,6 +682,10 @@ func openEngine(a *App) (*engine, error) {
 	e.core, e.mgr, e.instance = c, c.Manager, c.Instance
 	mgr, instance := c.Manager, c.Instance
 	e.routes = newRouteCache(mgr)
+	if err := e.joinCluster(a); err != nil {
+		c.Close()
+		return nil, err
+	}
 	e.storedSecret, err = c.Secret("preview", func() ([]byte, error) {
 		b := make([]byte, 32)
 		_, err := rand.Read(b)
@@ -683,6 +713,11 @@ func openEngine(a *App) (*engine, error) {
 		if e.storeWarning = c.StoreWarning(stats); e.storeWarning != "" {
 			log.Error("store lost? "+e.storeWarning, zap.Strings("containers", stats.Orphans))
 		}
+	}
+	if err := e.startCluster(); err != nil {
+		e.closeCluster()
+		c.Close()
+		return nil, err
 	}
 	e.ready.Store(true)
 	metricsEngine.Store(e)
@@ -721,6 +756,7 @@ func (e *engine) apply(a *App) {
 		EventRetention: time.Duration(a.EventRetention),
 	})
 	e.mgr.SetWebhooks(a.hooks)
+	e.applyCapacity(a)
 }
 
 // validEventType reports whether typ names an event sandwake emits.
@@ -737,7 +773,9 @@ func validEventType(typ string) bool {
 func (e *engine) Destruct() error {
 	e.ready.Store(false)
 	metricsEngine.CompareAndSwap(e, nil)
-	err := e.core.Close()
+	// The cluster goes first: the lease is revoked while the store can
+	// still answer the publisher's last reads.
+	err := errors.Join(e.closeCluster(), e.core.Close())
 	e.log.Info("sandwake engine stopped")
 	return err
 }

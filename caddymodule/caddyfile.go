@@ -62,6 +62,15 @@ func init() {
 //		event_retention <duration>
 //		max_event_streams <n>
 //		max_event_streams_per_client <n>
+//		cluster {
+//			etcd          <url>...
+//			node          <name>
+//			advertise     <host:port>
+//			advertise_api <host:port>
+//			secret        <secret>
+//			prefix        <prefix>
+//			lease_ttl     <duration>
+//		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 	app := new(App)
@@ -287,6 +296,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				"max_resident": &a.MaxResident, "max_event_streams": &a.MaxEventStreams,
 				"max_event_streams_per_client": &a.MaxEventStreamsPerClient,
 			}[opt] = &n
+		case "cluster":
+			cc, err := unmarshalCluster(d)
+			if err != nil {
+				return err
+			}
+			a.Cluster = cc
 		default:
 			return d.Errf("unknown sandwake option %q", opt)
 		}

@@ -29,7 +29,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "sandwake",
-		Usage: "<ls|get|create|wake|pause|stop|keepalive|destroy|purge|events> [--api <url>] [--token <token>] [--json]",
+		Usage: "<ls|get|create|wake|pause|stop|keepalive|destroy|purge|events|nodes|node> [--api <url>] [--token <token>] [--json]",
 		Short: "Manages sandwake sandboxes through the management API",
 		Long: `
 Manages sandboxes through sandwake's management API (the sandwake_api
@@ -44,6 +44,9 @@ a table for people; --json prints the API's JSON as it answered.
   caddy sandwake create --image app:latest --port 8080 [--id myapp]
   caddy sandwake wake myapp
   caddy sandwake events --sandbox myapp
+  caddy sandwake nodes
+  caddy sandwake node drain node-b [--undo]
+  caddy sandwake node remove node-b
 `,
 		CobraFunc: sandwakeCommand,
 	})
@@ -98,6 +101,7 @@ func sandwakeCommand(cmd *cobra.Command) {
 		c.actionCommand("pause", "Pauses a sandbox (it keeps its memory)", (*client.Client).Pause),
 		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)", (*client.Client).Stop),
 		c.keepaliveCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
+		c.nodesCommand(), c.nodeCommand(),
 	} {
 		sub.SilenceErrors, sub.SilenceUsage = true, true
 		cmd.AddCommand(sub)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -14,6 +15,16 @@ import (
 // Retry-After seconds (0: none). It is the one place this mapping lives.
 func errorStatus(err error) (status int, code string, retryAfter int) {
 	switch {
+	case errors.Is(err, cluster.ErrTaken):
+		return http.StatusConflict, "id_taken", 0
+	case errors.Is(err, cluster.ErrEtcd):
+		return http.StatusServiceUnavailable, "cluster_unavailable", 5
+	case errors.Is(err, cluster.ErrNoRoom):
+		return http.StatusServiceUnavailable, "no_room", 5
+	case errors.Is(err, cluster.ErrUnknownNode):
+		return http.StatusNotFound, "unknown_node", 0
+	case errors.Is(err, cluster.ErrUnsigned):
+		return http.StatusForbidden, "unsigned_forward", 0
 	case errors.Is(err, lifecycle.ErrNotFound):
 		return http.StatusNotFound, "not_found", 0
 	case errors.Is(err, lifecycle.ErrInvalid):

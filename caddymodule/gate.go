@@ -75,6 +75,11 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 	if !ok {
 		return g.notFound(w, r, "", 0, "This is not a preview address. Preview addresses look like s-<id>-<port>.preview."+s.domain+".")
 	}
+	if e.cluster != nil {
+		if done, err := g.serveCluster(w, r, next, e, s, id, port); done {
+			return err
+		}
+	}
 	if s.xRobotsTag != nil {
 		// Assigned, not Set: the slice is shared and full (len == cap), so
 		// an append by reverse_proxy copies it; no allocation here.

@@ -27,6 +27,9 @@ const (
 	outcomeBackoff      = "backoff"      // wakes of this sandbox keep failing
 	outcomeRateLimited  = "rate_limited" // past wake_rate
 	outcomeInterrupted  = "interrupted"  // sandwake stopped the sandbox mid-request (body partly sent): 503
+	// cluster mode
+	outcomeHostUnavailable = "host_unavailable" // the sandbox's node is lost: 503
+	outcomeUnsignedForward = "unsigned_forward" // claimed to be forwarded by a node, not signed: 403
 )
 
 // Collectors are created once per process and registered on every config's

@@ -41,6 +41,9 @@ type Sandbox struct {
 	KeepaliveUntil  *time.Time        `json:"keepalive_until,omitempty"`
 	VerifiedAt      *time.Time        `json:"verified_at,omitempty"`
 	OpenConnections int64             `json:"open_connections"`
+	// Node is the node holding the sandbox (the instance name on a single
+	// host).
+	Node string `json:"node"`
 }
 
 // FirstURL is the preview URL of the sandbox's first port, "" when it has
@@ -146,9 +149,11 @@ type History struct {
 type Readiness struct {
 	Ready bool `json:"ready"`
 	// Checks maps store, docker and boot_reconcile to "ok" or what is wrong.
-	Checks        map[string]string `json:"checks"`
-	Instance      string            `json:"instance,omitempty"`
-	LastReconcile string            `json:"last_reconcile,omitempty"`
+	Checks   map[string]string `json:"checks"`
+	Instance string            `json:"instance,omitempty"`
+	// Node is the answering node's name in a cluster.
+	Node          string `json:"node,omitempty"`
+	LastReconcile string `json:"last_reconcile,omitempty"`
 }
 
 // ErrorResponse is the body of every error the API answers:

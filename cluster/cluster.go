@@ -9,11 +9,17 @@ package cluster
 import (
 	"context"
 	"errors"
-	"net/http"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/sandwake/sandwake/lifecycle"
 )
@@ -125,80 +131,184 @@ type Cluster struct {
 	cfg Config
 	src Source
 	cli *clientv3.Client
+	log *zap.Logger
+	// now is the clock of signatures and entries (time.Now; tests set it).
+	now func() time.Time
+	// reqTimeout bounds every etcd request, so that a create fails fast
+	// when etcd is gone.
+	reqTimeout time.Duration
+	// endpoints is cfg.Endpoints joined, for error messages.
+	endpoints string
+
+	cache catalog
+
+	subsMu sync.Mutex
+	subs   []func(Change)
+
+	pub publisher
+
+	// health is the last etcd failure, nil after a success.
+	health     atomic.Pointer[etcdFailure]
+	etcdErrors atomic.Uint64
+	// lease is the node's current lease (0: none held).
+	lease atomic.Int64
+	// lastReserve is the last reservation's time (unix ns).
+	lastReserve atomic.Int64
+
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	startOnce sync.Once
+	closeOnce sync.Once
 }
+
+// requestTimeout bounds each etcd request: long enough for a leader
+// election among healthy members, short enough that a create answers 503
+// promptly when etcd is gone.
+const requestTimeout = 2 * time.Second
 
 // New checks cfg and builds the node's cluster client; it contacts
 // nothing (see Start).
-func New(cfg Config, src Source) (*Cluster, error) { panic("cluster: to be written") }
+func New(cfg Config, src Source) (*Cluster, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("cluster: no etcd endpoints")
+	}
+	for _, ep := range cfg.Endpoints {
+		if strings.TrimSpace(ep) == "" {
+			return nil, errors.New("cluster: empty etcd endpoint")
+		}
+	}
+	if cfg.Node == "" {
+		return nil, errors.New("cluster: node name is empty")
+	}
+	if strings.ContainsAny(cfg.Node, "/; \t\r\n") {
+		return nil, fmt.Errorf("cluster: node name %q may not contain '/', ';' or spaces", cfg.Node)
+	}
+	if len(cfg.Secret) == 0 {
+		return nil, errors.New("cluster: secret is empty (every node needs the same secret to sign forwarded requests)")
+	}
+	if src == nil {
+		return nil, errors.New("cluster: no source of local records")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if !strings.HasSuffix(cfg.Prefix, "/") {
+		cfg.Prefix += "/"
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.LeaseTTL < time.Second {
+		return nil, fmt.Errorf("cluster: lease TTL %s is below etcd's granularity of one second", cfg.LeaseTTL)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	cfg.Endpoints = slices.Clone(cfg.Endpoints)
+	cfg.Secret = slices.Clone(cfg.Secret)
+	c := &Cluster{
+		cfg:        cfg,
+		src:        src,
+		log:        cfg.Logger,
+		now:        time.Now,
+		reqTimeout: requestTimeout,
+		endpoints:  strings.Join(cfg.Endpoints, ","),
+	}
+	c.cache.init()
+	c.pub.init()
+	c.health.Store(&etcdFailure{err: fmt.Errorf("%w at %s: not connected yet", ErrEtcd, c.endpoints)})
+	return c, nil
+}
 
 // Start registers the node on a lease, loads the catalog and the node
 // registry, starts the watches, the publisher (republishing every local
 // record whenever it (re)connects) and the lease keeper. It returns once
 // the first sync ended or failed; with etcd down the node still starts
 // (Health says why) and keeps retrying.
-func (c *Cluster) Start(ctx context.Context) error { panic("cluster: to be written") }
+func (c *Cluster) Start(ctx context.Context) error {
+	err := errors.New("cluster: already started")
+	c.startOnce.Do(func() { err = c.start(ctx) })
+	return err
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            c.cfg.Endpoints,
+		DialTimeout:          c.reqTimeout,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: c.reqTimeout,
+		PermitWithoutStream:  true,
+		// The client's own lines (retries, balancer) are noise next to
+		// ours; keep its errors only.
+		Logger: c.log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
+		DialOptions: []grpc.DialOption{
+			// gRPC's default reconnect backoff grows to two minutes; a
+			// node should be back within seconds of etcd.
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+				MinConnectTimeout: c.reqTimeout,
+			}),
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: etcd client for %s: %w", c.endpoints, err)
+	}
+	c.cli = cli
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	registered, loaded, published := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	c.wg.Add(3)
+	go c.runRegistry(registered)
+	go c.runCatalog(loaded)
+	go c.runPublisher(published)
+	for _, first := range []chan struct{}{registered, loaded, published} {
+		select {
+		case <-first:
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: starting: %w", ctx.Err())
+		}
+	}
+	if err := c.Health(); err != nil {
+		c.log.Warn("cluster started without etcd; retrying in the background", zap.Error(err))
+	}
+	return nil
+}
 
 // Close revokes the lease (the node leaves at once) and stops everything.
-func (c *Cluster) Close() error { panic("cluster: to be written") }
+func (c *Cluster) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.startOnce.Do(func() {}) // a Start after Close does nothing
+		if c.cli == nil {
+			return
+		}
+		c.cancel()
+		c.wg.Wait()
+		if id := clientv3.LeaseID(c.lease.Load()); id != 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if _, rerr := c.cli.Revoke(ctx, id); rerr != nil {
+				c.log.Warn("revoking the node's lease (it expires by itself)", zap.Error(rerr))
+			}
+			cancel()
+		}
+		if cerr := c.cli.Close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
+			err = fmt.Errorf("cluster: closing the etcd client: %w", cerr)
+		}
+	})
+	return err
+}
 
 // Self is this node's name.
 func (c *Cluster) Self() string { return c.cfg.Node }
 
-// Changed marks sandbox id for publishing (the Manager's OnChange hook);
-// it never blocks and never touches the network itself.
-func (c *Cluster) Changed(id string) { panic("cluster: to be written") }
-
-// Lookup returns the catalog entry of id from memory (no etcd call, no
-// allocation): the request path calls it.
-func (c *Cluster) Lookup(id string) (Entry, bool) { panic("cluster: to be written") }
-
-// Entries returns the whole catalog from memory, sorted by id.
-func (c *Cluster) Entries() []Entry { panic("cluster: to be written") }
-
-// Node returns a node's registry entry from memory; Live is false when its
-// lease is gone.
-func (c *Cluster) Node(name string) (NodeInfo, bool) { panic("cluster: to be written") }
-
-// Nodes returns every known node (live, or named by the catalog or a drain
-// mark), sorted by name.
-func (c *Cluster) Nodes() []NodeInfo { panic("cluster: to be written") }
-
-// Reserve claims id for this node in one etcd transaction (the key must
-// not exist): ErrTaken when any node holds it, ErrEtcd when etcd cannot
-// answer.
-func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error {
-	panic("cluster: to be written")
-}
-
-// Release removes this node's entry of id if it is still this node's (a
-// create that failed, a destroy).
-func (c *Cluster) Release(ctx context.Context, id string) error { panic("cluster: to be written") }
-
-// Place picks the node a new sandbox of memoryMB goes to: live, not
-// draining, resident below max_resident, free memory above its minimum
-// plus memoryMB; least loaded first (resident/max_resident, then free
-// memory, then name). ErrNoRoom names why each node was passed over.
-func (c *Cluster) Place(memoryMB int64) (NodeInfo, error) { panic("cluster: to be written") }
-
-// Drain sets or clears node's draining mark.
-func (c *Cluster) Drain(ctx context.Context, node string, on bool) error {
-	panic("cluster: to be written")
-}
-
-// Remove forgets a node that is gone for good: its registry entry and
-// drain mark are deleted and its catalog entries marked killed (reason
-// "node_removed"). A live node cannot be removed.
-func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err error) {
-	panic("cluster: to be written")
-}
-
-// Watch calls fn for every catalog change after it was registered, in
-// etcd's order, from the watch goroutine (fn must not block).
-func (c *Cluster) Watch(fn func(Change)) { panic("cluster: to be written") }
-
 // Health is nil while etcd answers; otherwise an error wrapping ErrEtcd
 // that names the endpoints and the last failure.
-func (c *Cluster) Health() error { panic("cluster: to be written") }
+func (c *Cluster) Health() error {
+	if f := c.health.Load(); f != nil {
+		return f.err
+	}
+	return nil
+}
 
 // Stats are the cluster's figures for metrics.
 type Stats struct {
@@ -211,19 +321,15 @@ type Stats struct {
 }
 
 // Stats returns the current figures.
-func (c *Cluster) Stats() Stats { panic("cluster: to be written") }
-
-// ForwardHeader carries the signature of a node-to-node request.
-const ForwardHeader = "Sandwake-Forwarded"
-
-// Sign marks r as forwarded by this node: ForwardHeader set to
-// "<node>;<unix seconds>;<hex hmac>" over node, time, method, host and
-// request URI with the cluster secret.
-func (c *Cluster) Sign(r *http.Request) { panic("cluster: to be written") }
-
-// Verify checks r's ForwardHeader: ok=false when r carries none;
-// an error wrapping ErrUnsigned when it is present but not valid (wrong
-// signature, unknown shape, older than a minute or from the future).
-func (c *Cluster) Verify(r *http.Request) (node string, ok bool, err error) {
-	panic("cluster: to be written")
+func (c *Cluster) Stats() Stats {
+	pending, oldest := c.pub.pending()
+	s := Stats{
+		LiveNodes:  c.cache.liveNodes(),
+		Pending:    pending,
+		EtcdErrors: c.etcdErrors.Load(),
+	}
+	if pending > 0 {
+		s.OldestPending = c.now().Sub(oldest)
+	}
+	return s
 }

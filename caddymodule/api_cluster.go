@@ -1,0 +1,280 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// forwarded reports whether r came from another node. authed has verified
+// the signature by then: a request with a bad one never gets this far.
+func forwarded(r *http.Request) bool {
+	_, ok := r.Header[cluster.ForwardHeader]
+	return ok
+}
+
+// checkForward refuses, in cluster mode, a request that claims to come from
+// another node without a valid signature, and reports whether it may go on.
+func checkForward(w http.ResponseWriter, r *http.Request, e *engine) bool {
+	if e.cluster == nil || !forwarded(r) {
+		return true
+	}
+	if _, _, err := e.cluster.c.Verify(r); err != nil {
+		writeJSONError(w, http.StatusForbidden, "unsigned_forward", err.Error(), 0)
+		return false
+	}
+	return true
+}
+
+// routed serves an operation on one sandbox where the sandbox lives: a
+// sandbox the catalog puts on another node is handed to that node's API.
+// Requests forwarded by a node are served here, never forwarded again.
+func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func(http.ResponseWriter, *http.Request, *engine) {
+	return func(w http.ResponseWriter, r *http.Request, e *engine) {
+		if e.cluster == nil || forwarded(r) {
+			h(w, r, e)
+			return
+		}
+		id := strings.ToLower(r.PathValue("id"))
+		en, ok := e.cluster.c.Lookup(id)
+		if !ok || en.Node == e.cluster.c.Self() {
+			h(w, r, e)
+			return
+		}
+		e.forwardAPI(w, r, en.Node, fmt.Sprintf("sandbox %s lives on node %s", id, en.Node), nil)
+	}
+}
+
+// forwardAPI hands r to node's management API, signed, with the caller's
+// Authorization; body, when not nil, replaces r's (already read) body. The
+// answer, streams included, is relayed as it comes.
+func (e *engine) forwardAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte) {
+	c := e.cluster.c
+	node, ok := c.Node(nodeName)
+	if !ok || !node.Live || node.AdvertiseAPI == "" {
+		writeJSONError(w, http.StatusServiceUnavailable, "host_unavailable",
+			fmt.Sprintf("%s, which cannot be reached now (its lease is gone); retry later", what), hostRetryAfter)
+		return
+	}
+	metricForwardedAPI.Inc()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", node.AdvertiseAPI, node.AdvertiseAPI
+			if body != nil {
+				pr.Out.Body = io.NopCloser(bytes.NewReader(body))
+				pr.Out.ContentLength = int64(len(body))
+				pr.Out.Header.Set("Content-Type", "application/json")
+			}
+			c.Sign(pr.Out)
+		},
+		Transport:     e.cluster.transport,
+		FlushInterval: -1, // event streams pass through as they come
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			writeJSONError(w, http.StatusServiceUnavailable, "host_unavailable",
+				fmt.Sprintf("%s, whose API at %s did not answer: %v; retry later", what, node.AdvertiseAPI, err), hostRetryAfter)
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// createInCluster serves POST /v1/sandboxes in cluster mode: the id is
+// claimed cluster-wide in etcd before anything is created, and the sandbox
+// placed on the least loaded node with room. A create forwarded by another
+// node was placed there already: it is created here.
+func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engine, body *createBody, spec lifecycle.Spec) {
+	c := e.cluster.c
+	if body.ID == "" {
+		body.ID = lifecycle.NewID(time.Now())
+	}
+	id := strings.ToLower(body.ID)
+	if !lifecycle.ValidID(id) {
+		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("id %q must be 1-%d characters of [0-9a-z]", body.ID, lifecycle.MaxIDLen), 0)
+		return
+	}
+	body.ID = id
+	mem := spec.MemoryMB
+	if mem == 0 {
+		mem = e.defaultMemMB.Load()
+	}
+	if !forwarded(r) {
+		node, err := c.Place(mem)
+		if err != nil {
+			writeEngineError(w, fmt.Errorf("placing sandbox %s: %w", id, err))
+			return
+		}
+		if node.Name != c.Self() {
+			b, err := json.Marshal(body)
+			if err != nil {
+				writeJSONError(w, http.StatusInternalServerError, "failed", "encoding the create for node "+node.Name+": "+err.Error(), 0)
+				return
+			}
+			e.forwardAPI(w, r, node.Name, "sandbox "+id+" was placed on node "+node.Name, b)
+			return
+		}
+	}
+	if err := c.Reserve(r.Context(), id, mem); err != nil {
+		writeEngineError(w, fmt.Errorf("reserving sandbox id %s: %w", id, err))
+		return
+	}
+	rec, err := e.mgr.Create(r.Context(), lifecycle.CreateRequest{ID: id, Spec: spec})
+	if err != nil {
+		// A create that left no record gives its id back; one that left a
+		// failed record publishes it like any change.
+		if _, gerr := e.mgr.Get(id); errors.Is(gerr, lifecycle.ErrNotFound) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if rerr := c.Release(ctx, id); rerr != nil {
+				e.log.Warn("releasing the id of a failed create", zap.String("id", id), zap.Error(rerr))
+			}
+			cancel()
+		} else {
+			c.Changed(id)
+		}
+		writeEngineError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, e.view(&rec))
+}
+
+// listInCluster serves GET /v1/sandboxes in cluster mode: this node's
+// records in full, the other nodes' sandboxes as the catalog shows them.
+func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine, state lifecycle.State) {
+	recs, err := e.mgr.List(state)
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
+	out := make([]recordView, 0, len(recs))
+	local := make(map[string]bool, len(recs))
+	for i := range recs {
+		out = append(out, e.view(&recs[i]))
+		local[recs[i].ID] = true
+	}
+	self := e.cluster.c.Self()
+	for _, en := range e.cluster.c.Entries() {
+		if en.Node == self || local[en.ID] || (state != "" && en.State != state) {
+			continue
+		}
+		out = append(out, e.entryView(&en))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+}
+
+// entryView renders another node's sandbox from its catalog entry: what
+// the catalog knows (the owner's API has the rest).
+func (e *engine) entryView(en *cluster.Entry) recordView {
+	s := e.current.Load()
+	v := recordView{
+		ID: en.ID, State: string(en.State), Reason: en.Reason, EnvKeys: []string{}, Ports: en.Ports,
+		URLs: make(map[string]string, len(en.Ports)), MemoryMB: en.MemoryMB, Labels: en.Labels,
+		Access: en.Access, CreatedAt: en.CreatedAt, StateSince: en.UpdatedAt, Node: en.Node,
+	}
+	for _, p := range en.Ports {
+		v.URLs[strconv.Itoa(p)] = s.previewURLOf(en.ID, p)
+	}
+	return v
+}
+
+// notClustered answers the cluster endpoints of a single host, and reports
+// whether it did.
+func notClustered(w http.ResponseWriter, e *engine) bool {
+	if e.cluster != nil {
+		return false
+	}
+	writeJSONError(w, http.StatusNotFound, "not_clustered",
+		"this gateway is a single host: nodes exist only with a cluster block in the sandwake options", 0)
+	return true
+}
+
+// nodesView is the body of GET /v1/nodes.
+type nodesView struct {
+	Self  string             `json:"self"`
+	Nodes []cluster.NodeInfo `json:"nodes"`
+}
+
+func (api *API) nodes(w http.ResponseWriter, _ *http.Request, e *engine) {
+	if notClustered(w, e) {
+		return
+	}
+	nodes := e.cluster.c.Nodes()
+	if nodes == nil {
+		nodes = []cluster.NodeInfo{}
+	}
+	writeJSON(w, http.StatusOK, nodesView{Self: e.cluster.c.Self(), Nodes: nodes})
+}
+
+// drainNode serves POST /v1/nodes/{name}/drain {"draining": true|false}.
+func (api *API) drainNode(w http.ResponseWriter, r *http.Request, e *engine) {
+	if notClustered(w, e) {
+		return
+	}
+	var body struct {
+		Draining *bool `json:"draining"`
+	}
+	if !decodeBody(w, r, &body) {
+		return
+	}
+	if body.Draining == nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid", `draining is required: {"draining": true} or {"draining": false}`, 0)
+		return
+	}
+	name := r.PathValue("name")
+	if err := e.cluster.c.Drain(r.Context(), name, *body.Draining); err != nil {
+		writeEngineError(w, fmt.Errorf("draining node %s: %w", name, err))
+		return
+	}
+	n, _ := e.cluster.c.Node(name)
+	n.Draining = *body.Draining // the registry may not have seen the mark yet
+	writeJSON(w, http.StatusOK, n)
+}
+
+// removeNode serves DELETE /v1/nodes/{name}: a node gone for good is
+// forgotten and its sandboxes marked killed.
+func (api *API) removeNode(w http.ResponseWriter, r *http.Request, e *engine) {
+	if notClustered(w, e) {
+		return
+	}
+	name := r.PathValue("name")
+	if n, ok := e.cluster.c.Node(name); ok && n.Live {
+		writeJSONError(w, http.StatusConflict, "node_live",
+			fmt.Sprintf("node %s holds its lease: stop it first (a live node cannot be removed)", name), 0)
+		return
+	}
+	killed, err := e.cluster.c.Remove(r.Context(), name)
+	if err != nil {
+		writeEngineError(w, fmt.Errorf("removing node %s: %w", name, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"node": name, "removed": true, "killed": killed})
+}
+
+// clusterCheck is readyz's cluster check: "ok", or why etcd cannot be used.
+func clusterCheck(e *engine) (string, bool) {
+	if err := e.cluster.c.Health(); err != nil {
+		return err.Error(), false
+	}
+	return "ok", true
+}
+
+// writeRemoteSSE writes another node's event on an event stream, without an
+// id (ids are per node).
+func writeRemoteSSE(w io.Writer, ev remoteEvent) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "data: %s\n\n", b)
+	return err
+}

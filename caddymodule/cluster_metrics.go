@@ -1,0 +1,51 @@
+package caddymodule
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Cluster metrics; the gauges are read from the cluster at scrape time and
+// absent on a single host.
+var (
+	metricForwarded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "cluster_forwarded_requests_total",
+		Help: "Requests this node forwarded to the node owning the sandbox, by kind (preview, api).",
+	}, []string{"kind"})
+	metricClusterNodes = prometheus.NewDesc("caddy_sandwake_cluster_nodes",
+		"Live nodes of the cluster (holding their lease), as this node sees them.", nil, nil)
+	metricClusterLag = prometheus.NewDesc("caddy_sandwake_cluster_catalog_lag_seconds",
+		"How long the oldest local change has waited to be published to the catalog.", nil, nil)
+	metricClusterPending = prometheus.NewDesc("caddy_sandwake_cluster_pending",
+		"Local changes waiting to be published to the catalog.", nil, nil)
+	metricClusterEtcdErrors = prometheus.NewDesc("caddy_sandwake_cluster_etcd_errors_total",
+		"etcd calls of this node that failed.", nil, nil)
+
+	metricForwardedPreview = metricForwarded.WithLabelValues("preview")
+	metricForwardedAPI     = metricForwarded.WithLabelValues("api")
+)
+
+// clusterCollector reports the cluster's figures at scrape time.
+type clusterCollector struct{}
+
+func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- metricClusterNodes
+	ch <- metricClusterLag
+	ch <- metricClusterPending
+	ch <- metricClusterEtcdErrors
+}
+
+func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	e := metricsEngine.Load()
+	if e == nil || e.cluster == nil {
+		return
+	}
+	st := e.cluster.c.Stats()
+	ch <- prometheus.MustNewConstMetric(metricClusterNodes, prometheus.GaugeValue, float64(st.LiveNodes))
+	ch <- prometheus.MustNewConstMetric(metricClusterLag, prometheus.GaugeValue, st.OldestPending.Seconds())
+	ch <- prometheus.MustNewConstMetric(metricClusterPending, prometheus.GaugeValue, float64(st.Pending))
+	ch <- prometheus.MustNewConstMetric(metricClusterEtcdErrors, prometheus.CounterValue, float64(st.EtcdErrors))
+}
+
+func init() {
+	collectors = append(collectors, metricForwarded, clusterCollector{})
+}

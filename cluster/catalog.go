@@ -1,0 +1,307 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// The key spaces under the prefix.
+const (
+	nodesDir     = "nodes/"
+	drainDir     = "drain/"
+	sandboxesDir = "sandboxes/"
+)
+
+// catalog is the node's in-memory copy of everything under the prefix:
+// sandbox entries, registered (live) nodes and drain marks. One watch
+// keeps it current; readers take the read lock only (Lookup is a map read
+// under an uncontended RWMutex: no allocation, no etcd call).
+type catalog struct {
+	mu      sync.RWMutex
+	entries map[string]Entry
+	// live are the nodes whose lease-bound key exists.
+	live map[string]NodeInfo
+	// seen keeps the last registration of every node ever live here, so a
+	// lost node still shows its addresses.
+	seen  map[string]NodeInfo
+	drain map[string]bool
+	// counts is how many entries name each node.
+	counts map[string]int
+}
+
+func (cat *catalog) init() {
+	cat.entries = map[string]Entry{}
+	cat.live = map[string]NodeInfo{}
+	cat.seen = map[string]NodeInfo{}
+	cat.drain = map[string]bool{}
+	cat.counts = map[string]int{}
+}
+
+// nodeRecord is what a node writes under nodes/<node>: NodeInfo without
+// what others derive (liveness, drain mark, sandbox count).
+type nodeRecord struct {
+	Name         string    `json:"name"`
+	Advertise    string    `json:"advertise"`
+	AdvertiseAPI string    `json:"advertise_api"`
+	Capacity     Capacity  `json:"capacity"`
+	UpdatedAt    time.Time `json:"updated_at"`
+}
+
+func (c *Cluster) sandboxKey(id string) string { return c.cfg.Prefix + sandboxesDir + id }
+func (c *Cluster) nodeKey(node string) string  { return c.cfg.Prefix + nodesDir + node }
+func (c *Cluster) drainKey(node string) string { return c.cfg.Prefix + drainDir + node }
+func (c *Cluster) sandboxesPrefix() string     { return c.cfg.Prefix + sandboxesDir }
+
+// decodeEntry reads a catalog value; a value that is not an entry yields
+// an entry owned by nobody (so its owner may overwrite it) and an error.
+func decodeEntry(id string, kv *mvccpb.KeyValue) (Entry, error) {
+	var e Entry
+	if err := json.Unmarshal(kv.Value, &e); err != nil {
+		return Entry{ID: id, Revision: kv.ModRevision}, fmt.Errorf("catalog entry %s: %w", id, err)
+	}
+	e.ID = id
+	e.Revision = kv.ModRevision
+	return e, nil
+}
+
+// Lookup returns the catalog entry of id from memory (no etcd call, no
+// allocation): the request path calls it. The entry's Ports and Labels are
+// shared with the cache: callers must not modify them.
+func (c *Cluster) Lookup(id string) (Entry, bool) {
+	c.cache.mu.RLock()
+	e, ok := c.cache.entries[id]
+	c.cache.mu.RUnlock()
+	return e, ok
+}
+
+// Entries returns the whole catalog from memory, sorted by id.
+func (c *Cluster) Entries() []Entry {
+	c.cache.mu.RLock()
+	out := slices.Collect(maps.Values(c.cache.entries))
+	c.cache.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Watch calls fn for every catalog change after it was registered, in
+// etcd's order, from the watch goroutine (fn must not block). Several
+// functions are called in the order they were registered.
+func (c *Cluster) Watch(fn func(Change)) {
+	c.subsMu.Lock()
+	c.subs = append(c.subs, fn)
+	c.subsMu.Unlock()
+}
+
+func (c *Cluster) notify(changes []Change) {
+	if len(changes) == 0 {
+		return
+	}
+	c.subsMu.Lock()
+	subs := c.subs
+	c.subsMu.Unlock()
+	for _, ch := range changes {
+		for _, fn := range subs {
+			fn(ch)
+		}
+	}
+}
+
+// runCatalog loads everything under the prefix, then follows it with a
+// watch from the next revision; when the watch breaks (compaction, lost
+// leader, etcd errors) it loads again. first is closed after the first
+// load, whether it worked or not.
+func (c *Cluster) runCatalog(first chan struct{}) {
+	defer c.wg.Done()
+	retry := newRetryDelay(200*time.Millisecond, 3*time.Second)
+	for c.ctx.Err() == nil {
+		rev, err := c.loadCatalog()
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		if err != nil {
+			c.log.Debug("loading the catalog", zap.Error(err))
+			if !sleep(c.ctx, retry.next()) {
+				return
+			}
+			continue
+		}
+		retry.reset()
+		err = c.followCatalog(rev + 1)
+		if c.ctx.Err() != nil {
+			return
+		}
+		c.log.Info("catalog watch ended; loading the catalog again", zap.Error(err))
+		if !sleep(c.ctx, retry.next()) {
+			return
+		}
+	}
+}
+
+// loadCatalog replaces the cache with etcd's current content and tells
+// the watchers what changed since the cache was last current.
+func (c *Cluster) loadCatalog() (int64, error) {
+	var resp *clientv3.GetResponse
+	err := c.call(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
+		resp, err = c.cli.Get(ctx, c.cfg.Prefix, clientv3.WithPrefix())
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	var fresh catalog
+	fresh.init()
+	for _, kv := range resp.Kvs {
+		c.applyTo(&fresh, mvccpb.PUT, kv, nil)
+	}
+	cat := &c.cache
+	cat.mu.Lock()
+	var changes []Change
+	for id, old := range cat.entries {
+		if _, ok := fresh.entries[id]; !ok {
+			changes = append(changes, Change{Entry: old, Deleted: true})
+		}
+	}
+	for id, e := range fresh.entries {
+		if old, ok := cat.entries[id]; !ok || old.Revision != e.Revision {
+			changes = append(changes, Change{Entry: e})
+		}
+	}
+	fresh.seen = cat.seen
+	for name, info := range fresh.live {
+		fresh.seen[name] = info
+	}
+	cat.entries, cat.live, cat.seen, cat.drain, cat.counts = fresh.entries, fresh.live, fresh.seen, fresh.drain, fresh.counts
+	cat.mu.Unlock()
+	slices.SortFunc(changes, func(a, b Change) int { return int(a.Entry.Revision - b.Entry.Revision) })
+	c.notify(changes)
+	return resp.Header.Revision, nil
+}
+
+// followCatalog applies the watch's events from revision from on until
+// the watch ends, and returns why it ended.
+func (c *Cluster) followCatalog(from int64) error {
+	// WithRequireLeader: a member cut off from its leader cancels the
+	// watch instead of going silent, so the catalog is loaded again from
+	// a member that has one.
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(c.ctx))
+	defer cancel()
+	wch := c.cli.Watch(ctx, c.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV())
+	for wr := range wch {
+		if wr.CompactRevision != 0 {
+			return fmt.Errorf("revision %d compacted (now %d)", from, wr.CompactRevision)
+		}
+		if err := wr.Err(); err != nil {
+			return c.observe(c.ctx, "watching the catalog", err)
+		}
+		if wr.Canceled {
+			return errors.New("watch canceled by etcd")
+		}
+		if len(wr.Events) == 0 {
+			continue
+		}
+		var changes []Change
+		c.cache.mu.Lock()
+		for _, ev := range wr.Events {
+			if ch, ok := c.applyTo(&c.cache, ev.Type, ev.Kv, ev.PrevKv); ok {
+				changes = append(changes, ch)
+			}
+		}
+		c.cache.mu.Unlock()
+		c.notify(changes)
+	}
+	return c.ctx.Err()
+}
+
+// applyTo applies one put or delete to cat (locked by the caller) and
+// returns the catalog change it makes, if it is a sandbox key.
+func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mvccpb.KeyValue) (Change, bool) {
+	rest, ok := strings.CutPrefix(string(kv.Key), c.cfg.Prefix)
+	if !ok {
+		return Change{}, false
+	}
+	put := typ == mvccpb.PUT
+	switch {
+	case strings.HasPrefix(rest, sandboxesDir):
+		id := rest[len(sandboxesDir):]
+		old, had := cat.entries[id]
+		if had {
+			cat.uncount(old.Node)
+		}
+		if !put {
+			delete(cat.entries, id)
+			if !had && prev != nil {
+				old, _ = decodeEntry(id, prev)
+			}
+			old.ID = id
+			old.Revision = kv.ModRevision
+			return Change{Entry: old, Deleted: true}, true
+		}
+		e, err := decodeEntry(id, kv)
+		if err != nil {
+			c.log.Warn("ignoring a malformed catalog entry", zap.Error(err))
+		}
+		cat.entries[id] = e
+		cat.counts[e.Node]++
+		return Change{Entry: e}, true
+	case strings.HasPrefix(rest, nodesDir):
+		name := rest[len(nodesDir):]
+		if !put {
+			delete(cat.live, name)
+			return Change{}, false
+		}
+		var rec nodeRecord
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			c.log.Warn("ignoring a malformed node registration", zap.String("node", name), zap.Error(err))
+			rec = nodeRecord{}
+		}
+		info := NodeInfo{
+			Name: name, Advertise: rec.Advertise, AdvertiseAPI: rec.AdvertiseAPI,
+			Capacity: rec.Capacity, UpdatedAt: rec.UpdatedAt,
+		}
+		cat.live[name] = info
+		cat.seen[name] = info
+	case strings.HasPrefix(rest, drainDir):
+		name := rest[len(drainDir):]
+		if put {
+			cat.drain[name] = true
+		} else {
+			delete(cat.drain, name)
+		}
+	}
+	return Change{}, false
+}
+
+func (cat *catalog) uncount(node string) {
+	if cat.counts[node] <= 1 {
+		delete(cat.counts, node)
+	} else {
+		cat.counts[node]--
+	}
+}
+
+func (cat *catalog) liveNodes() int {
+	cat.mu.RLock()
+	defer cat.mu.RUnlock()
+	return len(cat.live)
+}
+
+// cached returns the cached entry of id, if any.
+func (c *Cluster) cached(id string) (*Entry, bool) {
+	e, ok := c.Lookup(id)
+	if !ok {
+		return nil, false
+	}
+	return &e, true
+}

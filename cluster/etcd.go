@@ -1,0 +1,111 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+)
+
+// etcdFailure is the last failed etcd operation, as Health reports it.
+type etcdFailure struct{ err error }
+
+// call runs one etcd request under the request timeout and records its
+// outcome for Health. Every request of the package is safe to repeat
+// (compare-and-set on revisions, puts of the same value, gets), so one
+// that failed for want of etcd while a member is still connected is sent
+// once more: a leader's death loses the proposals in flight until the
+// others elect a new one, and the second try goes to the new leader. With
+// no member connected it fails at once (a create answers 503 promptly).
+func (c *Cluster) call(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+	if c.cli == nil {
+		return fmt.Errorf("%s: %w at %s: cluster not started", what, ErrEtcd, c.endpoints)
+	}
+	err := c.try(ctx, what, fn)
+	if errors.Is(err, ErrEtcd) && ctx.Err() == nil && c.cli.ActiveConnection().GetState() == connectivity.Ready {
+		err = c.try(ctx, what, fn)
+	}
+	return err
+}
+
+func (c *Cluster) try(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+	rctx, cancel := context.WithTimeout(ctx, c.reqTimeout)
+	defer cancel()
+	return c.observe(ctx, what, fn(rctx))
+}
+
+// observe records the outcome of an etcd request and wraps a failure:
+// ErrEtcd when etcd did not answer (unreachable, no leader, timeout), the
+// plain error when it answered with a refusal, the caller's own error when
+// the caller gave up.
+func (c *Cluster) observe(ctx context.Context, what string, err error) error {
+	if err == nil {
+		c.health.Store(nil)
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+	if answered(err) {
+		c.health.Store(nil)
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	werr := fmt.Errorf("%s: %w at %s: %w", what, ErrEtcd, c.endpoints, err)
+	c.health.Store(&etcdFailure{err: werr})
+	c.etcdErrors.Add(1)
+	// Whatever failed, the catalog may now miss changes: republish
+	// everything once etcd answers again.
+	c.pub.needResync()
+	return werr
+}
+
+// answered reports whether err is etcd's own refusal (lease not found,
+// compacted, …) rather than a failure to reach it.
+func answered(err error) bool {
+	var ee rpctypes.EtcdError
+	if !errors.As(rpctypes.Error(err), &ee) {
+		return false
+	}
+	switch ee.Code() {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown:
+		return false
+	}
+	return true
+}
+
+// retryDelay is a capped exponential backoff with jitter.
+type retryDelay struct {
+	min, max, cur time.Duration
+}
+
+func newRetryDelay(lo, hi time.Duration) *retryDelay { return &retryDelay{min: lo, max: hi} }
+
+// next returns the delay before the next attempt and grows it.
+func (b *retryDelay) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return b.cur - time.Duration(rand.Int64N(int64(b.cur)/5+1))
+}
+
+// reset starts over after a success.
+func (b *retryDelay) reset() { b.cur = 0 }
+
+// sleep waits d or until ctx ends; it reports whether ctx is still alive.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

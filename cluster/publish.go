@@ -1,0 +1,366 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// publisher is the queue of local changes waiting to reach the catalog.
+// It holds ids only: the node's Badger records are the durable queue, so
+// a change lost with the process is found again by the full republish at
+// the next start.
+type publisher struct {
+	mu sync.Mutex
+	// dirty maps each id marked by Changed to when it was first marked;
+	// inflight is the batch being published.
+	dirty, inflight map[string]time.Time
+	// reserved counts the ids this node reserved whose record may not
+	// exist yet: neither a republish nor a record-gone publish deletes
+	// their entries.
+	reserved map[string]int
+	// resync asks for a full republish (set at start and after any etcd
+	// failure).
+	resync bool
+	wake   chan struct{}
+}
+
+func (p *publisher) init() {
+	p.dirty = map[string]time.Time{}
+	p.inflight = map[string]time.Time{}
+	p.reserved = map[string]int{}
+	p.resync = true
+	p.wake = make(chan struct{}, 1)
+}
+
+func (p *publisher) poke() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *publisher) needResync() {
+	p.mu.Lock()
+	p.resync = true
+	p.mu.Unlock()
+	p.poke()
+}
+
+// pending is how many ids wait and since when the oldest waits.
+func (p *publisher) pending() (int, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var oldest time.Time
+	for _, m := range []map[string]time.Time{p.dirty, p.inflight} {
+		for _, t := range m {
+			if oldest.IsZero() || t.Before(oldest) {
+				oldest = t
+			}
+		}
+	}
+	return len(p.dirty) + len(p.inflight), oldest
+}
+
+func (p *publisher) isReserved(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reserved[id] > 0
+}
+
+func (p *publisher) reserve(id string) {
+	p.mu.Lock()
+	p.reserved[id]++
+	p.mu.Unlock()
+}
+
+func (p *publisher) unreserve(id string, all bool) {
+	p.mu.Lock()
+	if all || p.reserved[id] <= 1 {
+		delete(p.reserved, id)
+	} else {
+		p.reserved[id]--
+	}
+	p.mu.Unlock()
+}
+
+// Changed marks sandbox id for publishing (the Manager's OnChange hook);
+// it never blocks and never touches the network itself.
+func (c *Cluster) Changed(id string) {
+	p := &c.pub
+	p.mu.Lock()
+	if _, ok := p.dirty[id]; !ok {
+		p.dirty[id] = c.now()
+	}
+	p.mu.Unlock()
+	p.poke()
+}
+
+// runPublisher publishes marked ids one after the other, and everything
+// when a resync is due; on an etcd failure it keeps what is left and
+// retries with backoff. first is closed after the first round.
+func (c *Cluster) runPublisher(first chan struct{}) {
+	defer c.wg.Done()
+	retry := newRetryDelay(200*time.Millisecond, 3*time.Second)
+	for {
+		err := c.publishRound()
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		if err != nil {
+			c.log.Debug("publishing to the catalog", zap.Error(err))
+			if !sleep(c.ctx, retry.next()) {
+				return
+			}
+			continue
+		}
+		retry.reset()
+		select {
+		case <-c.pub.wake:
+		case <-c.ctx.Done():
+			return
+		}
+	}
+}
+
+// publishRound runs a due republish, then publishes the marked ids.
+func (c *Cluster) publishRound() error {
+	p := &c.pub
+	p.mu.Lock()
+	resync := p.resync
+	p.resync = false
+	p.mu.Unlock()
+	if resync {
+		if err := c.republish(); err != nil {
+			p.mu.Lock()
+			p.resync = true
+			p.mu.Unlock()
+			return err
+		}
+	}
+	p.mu.Lock()
+	p.inflight, p.dirty = p.dirty, p.inflight
+	ids := make([]string, 0, len(p.inflight))
+	for id := range p.inflight {
+		ids = append(ids, id)
+	}
+	p.mu.Unlock()
+	var err error
+	for i, id := range ids {
+		if err = c.publish(id); err != nil {
+			ids = ids[i:]
+			break
+		}
+	}
+	p.mu.Lock()
+	if err != nil {
+		// Keep the unpublished ids with their first-marked time.
+		for _, id := range ids {
+			if t, ok := p.dirty[id]; !ok || p.inflight[id].Before(t) {
+				p.dirty[id] = p.inflight[id]
+			}
+		}
+	}
+	clear(p.inflight)
+	p.mu.Unlock()
+	return err
+}
+
+// entryOf is the catalog entry of a local record.
+func (c *Cluster) entryOf(r lifecycle.Record) Entry {
+	return Entry{
+		ID:              r.ID,
+		Node:            c.cfg.Node,
+		State:           r.State,
+		Reason:          r.Reason,
+		Ports:           r.Spec.Ports,
+		Access:          r.Spec.Access,
+		Incarnation:     r.Incarnation,
+		TokenGeneration: r.TokenGeneration,
+		MemoryMB:        r.Spec.MemoryMB,
+		Labels:          r.Spec.Labels,
+		CreatedAt:       r.CreatedAt,
+		// The entry changes with the record's state, not with the time it
+		// is published, so an unchanged record republishes as a no-op.
+		UpdatedAt: r.StateSince,
+	}
+}
+
+// publish brings id's catalog entry in line with the local record.
+func (c *Cluster) publish(id string) error {
+	rec, err := c.src.Get(id)
+	switch {
+	case errors.Is(err, lifecycle.ErrNotFound):
+		_, err := c.unpublish(id, c.cachedOrNil(id))
+		return err
+	case err != nil:
+		// A record that cannot be read cannot be published; the next
+		// republish tries again. Holding the queue for it would stop
+		// every other change.
+		c.log.Error("reading a record to publish", zap.String("id", id), zap.Error(err))
+		return nil
+	}
+	c.pub.unreserve(id, true)
+	_, err = c.put(c.entryOf(rec), c.cachedOrNil(id))
+	return err
+}
+
+func (c *Cluster) cachedOrNil(id string) *Entry {
+	e, _ := c.cached(id)
+	return e
+}
+
+// put writes want unless another node owns the id (logged, never
+// overwritten) or the entry is already so; guess is the entry believed
+// current.
+func (c *Cluster) put(want Entry, guess *Entry) (bool, error) {
+	wantJSON, err := json.Marshal(want)
+	if err != nil {
+		return false, fmt.Errorf("encoding entry %s: %w", want.ID, err)
+	}
+	return c.updateEntry(c.ctx, "publishing sandbox "+want.ID, want.ID, guess, func(cur *Entry) (*Entry, bool) {
+		if cur != nil && cur.Node != "" && cur.Node != c.cfg.Node {
+			c.log.Warn("not publishing a sandbox whose id another node holds in the catalog",
+				zap.String("id", want.ID), zap.String("owner", cur.Node))
+			return nil, false
+		}
+		if cur != nil {
+			if curJSON, err := json.Marshal(cur); err == nil && bytes.Equal(curJSON, wantJSON) {
+				return nil, false
+			}
+		}
+		return &want, false
+	})
+}
+
+// unpublish deletes id's entry if it is this node's and not a reservation.
+func (c *Cluster) unpublish(id string, guess *Entry) (bool, error) {
+	if c.pub.isReserved(id) {
+		return false, nil
+	}
+	return c.updateEntry(c.ctx, "unpublishing sandbox "+id, id, guess, func(cur *Entry) (*Entry, bool) {
+		return nil, cur != nil && cur.Node == c.cfg.Node
+	})
+}
+
+// republish compares every local record with etcd's entries of this node:
+// missing and different entries are put, this node's entries without a
+// record deleted.
+func (c *Cluster) republish() error {
+	recs, err := c.src.List("")
+	if err != nil {
+		// Nothing to compare with; etcd is not at fault.
+		c.log.Error("listing local records to republish", zap.Error(err))
+		return nil
+	}
+	var resp *clientv3.GetResponse
+	err = c.call(c.ctx, "reading the catalog to republish", func(ctx context.Context) (err error) {
+		resp, err = c.cli.Get(ctx, c.sandboxesPrefix(), clientv3.WithPrefix())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	inEtcd := make(map[string]*Entry, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
+		e, _ := decodeEntry(id, kv)
+		inEtcd[id] = &e
+	}
+	local := make(map[string]bool, len(recs))
+	written, deleted := 0, 0
+	for _, r := range recs {
+		local[r.ID] = true
+		changed, err := c.put(c.entryOf(r), inEtcd[r.ID])
+		if err != nil {
+			return err
+		}
+		if changed {
+			written++
+		}
+	}
+	var stale []string
+	for id, e := range inEtcd {
+		if e.Node == c.cfg.Node && !local[id] {
+			stale = append(stale, id)
+		}
+	}
+	slices.Sort(stale)
+	for _, id := range stale {
+		changed, err := c.unpublish(id, inEtcd[id])
+		if err != nil {
+			return err
+		}
+		if changed {
+			deleted++
+		}
+	}
+	c.log.Info("catalog republished", zap.Int("records", len(recs)), zap.Int("written", written), zap.Int("stale_deleted", deleted))
+	return nil
+}
+
+// maxCASAttempts bounds the compare-and-set loop of one entry.
+const maxCASAttempts = 8
+
+// updateEntry changes id's entry by compare-and-set: decide sees the
+// current entry (nil: none) and returns the entry to put, or del to delete
+// it, or neither to leave it. guess is the entry believed current (nil:
+// none); when etcd has another revision, decide runs again on etcd's. It
+// reports whether it wrote.
+func (c *Cluster) updateEntry(ctx context.Context, what, id string, guess *Entry, decide func(cur *Entry) (next *Entry, del bool)) (bool, error) {
+	key := c.sandboxKey(id)
+	cur := guess
+	for range maxCASAttempts {
+		rev := int64(0)
+		if cur != nil {
+			rev = cur.Revision
+		}
+		next, del := decide(cur)
+		var then []clientv3.Op
+		switch {
+		case next != nil:
+			data, err := json.Marshal(next)
+			if err != nil {
+				return false, fmt.Errorf("%s: encoding: %w", what, err)
+			}
+			then = append(then, clientv3.OpPut(key, string(data)))
+		case del:
+			then = append(then, clientv3.OpDelete(key))
+		}
+		var resp *clientv3.TxnResponse
+		err := c.call(ctx, what, func(ctx context.Context) (err error) {
+			resp, err = c.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+				Then(then...).
+				Else(clientv3.OpGet(key)).
+				Commit()
+			return err
+		})
+		if err != nil {
+			return false, err
+		}
+		if resp.Succeeded {
+			return len(then) > 0, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			cur = nil
+			continue
+		}
+		e, _ := decodeEntry(id, kvs[0])
+		cur = &e
+	}
+	return false, fmt.Errorf("%s: the entry kept changing under %d attempts", what, maxCASAttempts)
+}

@@ -1,0 +1,270 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// runRegistry keeps the node registered: a lease of LeaseTTL, kept alive,
+// and nodes/<node> on it, re-put every TTL/3 with fresh capacity figures.
+// When the lease is lost (keepalive channel closed, lease not found) it
+// grants a new one and registers again. first is closed after the first
+// attempt.
+func (c *Cluster) runRegistry(first chan struct{}) {
+	defer c.wg.Done()
+	retry := newRetryDelay(200*time.Millisecond, 3*time.Second)
+	for c.ctx.Err() == nil {
+		id, err := c.register()
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		if err != nil {
+			c.log.Debug("registering the node", zap.Error(err))
+			if !sleep(c.ctx, retry.next()) {
+				return
+			}
+			continue
+		}
+		retry.reset()
+		c.keepRegistered(id)
+	}
+}
+
+// register grants a lease and puts the node's key on it.
+func (c *Cluster) register() (clientv3.LeaseID, error) {
+	ttl := int64((c.cfg.LeaseTTL + time.Second - 1) / time.Second)
+	var lease *clientv3.LeaseGrantResponse
+	err := c.call(c.ctx, "granting the node's lease", func(ctx context.Context) (err error) {
+		lease, err = c.cli.Grant(ctx, ttl)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := c.putNode(lease.ID); err != nil {
+		return 0, err
+	}
+	c.lease.Store(int64(lease.ID))
+	c.log.Info("node registered", zap.String("node", c.cfg.Node), zap.Int64("lease_ttl_s", lease.TTL))
+	return lease.ID, nil
+}
+
+// putNode writes the node's registration with its current capacity on
+// lease id.
+func (c *Cluster) putNode(id clientv3.LeaseID) error {
+	data, err := json.Marshal(nodeRecord{
+		Name:         c.cfg.Node,
+		Advertise:    c.cfg.Advertise,
+		AdvertiseAPI: c.cfg.AdvertiseAPI,
+		Capacity:     c.src.Capacity(),
+		UpdatedAt:    c.now().UTC(),
+	})
+	if err != nil {
+		return fmt.Errorf("encoding the node's registration: %w", err)
+	}
+	return c.call(c.ctx, "registering node "+c.cfg.Node, func(ctx context.Context) error {
+		_, err := c.cli.Put(ctx, c.nodeKey(c.cfg.Node), string(data), clientv3.WithLease(id))
+		return err
+	})
+}
+
+// keepRegistered keeps lease id alive until it is lost or the cluster
+// closes, refreshing the registration every TTL/3.
+func (c *Cluster) keepRegistered(id clientv3.LeaseID) {
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	ka, err := c.cli.KeepAlive(ctx, id)
+	if err != nil {
+		c.log.Warn("keeping the node's lease alive", zap.Error(err))
+		return
+	}
+	tick := time.NewTicker(c.cfg.LeaseTTL / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ka:
+			if !ok {
+				if c.ctx.Err() == nil {
+					c.log.Warn("node lease lost; registering again", zap.Int64("lease", int64(id)))
+				}
+				c.lease.CompareAndSwap(int64(id), 0)
+				return
+			}
+			c.health.Store(nil)
+		case <-tick.C:
+			err := c.putNode(id)
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				c.log.Warn("node lease expired; registering again", zap.Int64("lease", int64(id)))
+				c.lease.CompareAndSwap(int64(id), 0)
+				return
+			}
+		}
+	}
+}
+
+// Node returns a node's registry entry from memory; Live is false when its
+// lease is gone.
+func (c *Cluster) Node(name string) (NodeInfo, bool) {
+	c.cache.mu.RLock()
+	defer c.cache.mu.RUnlock()
+	return c.cache.node(name)
+}
+
+// node builds name's NodeInfo (read lock held).
+func (cat *catalog) node(name string) (NodeInfo, bool) {
+	info, live := cat.live[name]
+	if !live {
+		info = cat.seen[name]
+	}
+	info.Name = name
+	info.Live = live
+	info.Draining = cat.drain[name]
+	info.Sandboxes = cat.counts[name]
+	return info, live || info.Draining || info.Sandboxes > 0
+}
+
+// Nodes returns every known node (live, or named by the catalog or a drain
+// mark), sorted by name.
+func (c *Cluster) Nodes() []NodeInfo {
+	c.cache.mu.RLock()
+	defer c.cache.mu.RUnlock()
+	names := map[string]bool{}
+	for n := range c.cache.live {
+		names[n] = true
+	}
+	for n := range c.cache.drain {
+		names[n] = true
+	}
+	for n := range c.cache.counts {
+		if n != "" {
+			names[n] = true
+		}
+	}
+	out := make([]NodeInfo, 0, len(names))
+	for n := range names {
+		info, _ := c.cache.node(n)
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(a, b NodeInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// drainMark is the value of drain/<node>.
+type drainMark struct {
+	Since time.Time `json:"since"`
+	By    string    `json:"by"`
+}
+
+// Drain sets or clears node's draining mark.
+func (c *Cluster) Drain(ctx context.Context, node string, on bool) error {
+	if _, known := c.Node(node); !known && on {
+		return fmt.Errorf("draining node %s: %w", node, ErrUnknownNode)
+	}
+	if !on {
+		return c.call(ctx, "clearing the drain mark of node "+node, func(ctx context.Context) error {
+			_, err := c.cli.Delete(ctx, c.drainKey(node))
+			return err
+		})
+	}
+	data, err := json.Marshal(drainMark{Since: c.now().UTC(), By: c.cfg.Node})
+	if err != nil {
+		return fmt.Errorf("encoding the drain mark: %w", err)
+	}
+	return c.call(ctx, "draining node "+node, func(ctx context.Context) error {
+		_, err := c.cli.Put(ctx, c.drainKey(node), string(data))
+		return err
+	})
+}
+
+// ReasonNodeRemoved is the reason of the entries Remove marks killed.
+const ReasonNodeRemoved = "node_removed"
+
+// Remove forgets a node that is gone for good: its registry entry and
+// drain mark are deleted and its catalog entries marked killed (reason
+// "node_removed"). A live node cannot be removed.
+func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err error) {
+	// Ask etcd, not the cache: removing a node that is alive would
+	// declare its running sandboxes lost.
+	var reg, drain *clientv3.GetResponse
+	var entries *clientv3.GetResponse
+	err = c.call(ctx, "looking up node "+node, func(ctx context.Context) error {
+		resp, err := c.cli.Txn(ctx).Then(
+			clientv3.OpGet(c.nodeKey(node)),
+			clientv3.OpGet(c.drainKey(node)),
+			clientv3.OpGet(c.sandboxesPrefix(), clientv3.WithPrefix()),
+		).Commit()
+		if err != nil {
+			return err
+		}
+		reg = (*clientv3.GetResponse)(resp.Responses[0].GetResponseRange())
+		drain = (*clientv3.GetResponse)(resp.Responses[1].GetResponseRange())
+		entries = (*clientv3.GetResponse)(resp.Responses[2].GetResponseRange())
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("removing node %s: %w", node, err)
+	}
+	if len(reg.Kvs) > 0 {
+		return 0, fmt.Errorf("removing node %s: the node is live (its lease is held); stop it first, or wait up to %s for its lease to expire", node, c.cfg.LeaseTTL)
+	}
+	var mine []Entry
+	for _, kv := range entries.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
+		e, derr := decodeEntry(id, kv)
+		if derr == nil && e.Node == node {
+			mine = append(mine, e)
+		}
+	}
+	if len(mine) == 0 && len(drain.Kvs) == 0 {
+		if _, known := c.Node(node); !known {
+			return 0, fmt.Errorf("removing node %s: %w", node, ErrUnknownNode)
+		}
+	}
+	now := c.now().UTC()
+	for _, e := range mine {
+		guess := e
+		changed, err := c.updateEntry(ctx, "marking sandbox "+e.ID+" of removed node "+node+" killed", e.ID, &guess,
+			func(cur *Entry) (*Entry, bool) {
+				if cur == nil || cur.Node != node || (cur.State == lifecycle.Killed && cur.Reason == ReasonNodeRemoved) {
+					return nil, false
+				}
+				next := *cur
+				next.State = lifecycle.Killed
+				next.Reason = ReasonNodeRemoved
+				next.UpdatedAt = now
+				return &next, false
+			})
+		if err != nil {
+			return killed, fmt.Errorf("removing node %s: %w", node, err)
+		}
+		if changed {
+			killed++
+		}
+	}
+	err = c.call(ctx, "removing node "+node, func(ctx context.Context) error {
+		_, err := c.cli.Delete(ctx, c.drainKey(node))
+		return err
+	})
+	if err != nil {
+		return killed, fmt.Errorf("removing node %s: %w", node, err)
+	}
+	c.cache.mu.Lock()
+	delete(c.cache.seen, node)
+	c.cache.mu.Unlock()
+	c.log.Info("node removed", zap.String("node", node), zap.Int("sandboxes_killed", killed))
+	return killed, nil
+}

@@ -1,0 +1,110 @@
+package cluster
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func signer(t *testing.T, node, secret string, now time.Time) *Cluster {
+	t.Helper()
+	c, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: node, Secret: []byte(secret)}, newMemSource())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.now = func() time.Time { return now }
+	return c
+}
+
+// TestSignVerify signs an outgoing request and verifies it as the server
+// receives it (request line in RequestURI).
+func TestSignVerify(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	verifier := signer(t, "node-b", "shared", now)
+	outgoing := func() *http.Request {
+		r, err := http.NewRequest(http.MethodPost, "http://s-abc.preview.test/path/x?q=1&r=%20", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// received turns a signed outgoing request into the server's view.
+	received := func(out *http.Request) *http.Request {
+		r := httptest.NewRequest(out.Method, out.URL.RequestURI(), nil)
+		r.Host = out.Host
+		r.Header = out.Header.Clone()
+		return r
+	}
+	signed := func(c *Cluster) *http.Request {
+		out := outgoing()
+		c.Sign(out)
+		return received(out)
+	}
+	good := signer(t, "node-a", "shared", now)
+
+	tests := []struct {
+		name    string
+		req     func() *http.Request
+		wantOK  bool
+		wantErr string
+	}{
+		{name: "good", req: func() *http.Request { return signed(good) }, wantOK: true},
+		{name: "signed 59s ago", req: func() *http.Request { return signed(signer(t, "node-a", "shared", now.Add(-59*time.Second))) }, wantOK: true},
+		{name: "missing", req: func() *http.Request { return received(outgoing()) }},
+		{name: "tampered path", req: func() *http.Request {
+			r := signed(good)
+			r.RequestURI = "/other?q=1&r=%20"
+			return r
+		}, wantErr: "wrong signature"},
+		{name: "tampered host", req: func() *http.Request {
+			r := signed(good)
+			r.Host = "s-other.preview.test"
+			return r
+		}, wantErr: "wrong signature"},
+		{name: "tampered method", req: func() *http.Request {
+			r := signed(good)
+			r.Method = http.MethodDelete
+			return r
+		}, wantErr: "wrong signature"},
+		{name: "tampered node", req: func() *http.Request {
+			r := signed(good)
+			r.Header.Set(ForwardHeader, "node-x"+strings.TrimPrefix(r.Header.Get(ForwardHeader), "node-a"))
+			return r
+		}, wantErr: "wrong signature"},
+		{name: "stale", req: func() *http.Request { return signed(signer(t, "node-a", "shared", now.Add(-2*time.Minute))) }, wantErr: "more than 1m0s"},
+		{name: "future", req: func() *http.Request { return signed(signer(t, "node-a", "shared", now.Add(2*time.Minute))) }, wantErr: "more than 1m0s"},
+		{name: "wrong secret", req: func() *http.Request { return signed(signer(t, "node-a", "other", now)) }, wantErr: "wrong signature"},
+		{name: "malformed", req: func() *http.Request {
+			r := received(outgoing())
+			r.Header.Set(ForwardHeader, "node-a")
+			return r
+		}, wantErr: "is not <node>"},
+		{name: "bad hex", req: func() *http.Request {
+			r := received(outgoing())
+			r.Header.Set(ForwardHeader, "node-a;1800000000;zz")
+			return r
+		}, wantErr: "not hex"},
+		{name: "two headers", req: func() *http.Request {
+			r := signed(good)
+			r.Header.Add(ForwardHeader, r.Header.Get(ForwardHeader))
+			return r
+		}, wantErr: "2 Sandwake-Forwarded headers"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			node, ok, err := verifier.Verify(tt.req())
+			if tt.wantErr != "" {
+				if !errors.Is(err, ErrUnsigned) || !strings.Contains(err.Error(), tt.wantErr) || ok {
+					t.Fatalf("Verify = %q, %v, %v; want ErrUnsigned saying %q", node, ok, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || ok != tt.wantOK || (ok && node != "node-a") {
+				t.Fatalf("Verify = %q, %v, %v; want ok=%v from node-a", node, ok, err, tt.wantOK)
+			}
+		})
+	}
+}

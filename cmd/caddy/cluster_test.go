@@ -1,0 +1,724 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/moby/moby/client"
+
+	"github.com/sandwake/sandwake/internal/etcdtest"
+	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+// clusterTTL is the nodes' lease TTL in the cluster tests.
+const clusterTTL = 2 * time.Second
+
+// clusterSecret signs the test nodes' requests to each other.
+const clusterSecret = "cluster-test-secret-0123456789"
+
+// testCluster is a real 3-member etcd and three built Caddy processes as
+// three nodes on this machine's Docker engine.
+type testCluster struct {
+	// t is the running (sub)test; root the test that owns the cluster,
+	// which the sandboxes' cleanups are registered on.
+	t, root *testing.T
+	etcd    *etcdtest.Cluster
+	nodes   []*gateway
+	names   []string
+	cli     *client.Client
+	image   string
+	bin     string
+}
+
+// clusterSandbox is a sandbox as the cluster API lists it.
+type clusterSandbox struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	Node  string `json:"node"`
+}
+
+func startTestCluster(t *testing.T) *testCluster {
+	cli := testenv.Docker(t)
+	image := testenv.TestAppImage(t)
+	bin := buildCaddy(t)
+	tc := &testCluster{t: t, root: t, etcd: etcdtest.Start(t, 3), cli: cli, image: image, bin: bin}
+	prefix := "/sandwake-" + testenv.RunID() + "/"
+	for i := range 3 {
+		g := newGateway(t, bin, "")
+		name := fmt.Sprintf("n%d-%s", i+1, testenv.RunID())
+		g.configure(fmt.Sprintf(`cluster {
+			etcd %s
+			node %s
+			advertise 127.0.0.1:%d
+			advertise_api 127.0.0.1:%d
+			secret %s
+			prefix %s
+			lease_ttl %s
+		}`, strings.Join(tc.etcd.Endpoints(), " "), name, g.previewPort, g.apiPort, clusterSecret, prefix, clusterTTL))
+		tc.nodes = append(tc.nodes, g)
+		tc.names = append(tc.names, name)
+	}
+	for _, g := range tc.nodes {
+		g.start()
+	}
+	// Every node sees the three live.
+	for i, g := range tc.nodes {
+		testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+			live := tc.liveNodes(g)
+			return len(live) == 3, fmt.Sprintf("node %d sees live nodes %v", i+1, live)
+		})
+	}
+	return tc
+}
+
+// liveNodes are the nodes g's API lists as live.
+func (tc *testCluster) liveNodes(g *gateway) []string {
+	var out struct {
+		Nodes []struct {
+			Name     string `json:"name"`
+			Live     bool   `json:"live"`
+			Draining bool   `json:"draining"`
+		} `json:"nodes"`
+	}
+	code, _ := g.api("GET", "/v1/nodes", nil, &out)
+	var live []string
+	if code == 200 {
+		for _, n := range out.Nodes {
+			if n.Live {
+				live = append(live, n.Name)
+			}
+		}
+	}
+	return live
+}
+
+// sandboxes lists the cluster's sandboxes through g's API, by id.
+func (tc *testCluster) sandboxes(g *gateway) map[string]clusterSandbox {
+	tc.t.Helper()
+	var out struct{ Sandboxes []clusterSandbox }
+	if code, body := g.api("GET", "/v1/sandboxes", nil, &out); code != 200 {
+		tc.t.Fatalf("list: %d %s", code, body)
+	}
+	m := map[string]clusterSandbox{}
+	for _, s := range out.Sandboxes {
+		m[s.ID] = s
+	}
+	return m
+}
+
+// removeSandbox removes what Docker holds of sandbox id at the end.
+func (tc *testCluster) removeSandbox(id string) {
+	tc.root.Cleanup(func() {
+		tc.cli.ContainerRemove(context.Background(), docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
+		tc.cli.VolumeRemove(context.Background(), docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
+	})
+}
+
+// createVia creates sandbox id through node i's API and answers the node it
+// was placed on.
+func (tc *testCluster) createVia(i int, id string) string {
+	tc.t.Helper()
+	tc.removeSandbox(id)
+	var out clusterSandbox
+	code, body := tc.nodes[i].api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32}, &out)
+	if code != 201 {
+		tc.t.Fatalf("create %s via node %d: %d %s", id, i+1, code, body)
+	}
+	if !slices.Contains(tc.names, out.Node) {
+		tc.t.Fatalf("create %s: node %q is not one of %v", id, out.Node, tc.names)
+	}
+	return out.Node
+}
+
+// createOn creates sandbox id on node i: the others are drained meanwhile,
+// so that placement has one choice.
+func (tc *testCluster) createOn(i int, id string) {
+	tc.t.Helper()
+	g := tc.nodes[i]
+	drain := func(on bool) {
+		for j, name := range tc.names {
+			if j == i {
+				continue
+			}
+			if code, body := g.api("POST", "/v1/nodes/"+name+"/drain", map[string]bool{"draining": on}, nil); code != 200 {
+				tc.t.Fatalf("drain %s %v: %d %s", name, on, code, body)
+			}
+		}
+		testenv.Eventually(tc.t, 10*time.Second, func() (bool, string) {
+			var out struct {
+				Nodes []struct {
+					Name     string `json:"name"`
+					Draining bool   `json:"draining"`
+				} `json:"nodes"`
+			}
+			g.api("GET", "/v1/nodes", nil, &out)
+			n := 0
+			for _, nd := range out.Nodes {
+				if nd.Name != tc.names[i] && nd.Draining == on && slices.Contains(tc.names, nd.Name) {
+					n++
+				}
+			}
+			return n == len(tc.names)-1, fmt.Sprintf("%d nodes with draining=%v: %+v", n, on, out.Nodes)
+		})
+	}
+	drain(true)
+	defer drain(false)
+	if got := tc.createVia(i, id); got != tc.names[i] {
+		tc.t.Fatalf("sandbox %s placed on %s with every other node draining, want %s", id, got, tc.names[i])
+	}
+}
+
+// waitEverywhere waits until every gateway's catalog shows sandbox id in
+// state on its node.
+func (tc *testCluster) waitEverywhere(id, state, node string) {
+	tc.t.Helper()
+	for i, g := range tc.nodes {
+		testenv.Eventually(tc.t, 20*time.Second, func() (bool, string) {
+			s := tc.sandboxes(g)[id]
+			return s.State == state && s.Node == node, fmt.Sprintf("node %d lists %s as %+v, want %s on %s", i+1, id, s, state, node)
+		})
+	}
+}
+
+// previewPost sends a POST with body to sandbox id through g.
+func previewPost(g *gateway, id, path, body string) (int, string, error) {
+	req, _ := http.NewRequest("POST", fmt.Sprintf("http://s-%s-8080.preview.localhost:%d%s", id, g.previewPort, path), strings.NewReader(body))
+	resp, err := g.previewClient().Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), nil
+}
+
+// previewCode sends one GET to sandbox id through g and answers the status
+// and the error code of a JSON error (0 and the error when it failed).
+func previewCode(c *http.Client, g *gateway, id string, header http.Header) (int, string, error) {
+	req, _ := http.NewRequest("GET", fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/healthz", id, g.previewPort), nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	json.Unmarshal(b, &e)
+	return resp.StatusCode, e.Error.Code, nil
+}
+
+// TestCluster runs three nodes on one etcd and checks that any gateway
+// serves any sandbox, that ids are unique cluster-wide, that wakes collapse
+// on the owner, and what node and etcd losses do.
+func TestCluster(t *testing.T) {
+	tc := startTestCluster(t)
+
+	// home is a sandbox per node, made by createOn in "placement".
+	home := make([]string, 3)
+
+	t.Run("placement and routing", func(t *testing.T) {
+		tc.t = t
+		id := testenv.UniqueID("r")
+		owner := tc.createVia(0, id)
+		tc.waitEverywhere(id, "running", owner)
+		for i, g := range tc.nodes {
+			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+				code, body := g.previewDo("GET", id, "/healthz", nil)
+				return code == 200 && body == "ok\n", fmt.Sprintf("GET via node %d: %d %q", i+1, code, body)
+			})
+			if code, body, err := previewPost(g, id, "/echo", "hello from node "+fmt.Sprint(i+1)); err != nil || code != 200 || body != "POST\nhello from node "+fmt.Sprint(i+1) {
+				t.Fatalf("POST via node %d: %d %q %v", i+1, code, body, err)
+			}
+			// The signature never reaches the app.
+			if code, body := g.previewDo("GET", id, "/headers", nil); code != 200 || strings.Contains(strings.ToLower(body), "sandwake-forwarded") {
+				t.Fatalf("headers via node %d: %d %q", i+1, code, body)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			c, _, err := websocket.Dial(ctx, fmt.Sprintf("ws://s-%s-8080.preview.localhost:%d/ws", id, g.previewPort), &websocket.DialOptions{HTTPClient: g.previewClient()})
+			if err != nil {
+				cancel()
+				t.Fatalf("websocket via node %d: %v", i+1, err)
+			}
+			for _, msg := range []string{"one", "two"} {
+				if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+					t.Fatalf("websocket write via node %d: %v", i+1, err)
+				}
+				if _, got, err := c.Read(ctx); err != nil || string(got) != msg {
+					t.Fatalf("websocket echo via node %d: %q %v", i+1, got, err)
+				}
+			}
+			c.Close(websocket.StatusNormalClosure, "done")
+			cancel()
+			// The API on every node answers for it (forwarded to the owner).
+			var got clusterSandbox
+			if code, body := g.api("GET", "/v1/sandboxes/"+id, nil, &got); code != 200 || got.Node != owner || got.State != "running" {
+				t.Fatalf("GET sandbox via node %d: %d %s", i+1, code, body)
+			}
+		}
+		// The CLI lists the nodes and drains one.
+		out := tc.run(t, 1, "nodes")
+		for _, name := range tc.names {
+			if !strings.Contains(out, name) {
+				t.Fatalf("caddy sandwake nodes does not list %s:\n%s", name, out)
+			}
+		}
+		if strings.Count(out, "live") != 3 {
+			t.Fatalf("caddy sandwake nodes, want 3 live:\n%s", out)
+		}
+		tc.run(t, 1, "node", "drain", tc.names[2])
+		if out := tc.run(t, 0, "nodes"); !strings.Contains(out, "live,draining") {
+			t.Fatalf("after node drain:\n%s", out)
+		}
+		tc.run(t, 0, "node", "drain", "--undo", tc.names[2])
+		if out := tc.run(t, 2, "nodes"); strings.Contains(out, "draining") {
+			t.Fatalf("after node drain --undo:\n%s", out)
+		}
+		if out, err := tc.cliErr(0, "node", "remove", tc.names[1]); err == nil || !strings.Contains(out, "node_live") && !strings.Contains(out, "holds its lease") {
+			t.Fatalf("node remove of a live node: %v\n%s", err, out)
+		}
+		// One sandbox on each node, for the loss tests.
+		for i := range tc.nodes {
+			home[i] = testenv.UniqueID(fmt.Sprintf("h%d", i+1))
+			tc.createOn(i, home[i])
+		}
+		for i, id := range home {
+			tc.waitEverywhere(id, "running", tc.names[i])
+		}
+	})
+
+	t.Run("unique ids", func(t *testing.T) {
+		tc.t = t
+		id := testenv.UniqueID("u")
+		tc.removeSandbox(id)
+		var created, taken, other atomic.Int32
+		var others sync.Map
+		var wg sync.WaitGroup
+		for i := range 100 {
+			wg.Go(func() {
+				code, body := tc.nodes[i%3].api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32}, nil)
+				switch code {
+				case 201:
+					created.Add(1)
+				case 409:
+					if !strings.Contains(body, `"id_taken"`) {
+						others.Store(body, code)
+						other.Add(1)
+					}
+					taken.Add(1)
+				default:
+					others.Store(body, code)
+					other.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if created.Load() != 1 || taken.Load() != 99 || other.Load() != 0 {
+			var bad []string
+			others.Range(func(k, v any) bool { bad = append(bad, fmt.Sprintf("%v %v", v, k)); return true })
+			t.Fatalf("100 creates of one id: %d created, %d taken, %d other: %v", created.Load(), taken.Load(), other.Load(), bad)
+		}
+	})
+
+	t.Run("wake storm collapses on the owner", func(t *testing.T) {
+		tc.t = t
+		id := home[1]
+		// Node 1's event stream carries node 2's transitions too.
+		events := tc.followEvents(t, 0)
+		if code, body := tc.nodes[0].api("POST", "/v1/sandboxes/"+id+"/stop", nil, nil); code != 200 {
+			t.Fatalf("stop via node 1: %d %s", code, body)
+		}
+		tc.waitEverywhere(id, "stopped", tc.names[1])
+		events.await(t, func(ev map[string]any) bool {
+			return ev["sandbox_id"] == id && ev["type"] == "sandbox.stopped" && ev["node"] == tc.names[1]
+		})
+		since := time.Now().Add(-time.Second)
+		clients := make([]*http.Client, 3)
+		for i, g := range tc.nodes {
+			clients[i] = g.previewClient()
+		}
+		var ok atomic.Int32
+		var fails sync.Map
+		var wg sync.WaitGroup
+		for i := range 1000 {
+			wg.Go(func() {
+				code, ecode, err := previewCode(clients[i%3], tc.nodes[i%3], id, nil)
+				if code == 200 {
+					ok.Add(1)
+					return
+				}
+				fails.Store(fmt.Sprintf("node %d: %d %s %v", i%3+1, code, ecode, err), true)
+			})
+		}
+		wg.Wait()
+		if ok.Load() != 1000 {
+			var bad []string
+			fails.Range(func(k, _ any) bool { bad = append(bad, k.(string)); return true })
+			t.Fatalf("%d of 1000 requests got 200; failures: %v", ok.Load(), bad)
+		}
+		if n := dockerStarts(t, tc.cli, id, since); n != 1 {
+			t.Fatalf("%d Docker starts for 1000 requests over 3 gateways, want 1", n)
+		}
+	})
+
+	t.Run("unsigned forward refused", func(t *testing.T) {
+		tc.t = t
+		forged := http.Header{"Sandwake-Forwarded": {tc.names[0] + ";" + fmt.Sprint(time.Now().Unix()) + ";00ff"}}
+		for i, g := range tc.nodes {
+			code, ecode, err := previewCode(g.previewClient(), g, home[0], forged)
+			if err != nil || code != 403 || ecode != "unsigned_forward" {
+				t.Fatalf("forged preview request via node %d: %d %s %v", i+1, code, ecode, err)
+			}
+		}
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/v1/sandboxes/%s", tc.nodes[1].apiPort, home[0]), nil)
+		req.Header.Set("Authorization", "Bearer "+crashToken)
+		req.Header.Set("Sandwake-Forwarded", "x;1;zz")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || !strings.Contains(string(b), "unsigned_forward") {
+			t.Fatalf("forged API request: %d %s", resp.StatusCode, b)
+		}
+	})
+
+	t.Run("node loss", func(t *testing.T) {
+		tc.t = t
+		victim := 2
+		lost, kept := home[victim], []string{home[0], home[1]}
+		for _, id := range kept {
+			tc.waitEverywhere(id, "running", tc.names[slices.Index(home, id)])
+		}
+		stop, failures := tc.hammer(t, []int{0, 1}, kept)
+		killedAt := time.Now()
+		tc.nodes[victim].kill()
+		for _, i := range []int{0, 1} {
+			g := tc.nodes[i]
+			c := g.previewClient()
+			deadline := killedAt.Add(clusterTTL + 2*time.Second)
+			for {
+				code, ecode, err := previewCode(c, g, lost, nil)
+				if code == 503 && ecode == "host_unavailable" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("sandbox of the lost node via node %d: %d %q %v, want 503 host_unavailable within %s of the kill", i+1, code, ecode, err, clusterTTL+2*time.Second)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		// Once the lease is gone the node is listed lost, and a browser
+		// gets a page.
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			live := tc.liveNodes(tc.nodes[0])
+			return len(live) == 2 && !slices.Contains(live, tc.names[victim]), fmt.Sprintf("live %v", live)
+		})
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/", lost, tc.nodes[0].previewPort), nil)
+		req.Header.Set("Accept", "text/html")
+		resp, err := tc.nodes[0].previewClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "Host unavailable") {
+			t.Fatalf("browser on the lost node's sandbox: %d Retry-After %q %.200s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+		}
+		// API calls for it say so too.
+		if code, body := tc.nodes[0].api("GET", "/v1/sandboxes/"+lost, nil, nil); code != 503 || !strings.Contains(body, "host_unavailable") {
+			t.Fatalf("API on the lost node's sandbox: %d %s", code, body)
+		}
+		tc.nodes[victim].start()
+		for i, g := range tc.nodes {
+			testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+				code, ecode, err := previewCode(g.previewClient(), g, lost, nil)
+				return code == 200, fmt.Sprintf("via node %d after the restart: %d %s %v", i+1, code, ecode, err)
+			})
+		}
+		if n := stop(); n == 0 {
+			t.Fatal("the hammer sent nothing")
+		}
+		if f := failures(); len(f) > 0 {
+			t.Fatalf("requests to other nodes' sandboxes failed during the node loss: %v", f)
+		}
+	})
+
+	t.Run("etcd member loss", func(t *testing.T) {
+		tc.t = t
+		stop, failures := tc.hammer(t, []int{0, 1, 2}, home)
+		// The leader: the hardest member to lose (an election follows).
+		lost := tc.etcd.Leader()
+		tc.etcd.Kill(lost)
+		// Reads and creates go on with two members of three.
+		for i := range tc.nodes {
+			id := testenv.UniqueID(fmt.Sprintf("m%d", i+1))
+			tc.removeSandbox(id)
+			code, body := tc.nodes[i].api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32}, nil)
+			if code != 201 {
+				t.Fatalf("create via node %d with one etcd member down: %d %s", i+1, code, body)
+			}
+		}
+		if n := stop(); n == 0 {
+			t.Fatal("the hammer sent nothing")
+		}
+		if f := failures(); len(f) > 0 {
+			t.Fatalf("requests failed while one etcd member was down: %v", f)
+		}
+		tc.etcd.Restart(lost)
+		tc.etcd.WaitHealthy()
+	})
+
+	t.Run("etcd loss", func(t *testing.T) {
+		tc.t = t
+		for i := range 3 {
+			tc.etcd.Stop(i)
+		}
+		// Running sandboxes are still served by every gateway.
+		for i, g := range tc.nodes {
+			for _, id := range home {
+				code, ecode, err := previewCode(g.previewClient(), g, id, nil)
+				if code != 200 {
+					t.Fatalf("sandbox %s via node %d with etcd down: %d %s %v", id, i+1, code, ecode, err)
+				}
+			}
+		}
+		// Creates answer 503 naming etcd; readyz says so.
+		for i, g := range tc.nodes {
+			id := testenv.UniqueID("x")
+			tc.removeSandbox(id)
+			testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+				code, body := g.api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32}, nil)
+				return code == 503 && strings.Contains(body, "etcd"), fmt.Sprintf("create via node %d with etcd down: %d %s", i+1, code, body)
+			})
+			testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+				var out struct {
+					Checks map[string]string `json:"checks"`
+				}
+				code, body := g.api("GET", "/v1/readyz", nil, &out)
+				return code == 503 && strings.Contains(out.Checks["cluster"], "etcd"), fmt.Sprintf("readyz via node %d: %d %s", i+1, code, body)
+			})
+		}
+		// A change made meanwhile is published once etcd is back.
+		if code, body := tc.nodes[0].api("POST", "/v1/sandboxes/"+home[0]+"/stop", nil, nil); code != 200 {
+			t.Fatalf("stop on its own node with etcd down: %d %s", code, body)
+		}
+		for i := range 3 {
+			tc.etcd.Restart(i)
+		}
+		tc.etcd.WaitHealthy()
+		for i, g := range tc.nodes {
+			testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+				code, body := g.api("GET", "/v1/readyz", nil, nil)
+				return code == 200, fmt.Sprintf("readyz via node %d after etcd came back: %d %s", i+1, code, body)
+			})
+		}
+		// The catalog matches every node's records, as every node sees it.
+		testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+			views := make([]map[string]clusterSandbox, 3)
+			for i, g := range tc.nodes {
+				views[i] = tc.sandboxes(g)
+			}
+			for i := range tc.nodes {
+				for id, s := range views[i] {
+					if s.Node != tc.names[i] {
+						continue // node i's own records only
+					}
+					for j := range tc.nodes {
+						if o := views[j][id]; o != s {
+							return false, fmt.Sprintf("node %d's record %+v is %+v on node %d", i+1, s, o, j+1)
+						}
+					}
+				}
+				for j := range tc.nodes {
+					for id, s := range views[j] {
+						if s.Node == tc.names[i] && views[i][id] != s {
+							return false, fmt.Sprintf("node %d lists %+v on node %d, which has %+v", j+1, s, i+1, views[i][id])
+						}
+					}
+				}
+			}
+			return views[1][home[0]].State == "stopped", fmt.Sprintf("the stop made without etcd is not published: %+v", views[1][home[0]])
+		})
+	})
+}
+
+// run runs `caddy sandwake <args>` against node i's API and answers its
+// output; it fails the test when the command fails.
+func (tc *testCluster) run(t *testing.T, i int, args ...string) string {
+	t.Helper()
+	out, err := tc.cliErr(i, args...)
+	if err != nil {
+		t.Fatalf("caddy sandwake %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+func (tc *testCluster) cliErr(i int, args ...string) (string, error) {
+	cmd := exec.Command(tc.bin, append([]string{"sandwake", "--api", fmt.Sprintf("http://127.0.0.1:%d", tc.nodes[i].apiPort), "--token", crashToken}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// eventStream is an open /v1/events stream.
+type eventStream struct {
+	events chan map[string]any
+}
+
+// followEvents opens node i's /v1/events; it is closed when the test ends.
+func (tc *testCluster) followEvents(t *testing.T, i int) *eventStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://127.0.0.1:%d/v1/events", tc.nodes[i].apiPort), nil)
+	req.Header.Set("Authorization", "Bearer "+crashToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		cancel()
+		t.Fatalf("events of node %d: %v %v", i+1, err, resp)
+	}
+	es := &eventStream{events: make(chan map[string]any, 1024)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(es.events)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			var ev map[string]any
+			if json.Unmarshal([]byte(data), &ev) == nil {
+				select {
+				case es.events <- ev:
+				default:
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); resp.Body.Close(); <-done })
+	return es
+}
+
+// await waits for an event matching match.
+func (es *eventStream) await(t *testing.T, match func(map[string]any) bool) {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	var seen []map[string]any
+	for {
+		select {
+		case ev, ok := <-es.events:
+			if !ok {
+				t.Fatalf("event stream ended; seen %v", seen)
+			}
+			if match(ev) {
+				return
+			}
+			seen = append(seen, ev)
+		case <-timeout:
+			t.Fatalf("no matching event within 20s; seen %v", seen)
+		}
+	}
+}
+
+// hammer sends GETs (previews and API reads) to sandboxes ids through gateways gws until stop is
+// called; stop answers how many were sent, failures what failed.
+func (tc *testCluster) hammer(t *testing.T, gws []int, ids []string) (stop func() int, failures func() []string) {
+	var sent atomic.Int32
+	var mu sync.Mutex
+	var failed []string
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, i := range gws {
+		g := tc.nodes[i]
+		c := g.previewClient()
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				id := ids[n%len(ids)]
+				what, code, ecode, err := "preview", 0, "", error(nil)
+				if n%4 == 3 {
+					// An API read, forwarded to the owner for others' sandboxes.
+					what = "API"
+					var body string
+					code, body = g.api("GET", "/v1/sandboxes/"+id, nil, nil)
+					if code != 200 {
+						ecode = body
+					}
+				} else {
+					code, ecode, err = previewCode(c, g, id, nil)
+				}
+				sent.Add(1)
+				if code != 200 {
+					mu.Lock()
+					failed = append(failed, fmt.Sprintf("%s %s via node %d: %d %s %v", what, id, i+1, code, ecode, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	var once sync.Once
+	stop = func() int {
+		once.Do(func() { close(done); wg.Wait() })
+		return int(sent.Load())
+	}
+	t.Cleanup(func() { stop() })
+	failures = func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(failed)
+	}
+	return stop, failures
+}
+
+// dockerStarts counts Docker's start events of sandbox id's container since.
+func dockerStarts(t *testing.T, cli *client.Client, id string, since time.Time) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now := time.Now()
+	res := cli.Events(ctx, client.EventsListOptions{
+		Since:   fmt.Sprintf("%d.%09d", since.Unix(), since.Nanosecond()),
+		Until:   fmt.Sprintf("%d.%09d", now.Unix(), now.Nanosecond()),
+		Filters: client.Filters{}.Add("container", docker.ContainerName(id)).Add("event", "start").Add("type", "container"),
+	})
+	n := 0
+	for {
+		select {
+		case _, ok := <-res.Messages:
+			if !ok {
+				return n
+			}
+			n++
+		case err := <-res.Err:
+			if err != nil && err != io.EOF && !strings.Contains(err.Error(), "EOF") {
+				t.Fatalf("reading docker events: %v", err)
+			}
+			return n
+		}
+	}
+}

@@ -1,0 +1,412 @@
+// Package etcdtest runs a real etcd cluster for tests: n etcd processes
+// (Debian's etcd-server, /usr/bin/etcd) on loopback ports with their data
+// in the test's temp dirs, killed and removed when the test ends. Without
+// the binary the test is skipped, or fails under SANDWAKE_REQUIRE_DOCKER=1.
+package etcdtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Binary is the etcd server the clusters run.
+const Binary = "/usr/bin/etcd"
+
+// startTimeout bounds how long a cluster may take to elect a leader.
+const startTimeout = 20 * time.Second
+
+// Cluster is a running etcd cluster of a test.
+type Cluster struct {
+	t       testing.TB
+	token   string
+	initial string // --initial-cluster
+	members []*member
+}
+
+// member is one etcd process; its ports and data dir survive restarts.
+type member struct {
+	name      string
+	dir       string
+	clientURL string
+	peerURL   string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd exits
+	out  *tailBuffer
+}
+
+// Start launches an n-member cluster and waits until every member reports
+// healthy. Everything is stopped and removed when t ends.
+func Start(t testing.TB, n int) *Cluster {
+	t.Helper()
+	if _, err := os.Stat(Binary); err != nil {
+		if os.Getenv("SANDWAKE_REQUIRE_DOCKER") == "1" {
+			t.Fatalf("etcd required (SANDWAKE_REQUIRE_DOCKER=1) but %s is missing: %v (make tools installs etcd-server)", Binary, err)
+		}
+		t.Skipf("etcd not installed (%v); set SANDWAKE_REQUIRE_DOCKER=1 to fail instead", err)
+	}
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ {
+		c, err := launch(t, n)
+		if err == nil {
+			return c
+		}
+		lastErr = err
+		if !errors.Is(err, errAddrInUse) {
+			break
+		}
+	}
+	t.Fatalf("starting a %d-member etcd cluster: %v", n, lastErr)
+	return nil
+}
+
+var errAddrInUse = errors.New("address already in use")
+
+// launch starts n fresh members on new ports and waits for health; on
+// failure it stops what it started.
+func launch(t testing.TB, n int) (*Cluster, error) {
+	c := &Cluster{t: t, token: "sw-etcd-" + randomHex(6)}
+	var initial []string
+	for i := range n {
+		cport, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		pport, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		m := &member{
+			name:      fmt.Sprintf("m%d", i),
+			dir:       t.TempDir(),
+			clientURL: fmt.Sprintf("http://127.0.0.1:%d", cport),
+			peerURL:   fmt.Sprintf("http://127.0.0.1:%d", pport),
+		}
+		c.members = append(c.members, m)
+		initial = append(initial, m.name+"="+m.peerURL)
+	}
+	cluster := strings.Join(initial, ",")
+	c.initial = cluster
+	cleaned := false
+	cleanup := func() {
+		if cleaned {
+			return
+		}
+		cleaned = true
+		for _, m := range c.members {
+			m.kill()
+		}
+		if t.Failed() {
+			for _, m := range c.members {
+				t.Logf("etcd member %s output (tail):\n%s", m.name, m.out.String())
+			}
+		}
+	}
+	// Registered after the temp dirs, so it runs before they are removed.
+	t.Cleanup(cleanup)
+	for _, m := range c.members {
+		if err := m.start(c.token, cluster); err != nil {
+			cleanup()
+			return nil, err
+		}
+	}
+	if err := c.waitHealthy(startTimeout); err != nil {
+		inUse := false
+		for _, m := range c.members {
+			if strings.Contains(m.out.String(), "address already in use") {
+				inUse = true
+			}
+		}
+		cleanup()
+		if inUse {
+			return nil, fmt.Errorf("%w: %v", errAddrInUse, err)
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// Endpoints are the members' client URLs.
+func (c *Cluster) Endpoints() []string {
+	out := make([]string, len(c.members))
+	for i, m := range c.members {
+		out[i] = m.clientURL
+	}
+	return out
+}
+
+// Kill stops member i with SIGKILL and waits until it is gone.
+func (c *Cluster) Kill(i int) {
+	c.t.Helper()
+	c.members[i].kill()
+}
+
+// Stop stops member i with SIGTERM (SIGKILL after 10 s) and waits.
+func (c *Cluster) Stop(i int) {
+	c.t.Helper()
+	m := c.members[i]
+	m.mu.Lock()
+	cmd, done := m.cmd, m.done
+	m.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		m.kill()
+	}
+	m.mu.Lock()
+	m.cmd = nil
+	m.mu.Unlock()
+}
+
+// Restart starts member i again with its data dir and ports. It does not
+// wait for health: a member alone cannot serve until a quorum is back
+// (see WaitHealthy).
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	m := c.members[i]
+	m.mu.Lock()
+	running := m.cmd != nil
+	m.mu.Unlock()
+	if running {
+		c.t.Fatalf("etcd member %s is still running", m.name)
+	}
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		// The same ports are needed; one just freed may take a moment.
+		if err = m.start(c.token, c.initial); err == nil {
+			if err = m.waitListening(5 * time.Second); err == nil {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("restarting etcd member %s: %v", m.name, err)
+}
+
+// Leader returns the index of the member that leads the cluster now.
+func (c *Cluster) Leader() int {
+	c.t.Helper()
+	for i, m := range c.members {
+		m.mu.Lock()
+		running := m.cmd != nil
+		m.mu.Unlock()
+		if !running {
+			continue
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		st, err := cli.Status(ctx, m.clientURL)
+		cancel()
+		_ = cli.Close()
+		if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+			return i
+		}
+	}
+	c.t.Fatal("no etcd member is the leader")
+	return -1
+}
+
+// WaitHealthy waits until every running member reports healthy (it has a
+// leader and answers).
+func (c *Cluster) WaitHealthy() {
+	c.t.Helper()
+	if err := c.waitHealthy(startTimeout); err != nil {
+		c.t.Fatalf("etcd cluster: %v", err)
+	}
+}
+
+func (c *Cluster) waitHealthy(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	hc := &http.Client{Timeout: time.Second}
+	for _, m := range c.members {
+		m.mu.Lock()
+		running, done := m.cmd != nil, m.done
+		m.mu.Unlock()
+		if !running {
+			continue
+		}
+		for {
+			select {
+			case <-done:
+				return fmt.Errorf("etcd member %s exited: %s", m.name, lastLine(m.out.String()))
+			default:
+			}
+			if healthy(hc, m.clientURL) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("etcd member %s not healthy within %s: %s", m.name, timeout, lastLine(m.out.String()))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func healthy(hc *http.Client, url string) bool {
+	resp, err := hc.Get(url + "/health")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"health":"true"`))
+}
+
+// waitListening waits until the member's peer and client ports accept
+// connections (it serves clients only once a quorum is up).
+func (m *member) waitListening(timeout time.Duration) error {
+	m.mu.Lock()
+	done := m.done
+	m.mu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for _, u := range []string{m.peerURL, m.clientURL} {
+		addr := strings.TrimPrefix(u, "http://")
+		for {
+			select {
+			case <-done:
+				m.mu.Lock()
+				m.cmd = nil
+				m.mu.Unlock()
+				return fmt.Errorf("etcd member %s exited: %s", m.name, lastLine(m.out.String()))
+			default:
+			}
+			conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("etcd member %s not listening on %s within %s", m.name, addr, timeout)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// start launches the member's process with the initial cluster (ignored
+// by etcd on a restart, when the data dir knows its cluster).
+func (m *member) start(token, cluster string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.out == nil {
+		m.out = &tailBuffer{max: 16 << 10}
+	}
+	args := []string{
+		"--name", m.name,
+		"--data-dir", m.dir,
+		"--listen-client-urls", m.clientURL,
+		"--advertise-client-urls", m.clientURL,
+		"--listen-peer-urls", m.peerURL,
+		"--initial-advertise-peer-urls", m.peerURL,
+		"--initial-cluster-token", token,
+		"--initial-cluster-state", "new",
+		// Quick elections on loopback keep member-loss tests short.
+		"--heartbeat-interval", "50",
+		"--election-timeout", "500",
+		"--logger", "zap",
+		"--log-level", "warn",
+	}
+	args = append(args, "--initial-cluster", cluster)
+	cmd := exec.Command(Binary, args...)
+	cmd.Stdout = m.out
+	cmd.Stderr = m.out
+	// The process dies with the test binary even if cleanup never runs.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting etcd member %s: %w", m.name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	m.cmd, m.done = cmd, done
+	return nil
+}
+
+// kill SIGKILLs the member and waits for its exit.
+func (m *member) kill() {
+	m.mu.Lock()
+	cmd, done := m.cmd, m.done
+	m.cmd = nil
+	m.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-done
+}
+
+// freePort returns a loopback port free at the time of the call.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+	max int
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > b.max {
+		b.buf = append(b.buf[:0], b.buf[len(b.buf)-b.max:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
