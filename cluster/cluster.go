@@ -152,6 +152,8 @@ type Cluster struct {
 	etcdErrors atomic.Uint64
 	// lease is the node's current lease (0: none held).
 	lease atomic.Int64
+	// lastReserve is the last reservation's time (unix ns).
+	lastReserve atomic.Int64
 
 	ctx       context.Context
 	cancel    context.CancelFunc

@@ -9,17 +9,31 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 )
 
 // etcdFailure is the last failed etcd operation, as Health reports it.
 type etcdFailure struct{ err error }
 
 // call runs one etcd request under the request timeout and records its
-// outcome for Health.
+// outcome for Health. Every request of the package is safe to repeat
+// (compare-and-set on revisions, puts of the same value, gets), so one
+// that failed for want of etcd while a member is still connected is sent
+// once more: a leader's death loses the proposals in flight until the
+// others elect a new one, and the second try goes to the new leader. With
+// no member connected it fails at once (a create answers 503 promptly).
 func (c *Cluster) call(ctx context.Context, what string, fn func(ctx context.Context) error) error {
 	if c.cli == nil {
 		return fmt.Errorf("%s: %w at %s: cluster not started", what, ErrEtcd, c.endpoints)
 	}
+	err := c.try(ctx, what, fn)
+	if errors.Is(err, ErrEtcd) && ctx.Err() == nil && c.cli.ActiveConnection().GetState() == connectivity.Ready {
+		err = c.try(ctx, what, fn)
+	}
+	return err
+}
+
+func (c *Cluster) try(ctx context.Context, what string, fn func(ctx context.Context) error) error {
 	rctx, cancel := context.WithTimeout(ctx, c.reqTimeout)
 	defer cancel()
 	return c.observe(ctx, what, fn(rctx))

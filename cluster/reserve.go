@@ -1,9 +1,11 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -14,7 +16,7 @@ import (
 // not exist): ErrTaken when any node holds it, ErrEtcd when etcd cannot
 // answer.
 func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error {
-	now := c.now().UTC()
+	now := c.reserveTime()
 	data, err := json.Marshal(Entry{
 		ID: id, Node: c.cfg.Node, State: lifecycle.Creating,
 		MemoryMB: memoryMB, CreatedAt: now, UpdatedAt: now,
@@ -39,17 +41,36 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 		c.pub.unreserve(id, false)
 		return err
 	}
-	if !resp.Succeeded {
-		c.pub.unreserve(id, false)
-		owner := "another node"
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			if e, err := decodeEntry(id, kvs[0]); err == nil && e.Node != "" {
-				owner = "node " + e.Node
-			}
-		}
-		return fmt.Errorf("reserving id %s: %w (held by %s)", id, ErrTaken, owner)
+	if resp.Succeeded {
+		return nil
 	}
-	return nil
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) > 0 && bytes.Equal(kvs[0].Value, data) {
+		// A first try that etcd applied but did not confirm (see call):
+		// the value is this very call's, its time unique to it.
+		return nil
+	}
+	c.pub.unreserve(id, false)
+	owner := "another node"
+	if len(kvs) > 0 {
+		if e, err := decodeEntry(id, kvs[0]); err == nil && e.Node != "" {
+			owner = "node " + e.Node
+		}
+	}
+	return fmt.Errorf("reserving id %s: %w (held by %s)", id, ErrTaken, owner)
+}
+
+// reserveTime is the creation time of a reservation, distinct for every
+// call in the process, so that a reservation's value names its call.
+func (c *Cluster) reserveTime() time.Time {
+	now := c.now().UnixNano()
+	for {
+		last := c.lastReserve.Load()
+		t := max(now, last+1)
+		if c.lastReserve.CompareAndSwap(last, t) {
+			return time.Unix(0, t).UTC()
+		}
+	}
 }
 
 // Release removes this node's entry of id if it is still this node's (a

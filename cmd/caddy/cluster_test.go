@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -38,6 +40,7 @@ type testCluster struct {
 	names   []string
 	cli     *client.Client
 	image   string
+	bin     string
 }
 
 // clusterSandbox is a sandbox as the cluster API lists it.
@@ -51,7 +54,7 @@ func startTestCluster(t *testing.T) *testCluster {
 	cli := testenv.Docker(t)
 	image := testenv.TestAppImage(t)
 	bin := buildCaddy(t)
-	tc := &testCluster{t: t, root: t, etcd: etcdtest.Start(t, 3), cli: cli, image: image}
+	tc := &testCluster{t: t, root: t, etcd: etcdtest.Start(t, 3), cli: cli, image: image, bin: bin}
 	prefix := "/sandwake-" + testenv.RunID() + "/"
 	for i := range 3 {
 		g := newGateway(t, bin, "")
@@ -272,6 +275,27 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("GET sandbox via node %d: %d %s", i+1, code, body)
 			}
 		}
+		// The CLI lists the nodes and drains one.
+		out := tc.run(t, 1, "nodes")
+		for _, name := range tc.names {
+			if !strings.Contains(out, name) {
+				t.Fatalf("caddy sandwake nodes does not list %s:\n%s", name, out)
+			}
+		}
+		if strings.Count(out, "live") != 3 {
+			t.Fatalf("caddy sandwake nodes, want 3 live:\n%s", out)
+		}
+		tc.run(t, 1, "node", "drain", tc.names[2])
+		if out := tc.run(t, 0, "nodes"); !strings.Contains(out, "live,draining") {
+			t.Fatalf("after node drain:\n%s", out)
+		}
+		tc.run(t, 0, "node", "drain", "--undo", tc.names[2])
+		if out := tc.run(t, 2, "nodes"); strings.Contains(out, "draining") {
+			t.Fatalf("after node drain --undo:\n%s", out)
+		}
+		if out, err := tc.cliErr(0, "node", "remove", tc.names[1]); err == nil || !strings.Contains(out, "node_live") && !strings.Contains(out, "holds its lease") {
+			t.Fatalf("node remove of a live node: %v\n%s", err, out)
+		}
 		// One sandbox on each node, for the loss tests.
 		for i := range tc.nodes {
 			home[i] = testenv.UniqueID(fmt.Sprintf("h%d", i+1))
@@ -318,10 +342,15 @@ func TestCluster(t *testing.T) {
 	t.Run("wake storm collapses on the owner", func(t *testing.T) {
 		tc.t = t
 		id := home[1]
+		// Node 1's event stream carries node 2's transitions too.
+		events := tc.followEvents(t, 0)
 		if code, body := tc.nodes[0].api("POST", "/v1/sandboxes/"+id+"/stop", nil, nil); code != 200 {
 			t.Fatalf("stop via node 1: %d %s", code, body)
 		}
 		tc.waitEverywhere(id, "stopped", tc.names[1])
+		events.await(t, func(ev map[string]any) bool {
+			return ev["sandbox_id"] == id && ev["type"] == "sandbox.stopped" && ev["node"] == tc.names[1]
+		})
 		since := time.Now().Add(-time.Second)
 		clients := make([]*http.Client, 3)
 		for i, g := range tc.nodes {
@@ -438,9 +467,8 @@ func TestCluster(t *testing.T) {
 	t.Run("etcd member loss", func(t *testing.T) {
 		tc.t = t
 		stop, failures := tc.hammer(t, []int{0, 1, 2}, home)
-		// A follower: losing the leader means an election, during which
-		// etcd itself refuses writes for about a second (see the README).
-		lost := etcdFollower(t, tc.etcd.Endpoints())
+		// The leader: the hardest member to lose (an election follows).
+		lost := tc.etcd.Leader()
 		tc.etcd.Kill(lost)
 		// Reads and creates go on with two members of three.
 		for i := range tc.nodes {
@@ -535,32 +563,82 @@ func TestCluster(t *testing.T) {
 	})
 }
 
-// etcdFollower answers the index of an etcd member that is not the leader,
-// from etcd's maintenance status (its JSON gateway).
-func etcdFollower(t *testing.T, endpoints []string) int {
+// run runs `caddy sandwake <args>` against node i's API and answers its
+// output; it fails the test when the command fails.
+func (tc *testCluster) run(t *testing.T, i int, args ...string) string {
 	t.Helper()
-	for i, ep := range endpoints {
-		resp, err := http.Post(ep+"/v3/maintenance/status", "application/json", strings.NewReader("{}"))
-		if err != nil {
-			t.Fatalf("etcd status of %s: %v", ep, err)
+	out, err := tc.cliErr(i, args...)
+	if err != nil {
+		t.Fatalf("caddy sandwake %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+func (tc *testCluster) cliErr(i int, args ...string) (string, error) {
+	cmd := exec.Command(tc.bin, append([]string{"sandwake", "--api", fmt.Sprintf("http://127.0.0.1:%d", tc.nodes[i].apiPort), "--token", crashToken}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// eventStream is an open /v1/events stream.
+type eventStream struct {
+	events chan map[string]any
+}
+
+// followEvents opens node i's /v1/events; it is closed when the test ends.
+func (tc *testCluster) followEvents(t *testing.T, i int) *eventStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://127.0.0.1:%d/v1/events", tc.nodes[i].apiPort), nil)
+	req.Header.Set("Authorization", "Bearer "+crashToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		cancel()
+		t.Fatalf("events of node %d: %v %v", i+1, err, resp)
+	}
+	es := &eventStream{events: make(chan map[string]any, 1024)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(es.events)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			var ev map[string]any
+			if json.Unmarshal([]byte(data), &ev) == nil {
+				select {
+				case es.events <- ev:
+				default:
+				}
+			}
 		}
-		var st struct {
-			Header struct {
-				MemberID string `json:"member_id"`
-			} `json:"header"`
-			Leader string `json:"leader"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&st)
-		resp.Body.Close()
-		if err != nil || st.Leader == "" {
-			t.Fatalf("etcd status of %s: %v %+v", ep, err, st)
-		}
-		if st.Header.MemberID != st.Leader {
-			return i
+	}()
+	t.Cleanup(func() { cancel(); resp.Body.Close(); <-done })
+	return es
+}
+
+// await waits for an event matching match.
+func (es *eventStream) await(t *testing.T, match func(map[string]any) bool) {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	var seen []map[string]any
+	for {
+		select {
+		case ev, ok := <-es.events:
+			if !ok {
+				t.Fatalf("event stream ended; seen %v", seen)
+			}
+			if match(ev) {
+				return
+			}
+			seen = append(seen, ev)
+		case <-timeout:
+			t.Fatalf("no matching event within 20s; seen %v", seen)
 		}
 	}
-	t.Fatalf("every etcd member claims to lead")
-	return -1
 }
 
 // hammer sends GETs (previews and API reads) to sandboxes ids through gateways gws until stop is

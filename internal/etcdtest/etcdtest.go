@@ -8,6 +8,7 @@ package etcdtest
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -22,6 +23,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // Binary is the etcd server the clusters run.
@@ -233,6 +237,32 @@ func (c *Cluster) Restart(i int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.t.Fatalf("restarting etcd member %s: %v", m.name, err)
+}
+
+// Leader returns the index of the member that leads the cluster now.
+func (c *Cluster) Leader() int {
+	c.t.Helper()
+	for i, m := range c.members {
+		m.mu.Lock()
+		running := m.cmd != nil
+		m.mu.Unlock()
+		if !running {
+			continue
+		}
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		st, err := cli.Status(ctx, m.clientURL)
+		cancel()
+		_ = cli.Close()
+		if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+			return i
+		}
+	}
+	c.t.Fatal("no etcd member is the leader")
+	return -1
 }
 
 // WaitHealthy waits until every running member reports healthy (it has a

@@ -39,7 +39,10 @@ func TestClusterSurvivesMemberLossAndRestart(t *testing.T) {
 	if err := put("a", "1"); err != nil {
 		t.Fatalf("put on a healthy cluster: %v", err)
 	}
+	// Member 0 may have been the leader: writes proposed before the
+	// others elect a new one are lost, so wait for them to have one.
 	c.Kill(0)
+	c.WaitHealthy()
 	if err := put("b", "2"); err != nil {
 		t.Fatalf("put with one member killed: %v", err)
 	}
