@@ -239,7 +239,8 @@ func (c *Cluster) Restart(i int) {
 	c.t.Fatalf("restarting etcd member %s: %v", m.name, err)
 }
 
-// Leader returns the index of the member that leads the cluster now.
+// Leader returns the index of the member that leads the cluster now. Only
+// for a cluster from Start: it fails the test when there is none.
 func (c *Cluster) Leader() int {
 	c.t.Helper()
 	for i, m := range c.members {
