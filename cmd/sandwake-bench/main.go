@@ -250,7 +250,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}
 	if o.runs("cluster") {
-		if err := b.cluster(ctx); err != nil {
+		if err := b.runCluster(ctx); err != nil {
 			return err
 		}
 	}
@@ -361,9 +361,9 @@ func (b *bench) mainScenarios(ctx context.Context) error {
 	return removeRunContainers(ctx, b.cli)
 }
 
-// cluster runs the cluster scenario, or says why not when etcd is missing
+// runCluster runs the cluster scenario, or says why not when etcd is missing
 // and the scenario was not asked for by name.
-func (b *bench) cluster(ctx context.Context) error {
+func (b *bench) runCluster(ctx context.Context) error {
 	if _, err := os.Stat(etcdtest.Binary); err != nil && b.o.only == "" {
 		progress("cluster: skipped, %s is not installed (make tools installs etcd-server)", etcdtest.Binary)
 		return nil
