@@ -91,10 +91,16 @@ func (b *bench) clusterScenario(ctx context.Context, cfg clusterConfig) error {
 			errs <- nil
 		}()
 	}
+	// Both waited for, so that no start is still under way when cleanup
+	// stops the nodes.
+	var startErr error
 	for range 2 {
-		if err := <-errs; err != nil {
-			return err
+		if err := <-errs; err != nil && startErr == nil {
+			startErr = err
 		}
+	}
+	if startErr != nil {
+		return startErr
 	}
 	for i := range c.nodes {
 		if err := c.waitLive(ctx, i, 3); err != nil {
