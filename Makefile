@@ -36,7 +36,7 @@ vet:
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
-## bench: side-by-side benchmarks (hot path, wake latency, wake storm, scale), < 10 min; BENCH_FLAGS=--quick for ~2-3 min
+## bench: side-by-side benchmarks (hot path, wake latency, wake storm, scale, cluster: 3-member etcd + 3 nodes, skipped without etcd), < 10 min; BENCH_FLAGS=--quick for ~2-3 min, BENCH_FLAGS="--only cluster" for one scenario
 bench: build
 	$(GO) run ./cmd/sandwake-bench --caddy bin/caddy $(BENCH_FLAGS)
 

@@ -128,6 +128,8 @@ type hotPathConfig struct {
 	concs   []int
 }
 
+const hotPathTitle = "Hot path: plain reverse_proxy (baseline) vs sandwake_preview"
+
 // hotPath compares, on the same Caddy and the same container, a plain
 // reverse_proxy to the container's published port with sandwake_preview, for
 // a small GET and a 1 MiB POST at each concurrency. The two sides alternate
@@ -147,7 +149,7 @@ func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*ta
 	baseURL, swURL := g.baseURL(""), g.previewURL(id, "")
 
 	t := &table{
-		title: "Hot path: plain reverse_proxy (baseline) vs sandwake_preview",
+		title: hotPathTitle,
 		note: fmt.Sprintf("same Caddy, same container; %s per side per cell after %s warm-up, alternated in %d slices; ratio = sandwake / baseline",
 			cfg.perSide, cfg.warmup, cfg.rounds),
 	}

@@ -11,6 +11,11 @@
 //     answers, p99);
 //   - scale: 10,000 records (gate lookup, reaper pass, boot reconcile, memory
 //     per sandbox) and real containers woken in sequence and at once;
+//   - cluster: a 3-member etcd and three Caddy nodes; a small GET forwarded
+//     through another gateway vs straight to the owner (c=1, 16, 128), and
+//     a wake storm spread over the three gateways vs all on the owner
+//     (Docker start calls, answers, time to the last answer, p50, p99);
+//     skipped when etcd is not installed, unless asked for with --only;
 //   - soak (only with --only soak): clients posting random bodies to random
 //     sandboxes of a fleet larger than max_resident, with short idle tiers,
 //     for minutes: bare 502s, wrong bodies, 503s by code, wakes per request,
@@ -21,7 +26,7 @@
 // with the run's id) is removed at the end, also after an error or Ctrl-C.
 //
 //	go run ./cmd/sandwake-bench [--quick] [--skip-containers] [--caddy bin/caddy]
-//	    [--only hotpath,wake,storm,containers,records,soak] [--profile cpu.prof]
+//	    [--only hotpath,wake,storm,containers,records,cluster,soak] [--profile cpu.prof]
 //	    [--markdown results.md] [--soak-duration 8m --soak-clients 12 …]
 //
 // `make bench` builds bin/caddy and runs it (BENCH_FLAGS passes flags). The
@@ -55,6 +60,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	_ "github.com/sandwake/sandwake/caddymodule"
 
+	"github.com/sandwake/sandwake/internal/etcdtest"
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/lifecycle/docker"
@@ -84,11 +90,11 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.caddy, "caddy", "bin/caddy", "the built Caddy with sandwake (`make build`); built from ./cmd/caddy when missing")
 	fs.BoolVar(&o.quick, "quick", false, "a run of about 2-3 minutes: shorter cells, fewer wakes, one storm, 20 containers")
 	fs.BoolVar(&o.skipContainers, "skip-containers", false, "skip the real-containers part of the scale scenario")
-	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, records (default: all)")
+	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, records, cluster, soak (default: all but soak)")
 	fs.DurationVar(&o.perSide, "duration", 0, "hot path: measured time per side per cell (default 3s, 1s with --quick)")
 	fs.IntVar(&o.wakes, "wakes", 0, "wake latency: wakes of each kind and side (default 20, 6 with --quick)")
 	fs.IntVar(&o.stormN, "storm", 1000, "wake storm: concurrent requests")
-	fs.IntVar(&o.stormRounds, "storm-rounds", 0, "wake storm: rounds (default 3, 1 with --quick)")
+	fs.IntVar(&o.stormRounds, "storm-rounds", 0, "wake storm and cluster storm: rounds (default 3, 1 with --quick)")
 	fs.IntVar(&o.records, "records", 10000, "scale: records in the store")
 	fs.IntVar(&o.containers, "containers", 0, "scale: real containers (default 100, 20 with --quick)")
 	fs.IntVar(&o.burst, "burst", 0, "scale: containers woken at once (default 20, 5 with --quick)")
@@ -142,7 +148,7 @@ func parseFlags(args []string) (options, error) {
 	return o, nil
 }
 
-var scenarios = []string{"hotpath", "wake", "storm", "containers", "records", "soak"}
+var scenarios = []string{"hotpath", "wake", "storm", "containers", "records", "cluster", "soak"}
 
 func validScenario(s string) bool {
 	for _, v := range scenarios {
@@ -210,6 +216,7 @@ type bench struct {
 	tmp      string
 	image    string
 	gateways []*gateway
+	etcd     *etcdtest.Cluster // the cluster scenario's
 	tables   []*table
 	machine  string
 }
@@ -239,6 +246,11 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	if o.runs("hotpath") || o.runs("wake") || o.runs("storm") || o.runs("containers") {
 		if err := b.mainScenarios(ctx); err != nil {
+			return err
+		}
+	}
+	if o.runs("cluster") {
+		if err := b.runCluster(ctx); err != nil {
 			return err
 		}
 	}
@@ -349,6 +361,24 @@ func (b *bench) mainScenarios(ctx context.Context) error {
 	return removeRunContainers(ctx, b.cli)
 }
 
+// runCluster runs the cluster scenario, or says why not when etcd is missing
+// and the scenario was not asked for by name.
+func (b *bench) runCluster(ctx context.Context) error {
+	if _, err := os.Stat(etcdtest.Binary); err != nil && b.o.only == "" {
+		progress("cluster: skipped, %s is not installed (make tools installs etcd-server)", etcdtest.Binary)
+		return nil
+	}
+	cfg := clusterConfig{
+		hot:         hotPathConfig{perSide: b.o.perSide, warmup: 500 * time.Millisecond, rounds: 3, concs: []int{1, 16, 128}},
+		stormN:      b.o.stormN,
+		stormRounds: b.o.stormRounds,
+	}
+	if b.o.quick {
+		cfg.hot.warmup, cfg.hot.rounds = 250*time.Millisecond, 2
+	}
+	return b.clusterScenario(ctx, cfg)
+}
+
 // ensureImage builds and imports the testapp image once per run.
 func (b *bench) ensureImage(ctx context.Context) error {
 	if b.image != "" {
@@ -431,6 +461,9 @@ func (b *bench) cleanup() {
 	for _, g := range b.gateways {
 		g.stop()
 	}
+	if b.etcd != nil {
+		b.etcd.Close()
+	}
 	if err := removeRunContainers(ctx, b.cli); err != nil {
 		fmt.Fprintln(os.Stderr, "sandwake-bench: cleanup:", err)
 	}
@@ -482,16 +515,22 @@ func machine(ctx context.Context, cli *client.Client, api string) string {
 func (b *bench) summary() {
 	fmt.Printf("\n== Summary (ratio = sandwake / baseline)\n")
 	for _, s := range []struct {
-		what, suffix string
-		worstHigh    bool
-		g            string
+		what, title, suffix string
+		worstHigh           bool
+		g                   string
 	}{
-		{"hot path throughput, worst cell", " throughput", false, "≥ 0.95"},
-		{"hot path p99 latency, worst cell", " p99", true, "≤ 1.10"},
-		{"wake from paused (mean)", "from paused, mean", true, "≤ 1.10"},
-		{"wake from stopped (mean)", "from stopped, mean", true, "≤ 1.10"},
+		{"hot path throughput, worst cell", hotPathTitle, " throughput", false, "≥ 0.95"},
+		{"hot path p99 latency, worst cell", hotPathTitle, " p99", true, "≤ 1.10"},
+		{"wake from paused (mean)", "", "from paused, mean", true, "≤ 1.10"},
+		{"wake from stopped (mean)", "", "from stopped, mean", true, "≤ 1.10"},
+		{"forwarded throughput, worst cell", clusterForwardTitle, " throughput", false, ""},
+		{"forwarded p99 latency, worst cell", clusterForwardTitle, " p99", true, ""},
 	} {
-		if r, ok := b.worst(s.suffix, s.worstHigh); ok {
+		if r, ok := b.worst(s.title, s.suffix, s.worstHigh); ok {
+			if s.g == "" {
+				fmt.Printf("%-34s %5.2f  (no goal: forwarded / direct; %s)\n", s.what+":", r.ratio, r.cell)
+				continue
+			}
 			fmt.Printf("%-34s %5.2f  (goal %s, %s; %s)\n", s.what+":", r.ratio, s.g, r.verdict, r.cell)
 		}
 	}
@@ -503,12 +542,16 @@ func (b *bench) summary() {
 	progress("total elapsed %s", time.Since(started).Round(time.Second))
 }
 
-// worst finds, among the rows whose cell ends with suffix, the one with the
-// highest (worstHigh) or lowest ratio.
-func (b *bench) worst(suffix string, worstHigh bool) (row, bool) {
+// worst finds, among the rows whose cell ends with suffix in the tables
+// titled title (any table for ""), the one with the highest (worstHigh) or
+// lowest ratio.
+func (b *bench) worst(title, suffix string, worstHigh bool) (row, bool) {
 	var w row
 	found := false
 	for _, t := range b.tables {
+		if title != "" && t.title != title {
+			continue
+		}
 		for _, r := range t.rows {
 			if !strings.HasSuffix(r.cell, suffix) || math.IsNaN(r.ratio) {
 				continue

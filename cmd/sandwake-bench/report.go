@@ -133,7 +133,8 @@ func verdict(ok bool) string {
 // table is one scenario's results.
 type table struct {
 	title string
-	note  string // one line under the title: what was compared, how
+	note  string    // one line under the title: what was compared, how
+	sides [2]string // headers of the two value columns; "": baseline, sandwake
 	rows  []row
 }
 
@@ -150,7 +151,16 @@ func (t *table) misses() int {
 	return n
 }
 
-var tableHeader = [...]string{"cell", "baseline", "sandwake", "ratio", "goal", ""}
+// header is the table's header line.
+func (t *table) header() [6]string {
+	h := [6]string{"cell", "baseline", "sandwake", "ratio", "goal", ""}
+	for i, s := range t.sides {
+		if s != "" {
+			h[1+i] = s
+		}
+	}
+	return h
+}
 
 func (r row) fields() [6]string {
 	ratio := "—"
@@ -174,7 +184,7 @@ func (t *table) render(w io.Writer) {
 	if t.note != "" {
 		fmt.Fprintf(w, "   %s\n", t.note)
 	}
-	lines := [][6]string{tableHeader}
+	lines := [][6]string{t.header()}
 	for _, r := range t.rows {
 		lines = append(lines, r.fields())
 	}
@@ -215,7 +225,8 @@ func (t *table) markdown(w io.Writer) {
 	if t.note != "" {
 		fmt.Fprintf(w, " — %s", t.note)
 	}
-	fmt.Fprint(w, "\n\n| cell | ratio | goal | | baseline | sandwake |\n|---|---|---|---|---|---|\n")
+	h := t.header()
+	fmt.Fprintf(w, "\n\n| cell | ratio | goal | | %s | %s |\n|---|---|---|---|---|---|\n", h[1], h[2])
 	for _, r := range t.rows {
 		f := r.fields()
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", f[0], f[3], f[4], f[5], f[1], f[2])

@@ -113,6 +113,19 @@ starts                         —            1      —  = 1     PASS
 	if !strings.Contains(b.String(), "| GET c=1 p99 | 1.25 | ≤ 1.10 | MISS | 0.400 ms | 0.500 ms |") {
 		t.Errorf("markdown:\n%s", b.String())
 	}
+
+	tb = &table{title: "Cluster", sides: [2]string{"direct", "forwarded"}}
+	tb.add(ratioRow("GET c=1 p50", 0.001, 0.0015, fmtSeconds, info))
+	b.Reset()
+	tb.render(&b)
+	if !strings.Contains(b.String(), "cell          direct  forwarded  ratio  goal\n") {
+		t.Errorf("render with side names:\n%s", b.String())
+	}
+	b.Reset()
+	tb.markdown(&b)
+	if !strings.Contains(b.String(), "| cell | ratio | goal | | direct | forwarded |") {
+		t.Errorf("markdown with side names:\n%s", b.String())
+	}
 }
 
 func TestFormats(t *testing.T) {
@@ -148,8 +161,12 @@ func TestFlags(t *testing.T) {
 		t.Errorf("--only: %+v", o)
 	}
 	o, _ = parseFlags([]string{"--skip-containers"})
-	if o.runs("containers") || !o.runs("records") || o.perSide != 3*time.Second || o.containers != 100 {
+	if o.runs("containers") || !o.runs("records") || !o.runs("cluster") || o.runs("soak") || o.perSide != 3*time.Second || o.containers != 100 {
 		t.Errorf("full defaults: %+v", o)
+	}
+	o, _ = parseFlags([]string{"--only", "cluster"})
+	if !o.runs("cluster") || o.runs("hotpath") {
+		t.Errorf("--only cluster: %+v", o)
 	}
 	if _, err := parseFlags([]string{"--only", "nosuch"}); err == nil {
 		t.Error("unknown scenario accepted")

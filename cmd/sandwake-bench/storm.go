@@ -19,6 +19,7 @@ type stormResult struct {
 	starts   int // Docker "start" events of the container during the storm
 	answered int // 200s
 	durs     []time.Duration
+	wall     time.Duration  // from firing to the last answer
 	failures map[string]int // what the others got
 }
 
@@ -26,18 +27,25 @@ type stormResult struct {
 // (API clients, not page loads: each is held until the app answers) at its
 // preview host, and counts the engine's own start events meanwhile.
 func storm(ctx context.Context, g *gateway, cli *client.Client, id string, n int) (stormResult, error) {
-	res := stormResult{failures: map[string]int{}}
 	if err := g.act(ctx, id, "stop", "stopped"); err != nil {
-		return res, err
+		return stormResult{}, err
 	}
+	return fire(ctx, cli, id, []*gateway{g}, n)
+}
+
+// fire sends n concurrent GETs for sandbox id's /healthz, request i to
+// gateway gws[i % len(gws)], and counts the engine's start events of its
+// container meanwhile.
+func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n int) (stormResult, error) {
+	res := stormResult{failures: map[string]int{}}
 	c := loopbackClient(n)
-	url := g.previewURL(id, "/healthz")
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
 		fire = make(chan struct{})
 	)
-	for range n {
+	for i := range n {
+		url := gws[i%len(gws)].previewURL(id, "/healthz")
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -72,6 +80,7 @@ func storm(ctx context.Context, g *gateway, cli *client.Client, id string, n int
 	since := time.Now()
 	close(fire)
 	wg.Wait()
+	res.wall = time.Since(since)
 	// The engine stamps events itself; a margin on both sides keeps
 	// clock granularity from losing one.
 	until := time.Now().Add(100 * time.Millisecond)

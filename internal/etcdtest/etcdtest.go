@@ -1,7 +1,9 @@
-// Package etcdtest runs a real etcd cluster for tests: n etcd processes
-// (Debian's etcd-server, /usr/bin/etcd) on loopback ports with their data
-// in the test's temp dirs, killed and removed when the test ends. Without
-// the binary the test is skipped, or fails under SANDWAKE_REQUIRE_DOCKER=1.
+// Package etcdtest runs a real etcd cluster for tests and benchmarks: n etcd
+// processes (Debian's etcd-server, /usr/bin/etcd) on loopback ports. Start
+// puts their data in the test's temp dirs and kills them when the test ends;
+// without the binary the test is skipped, or fails under
+// SANDWAKE_REQUIRE_DOCKER=1. Launch does the same outside a test (the
+// benchmark command), the caller closing the cluster.
 package etcdtest
 
 import (
@@ -32,9 +34,10 @@ const Binary = "/usr/bin/etcd"
 // startTimeout bounds how long a cluster may take to elect a leader.
 const startTimeout = 20 * time.Second
 
-// Cluster is a running etcd cluster of a test.
+// Cluster is a running etcd cluster of a test (Start) or of a program
+// (Launch).
 type Cluster struct {
-	t       testing.TB
+	t       testing.TB // nil for a cluster from Launch
 	token   string
 	initial string // --initial-cluster
 	members []*member
@@ -63,27 +66,74 @@ func Start(t testing.TB, n int) *Cluster {
 		}
 		t.Skipf("etcd not installed (%v); set SANDWAKE_REQUIRE_DOCKER=1 to fail instead", err)
 	}
+	c, err := launchRetrying(n, func(int) (string, error) { return t.TempDir(), nil })
+	if err != nil {
+		t.Fatalf("starting a %d-member etcd cluster: %v", n, err)
+	}
+	c.t = t
+	// Registered after the temp dirs, so it runs before they are removed.
+	t.Cleanup(func() {
+		c.Close()
+		if t.Failed() {
+			for _, m := range c.members {
+				t.Logf("etcd member %s output (tail):\n%s", m.name, m.out.String())
+			}
+		}
+	})
+	return c
+}
+
+// Launch starts an n-member cluster outside a test, each member's data in
+// its own new directory under dir, and waits until every member reports
+// healthy. The caller stops it with Close; the processes are also killed
+// if the calling program dies first.
+func Launch(n int, dir string) (*Cluster, error) {
+	if _, err := os.Stat(Binary); err != nil {
+		return nil, fmt.Errorf("etcd not installed (make tools installs etcd-server): %w", err)
+	}
+	c, err := launchRetrying(n, func(int) (string, error) { return os.MkdirTemp(dir, "etcd-") })
+	if err != nil {
+		return nil, fmt.Errorf("starting a %d-member etcd cluster: %w", n, err)
+	}
+	return c, nil
+}
+
+// Close kills every member and waits for them to exit. The data dirs are
+// left to their owner (the test's temp dirs, or Launch's dir).
+func (c *Cluster) Close() {
+	for _, m := range c.members {
+		m.kill()
+	}
+}
+
+// Output is the end of member i's output, for error reports.
+func (c *Cluster) Output(i int) string {
+	return c.members[i].out.String()
+}
+
+// launchRetrying launches a cluster, again on new ports when one of those
+// it picked was taken meanwhile.
+func launchRetrying(n int, dataDir func(i int) (string, error)) (*Cluster, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		c, err := launch(t, n)
+		c, err := launch(n, dataDir)
 		if err == nil {
-			return c
+			return c, nil
 		}
 		lastErr = err
 		if !errors.Is(err, errAddrInUse) {
 			break
 		}
 	}
-	t.Fatalf("starting a %d-member etcd cluster: %v", n, lastErr)
-	return nil
+	return nil, lastErr
 }
 
 var errAddrInUse = errors.New("address already in use")
 
 // launch starts n fresh members on new ports and waits for health; on
 // failure it stops what it started.
-func launch(t testing.TB, n int) (*Cluster, error) {
-	c := &Cluster{t: t, token: "sw-etcd-" + randomHex(6)}
+func launch(n int, dataDir func(i int) (string, error)) (*Cluster, error) {
+	c := &Cluster{token: "sw-etcd-" + randomHex(6)}
 	var initial []string
 	for i := range n {
 		cport, err := freePort()
@@ -94,37 +144,23 @@ func launch(t testing.TB, n int) (*Cluster, error) {
 		if err != nil {
 			return nil, err
 		}
+		dir, err := dataDir(i)
+		if err != nil {
+			return nil, fmt.Errorf("etcd data dir: %w", err)
+		}
 		m := &member{
 			name:      fmt.Sprintf("m%d", i),
-			dir:       t.TempDir(),
+			dir:       dir,
 			clientURL: fmt.Sprintf("http://127.0.0.1:%d", cport),
 			peerURL:   fmt.Sprintf("http://127.0.0.1:%d", pport),
 		}
 		c.members = append(c.members, m)
 		initial = append(initial, m.name+"="+m.peerURL)
 	}
-	cluster := strings.Join(initial, ",")
-	c.initial = cluster
-	cleaned := false
-	cleanup := func() {
-		if cleaned {
-			return
-		}
-		cleaned = true
-		for _, m := range c.members {
-			m.kill()
-		}
-		if t.Failed() {
-			for _, m := range c.members {
-				t.Logf("etcd member %s output (tail):\n%s", m.name, m.out.String())
-			}
-		}
-	}
-	// Registered after the temp dirs, so it runs before they are removed.
-	t.Cleanup(cleanup)
+	c.initial = strings.Join(initial, ",")
 	for _, m := range c.members {
-		if err := m.start(c.token, cluster); err != nil {
-			cleanup()
+		if err := m.start(c.token, c.initial); err != nil {
+			c.Close()
 			return nil, err
 		}
 	}
@@ -135,7 +171,7 @@ func launch(t testing.TB, n int) (*Cluster, error) {
 				inUse = true
 			}
 		}
-		cleanup()
+		c.Close()
 		if inUse {
 			return nil, fmt.Errorf("%w: %v", errAddrInUse, err)
 		}
@@ -155,13 +191,11 @@ func (c *Cluster) Endpoints() []string {
 
 // Kill stops member i with SIGKILL and waits until it is gone.
 func (c *Cluster) Kill(i int) {
-	c.t.Helper()
 	c.members[i].kill()
 }
 
 // Stop stops member i with SIGTERM (SIGKILL after 10 s) and waits.
 func (c *Cluster) Stop(i int) {
-	c.t.Helper()
 	m := c.members[i]
 	m.mu.Lock()
 	cmd, done := m.cmd, m.done
@@ -182,7 +216,7 @@ func (c *Cluster) Stop(i int) {
 
 // Restart starts member i again with its data dir and ports. It does not
 // wait for health: a member alone cannot serve until a quorum is back
-// (see WaitHealthy).
+// (see WaitHealthy). Only for a cluster from Start: it fails the test.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
 	m := c.members[i]
@@ -205,7 +239,8 @@ func (c *Cluster) Restart(i int) {
 	c.t.Fatalf("restarting etcd member %s: %v", m.name, err)
 }
 
-// Leader returns the index of the member that leads the cluster now.
+// Leader returns the index of the member that leads the cluster now. Only
+// for a cluster from Start: it fails the test when there is none.
 func (c *Cluster) Leader() int {
 	c.t.Helper()
 	for i, m := range c.members {
@@ -232,7 +267,7 @@ func (c *Cluster) Leader() int {
 }
 
 // WaitHealthy waits until every running member reports healthy (it has a
-// leader and answers).
+// leader and answers). Only for a cluster from Start: it fails the test.
 func (c *Cluster) WaitHealthy() {
 	c.t.Helper()
 	if err := c.waitHealthy(startTimeout); err != nil {
