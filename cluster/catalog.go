@@ -25,11 +25,14 @@ const (
 
 // catalog is the node's in-memory copy of everything under the prefix:
 // sandbox entries, registered (live) nodes and drain marks. One watch
-// keeps it current; readers take the read lock only (Lookup is a map read
-// under an uncontended RWMutex: no allocation, no etcd call).
+// keeps it current. Writers hold mu; the request path reads index only
+// (Lookup: no lock, no allocation, no etcd call).
 type catalog struct {
 	mu      sync.RWMutex
 	entries map[string]Entry
+	// index mirrors entries (id → *Entry, each entry never modified once
+	// stored) for Lookup; it is written under mu, in the same order.
+	index sync.Map
 	// live are the nodes whose lease-bound key exists.
 	live map[string]NodeInfo
 	// seen keeps the last registration of every node ever live here, so a
@@ -79,10 +82,11 @@ func decodeEntry(id string, kv *mvccpb.KeyValue) (Entry, error) {
 // allocation): the request path calls it. The entry's Ports and Labels are
 // shared with the cache: callers must not modify them.
 func (c *Cluster) Lookup(id string) (Entry, bool) {
-	c.cache.mu.RLock()
-	e, ok := c.cache.entries[id]
-	c.cache.mu.RUnlock()
-	return e, ok
+	v, ok := c.cache.index.Load(id)
+	if !ok {
+		return Entry{}, false
+	}
+	return *v.(*Entry), true
 }
 
 // Entries returns the whole catalog from memory, sorted by id.
@@ -183,6 +187,13 @@ func (c *Cluster) loadCatalog() (int64, error) {
 		fresh.seen[name] = info
 	}
 	cat.entries, cat.live, cat.seen, cat.drain, cat.counts = fresh.entries, fresh.live, fresh.seen, fresh.drain, fresh.counts
+	for _, ch := range changes {
+		if ch.Deleted {
+			cat.index.Delete(ch.Entry.ID)
+		} else {
+			cat.index.Store(ch.Entry.ID, &ch.Entry)
+		}
+	}
 	cat.mu.Unlock()
 	slices.SortFunc(changes, func(a, b Change) int { return int(a.Entry.Revision - b.Entry.Revision) })
 	c.notify(changes)
@@ -241,6 +252,7 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 		}
 		if !put {
 			delete(cat.entries, id)
+			cat.index.Delete(id)
 			if !had && prev != nil {
 				old, _ = decodeEntry(id, prev)
 			}
@@ -253,6 +265,7 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 			c.log.Warn("ignoring a malformed catalog entry", zap.Error(err))
 		}
 		cat.entries[id] = e
+		cat.index.Store(id, &e)
 		cat.counts[e.Node]++
 		return Change{Entry: e}, true
 	case strings.HasPrefix(rest, nodesDir):

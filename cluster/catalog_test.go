@@ -13,7 +13,9 @@ func filledCatalog(tb testing.TB, n int) *Cluster {
 	}
 	for i := range n {
 		id := fmt.Sprintf("sb-%d", i)
-		c.cache.entries[id] = Entry{ID: id, Node: "node-a", Ports: []int{8080}}
+		e := Entry{ID: id, Node: "node-a", Ports: []int{8080}}
+		c.cache.entries[id] = e
+		c.cache.index.Store(id, &e)
 	}
 	return c
 }
