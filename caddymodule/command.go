@@ -5,16 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"os"
 	"os/signal"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -199,15 +195,6 @@ func wantArgs(cmd *cobra.Command, args []string, names ...string) error {
 	return fmt.Errorf("%s: want %s, got %d argument(s) (usage: %s)", cmd.Name(), want, len(args), cmd.UseLine())
 }
 
-// printRaw prints a JSON answer as the API gave it.
-func printRaw(w io.Writer, raw []byte) error {
-	if len(raw) == 0 {
-		return nil
-	}
-	_, err := fmt.Fprintln(w, strings.TrimRight(string(raw), "\n"))
-	return err
-}
-
 func (c *cli) lsCommand() *cobra.Command {
 	var state string
 	cmd := &cobra.Command{
@@ -243,58 +230,6 @@ func statesList() string {
 	return strings.Join(s, ", ")
 }
 
-// writeTable prints sandboxes as an aligned table.
-func writeTable(w io.Writer, recs []client.Sandbox, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tPORTS\tLAST ACTIVE\tURL")
-	for i := range recs {
-		r := &recs[i]
-		ports := make([]string, len(r.Ports))
-		for j, p := range r.Ports {
-			ports[j] = strconv.Itoa(p)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, orDash(strings.Join(ports, ",")),
-			relTime(r.LastActiveAt, now), orDash(r.FirstURL()))
-	}
-	return tw.Flush()
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-// relTime renders t relative to now: "12s ago", "in 3m", "-" for none.
-func relTime(t, now time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	d := now.Sub(t)
-	suffix := " ago"
-	if d < 0 {
-		d, suffix = -d, ""
-	}
-	var s string
-	switch {
-	case d < time.Second:
-		return "just now"
-	case d < time.Minute:
-		s = fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		s = fmt.Sprintf("%dm", int(d/time.Minute))
-	case d < 48*time.Hour:
-		s = fmt.Sprintf("%dh", int(d/time.Hour))
-	default:
-		s = fmt.Sprintf("%dd", int(d/(24*time.Hour)))
-	}
-	if suffix == "" {
-		return "in " + s
-	}
-	return s + suffix
-}
-
 func (c *cli) getCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get <id>",
@@ -315,80 +250,6 @@ func (c *cli) getCommand() *cobra.Command {
 		return writeRecord(cmd.OutOrStdout(), &rec, c.now())
 	})
 	return cmd
-}
-
-// writeRecord prints a sandbox as aligned "key: value" lines, leaving out
-// what is not set.
-func writeRecord(w io.Writer, r *client.Sandbox, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	line := func(k, v string) {
-		if v != "" {
-			fmt.Fprintf(tw, "%s:\t%s\n", k, v)
-		}
-	}
-	at := func(t time.Time) string {
-		if t.IsZero() {
-			return ""
-		}
-		return t.Local().Format(time.RFC3339) + " (" + relTime(t, now) + ")"
-	}
-	optAt := func(t *time.Time) string {
-		if t == nil {
-			return ""
-		}
-		return at(*t)
-	}
-	line("id", r.ID)
-	line("state", r.State)
-	line("reason", r.Reason)
-	line("error", r.Error)
-	line("image", r.Image)
-	if len(r.Cmd) > 0 {
-		line("cmd", strings.Join(r.Cmd, " "))
-	}
-	for _, p := range r.Ports {
-		line("url "+strconv.Itoa(p), orDash(r.URLs[strconv.Itoa(p)]))
-	}
-	line("env", strings.Join(r.EnvKeys, ", "))
-	if r.MemoryMB > 0 {
-		line("memory", fmt.Sprintf("%d MiB", r.MemoryMB))
-	}
-	if r.CPUs > 0 {
-		line("cpus", strconv.FormatFloat(r.CPUs, 'f', -1, 64))
-	}
-	line("workspace", r.WorkspacePath)
-	line("ready path", r.ReadyPath)
-	line("idle pause", r.IdlePause)
-	line("idle stop", r.IdleStop)
-	line("max lifetime", r.MaxLifetime)
-	labels := make([]string, 0, len(r.Labels))
-	for _, k := range slices.Sorted(maps.Keys(r.Labels)) {
-		labels = append(labels, k+"="+r.Labels[k])
-	}
-	line("labels", strings.Join(labels, ", "))
-	line("access", r.Access)
-	line("created", at(r.CreatedAt))
-	line("last active", at(r.LastActiveAt))
-	line("state since", at(r.StateSince))
-	line("expires", optAt(r.ExpiresAt))
-	line("keepalive until", optAt(r.KeepaliveUntil))
-	line("verified", optAt(r.VerifiedAt))
-	line("open connections", strconv.FormatInt(r.OpenConnections, 10))
-	return tw.Flush()
-}
-
-// writeSummary prints the one line an operation answers with:
-// "sandbox <id> <state>  <url>".
-func writeSummary(w io.Writer, r *client.Sandbox, extra string) error {
-	s := fmt.Sprintf("sandbox %s %s", r.ID, r.State)
-	if u := r.FirstURL(); u != "" {
-		s += "  " + u
-	}
-	if extra != "" {
-		s += "  " + extra
-	}
-	_, err := fmt.Fprintln(w, s)
-	return err
 }
 
 // createFlags are the flags of `caddy sandwake create`.
@@ -645,21 +506,6 @@ func (c *cli) purgeCommand() *cobra.Command {
 	return cmd
 }
 
-// formatBytes renders n in binary units: "512 B", "1.2 MiB".
-func formatBytes(n int64) string {
-	if n < 1024 {
-		return fmt.Sprintf("%d B", n)
-	}
-	f := float64(n) / 1024
-	units := "KMGTPE"
-	i := 0
-	for f >= 1024 && i < len(units)-1 {
-		f /= 1024
-		i++
-	}
-	return fmt.Sprintf("%.1f %ciB", f, units[i])
-}
-
 func (c *cli) eventsCommand() *cobra.Command {
 	var sandbox string
 	cmd := &cobra.Command{
@@ -683,24 +529,4 @@ func (c *cli) eventsCommand() *cobra.Command {
 		})
 	})
 	return cmd
-}
-
-// writeEvent prints an event as "<at> <sandbox> <from> → <to> (<reason>)".
-// An event that is not a transition (destroyed, purged) shows its type as
-// the target.
-func writeEvent(w io.Writer, data string) error {
-	ev, err := client.Message{Data: data}.Event()
-	if err != nil {
-		return fmt.Errorf("events: %w", err)
-	}
-	to := ev.To
-	if to == "" {
-		to = strings.TrimPrefix(ev.Type, "sandbox.")
-	}
-	s := fmt.Sprintf("%s %s %s → %s", ev.At.Format(time.RFC3339), ev.SandboxID, orDash(ev.From), orDash(to))
-	if ev.Reason != "" {
-		s += " (" + ev.Reason + ")"
-	}
-	_, err = fmt.Fprintln(w, s)
-	return err
 }

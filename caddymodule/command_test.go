@@ -580,6 +580,18 @@ func TestCommandFormats(t *testing.T) {
 	if b.String() != want {
 		t.Fatalf("table:\n%s\nwant:\n%s", b.String(), want)
 	}
+	// Sandboxes on two nodes (a cluster): a NODE column.
+	b.Reset()
+	recs[0].Node, recs[1].Node = "node-a", "node-b"
+	if err := writeTable(&b, recs, now); err != nil {
+		t.Fatal(err)
+	}
+	want = "ID         STATE    NODE    PORTS      LAST ACTIVE  URL\n" +
+		"a1         running  node-a  8080,3000  1m ago       http://s-a1-8080.x/\n" +
+		"longer-id  stopped  node-b  -          -            -\n"
+	if b.String() != want {
+		t.Fatalf("cluster table:\n%s\nwant:\n%s", b.String(), want)
+	}
 	b.Reset()
 	if err := writeEvent(&b, `{"id":4,"type":"sandbox.destroyed","sandbox_id":"a1","from":"stopped","reason":"api","at":"2025-01-02T03:04:05Z"}`); err != nil || b.String() != "2025-01-02T03:04:05Z a1 stopped → destroyed (api)\n" {
 		t.Fatalf("writeEvent: %v %q", err, b.String())
