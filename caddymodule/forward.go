@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"fmt"
 	"net/http"
+	"net/netip"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
@@ -30,6 +32,7 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, next caddyht
 			return true, nil
 		}
 		r.Header.Del(cluster.ForwardHeader) // the app never sees it
+		trustForwarder(r)
 		if en, ok := c.Lookup(id); ok && en.Node != c.Self() {
 			if _, err := e.routes.get(id); err != nil {
 				// The sender's catalog and this node's disagree: answer
@@ -55,7 +58,7 @@ func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, next caddy
 	if !ok || !node.Live || node.Advertise == "" {
 		return g.hostUnavailable(w, r, s, en, port)
 	}
-	e.cluster.c.Sign(r)
+	signForward(e.cluster.c, r)
 	metricForwardedPreview.Inc()
 	caddyhttp.SetVar(r.Context(), varUpstream, e.cluster.upstream(node.Advertise))
 	err := next.ServeHTTP(w, r)
@@ -65,6 +68,33 @@ func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, next caddy
 		return g.hostUnavailable(w, r, s, en, port)
 	}
 	return err
+}
+
+// signForward signs r for the owner node. The signature covers the request
+// URI as the transport writes it (r.URL.RequestURI()), which is what the
+// owner receives: the request line as this node received it may differ
+// (the absolute form, or characters such as | and ^ that Go escapes when it
+// writes a path), and a signature over it would be refused there.
+func signForward(c *cluster.Cluster, r *http.Request) {
+	uri := r.RequestURI
+	r.RequestURI = r.URL.RequestURI()
+	c.Sign(r)
+	r.RequestURI = uri
+}
+
+// trustForwarder treats the node that signed r as a trusted proxy: the
+// X-Forwarded-For, -Proto and -Host it set are kept by reverse_proxy (the
+// app sees the visitor's address and scheme, not the forwarding node's),
+// and the client, for the event-stream caps, is the visitor that node saw
+// (the first X-Forwarded-For address, as Caddy takes it from a trusted
+// proxy), not the node, which would make every visitor it forwards one
+// client.
+func trustForwarder(r *http.Request) {
+	caddyhttp.SetVar(r.Context(), caddyhttp.TrustedProxyVarKey, true)
+	first, _, _ := strings.Cut(r.Header.Get("X-Forwarded-For"), ",")
+	if addr, err := netip.ParseAddr(strings.TrimSpace(first)); err == nil {
+		caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, addr.String())
+	}
 }
 
 // hostUnavailable answers a request for a sandbox whose node is lost: 503

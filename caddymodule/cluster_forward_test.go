@@ -1,0 +1,118 @@
+package caddymodule
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sandwake/sandwake/cluster"
+)
+
+// testNode is a cluster client of node name that is never started: signing
+// and verifying need only its config.
+func testNode(t *testing.T, name string) *cluster.Cluster {
+	t.Helper()
+	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: name,
+		Secret: []byte("forward-test-secret-0123456789")}, nopSource{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// readRequest parses raw as a server does.
+func readRequest(t *testing.T, raw string) *http.Request {
+	t.Helper()
+	r, err := http.ReadRequest(bufio.NewReader(strings.NewReader(raw)))
+	if err != nil {
+		t.Fatalf("reading %q: %v", raw, err)
+	}
+	return r
+}
+
+// TestForwardSignatureMatchesTheWire: a preview request signed by the
+// forwarding node verifies on the owner as the transport writes it, also
+// when the request line it came with is not the one written on (a path
+// with characters Go escapes, the absolute form).
+func TestForwardSignatureMatchesTheWire(t *testing.T) {
+	from, owner := testNode(t, "n1"), testNode(t, "n2")
+	for _, target := range []string{
+		"/healthz?x=1",
+		"/files/a|b",
+		"/x^y?q=%7C",
+		"http://s-abc-8080.preview.localhost/absolute",
+	} {
+		r := readRequest(t, "GET "+target+" HTTP/1.1\r\nHost: s-abc-8080.preview.localhost\r\n\r\n")
+		signForward(from, r)
+		if r.RequestURI != target {
+			t.Fatalf("signForward changed the request URI: %q, want %q", r.RequestURI, target)
+		}
+		// What reverse_proxy's transport sends: the request written as a
+		// client request.
+		out := r.Clone(context.Background())
+		out.RequestURI = ""
+		var wire bytes.Buffer
+		if err := out.Write(&wire); err != nil {
+			t.Fatal(err)
+		}
+		got := readRequest(t, wire.String())
+		node, ok, err := owner.Verify(got)
+		if err != nil || !ok || node != "n1" {
+			t.Fatalf("request line %q, sent as %q: verify = %q %v %v, want signed by n1", target, got.RequestURI, node, ok, err)
+		}
+	}
+}
+
+// TestForwardedRequestTrustsItsSigner: on the owner, a request another node
+// signed has that node as a trusted proxy (reverse_proxy keeps the
+// X-Forwarded-* headers it set) and the visitor it saw as the client (the
+// event-stream caps count visitors, not the forwarding node); a request
+// without a signature gets neither.
+func TestForwardedRequestTrustsItsSigner(t *testing.T) {
+	from, owner := testNode(t, "n1"), testNode(t, "n2")
+	e := &engine{cluster: &clusterState{c: owner}}
+	g := &Gate{}
+	serve := func(signed bool) *http.Request {
+		r := readRequest(t, "GET /events HTTP/1.1\r\nHost: s-abc-8080.preview.localhost\r\n"+
+			"X-Forwarded-For: 203.0.113.7, 10.0.0.9\r\nX-Forwarded-Proto: https\r\n\r\n")
+		r.RemoteAddr = "10.0.0.2:40000"
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{
+			caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: "10.0.0.2",
+		}))
+		if signed {
+			signForward(from, r)
+		}
+		w := httptest.NewRecorder()
+		done, err := g.serveCluster(w, r, nil, e, &settings{}, "abc", 8080)
+		if done || err != nil {
+			t.Fatalf("signed=%v: serveCluster answered %d %q (%v), want it served here", signed, w.Code, w.Body, err)
+		}
+		return r
+	}
+
+	r := serve(true)
+	if _, ok := r.Header[cluster.ForwardHeader]; ok {
+		t.Fatal("the signature is left on the request for the app")
+	}
+	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted {
+		t.Fatal("the signing node is not a trusted proxy: reverse_proxy replaces its X-Forwarded-* with its own address and scheme")
+	}
+	if got, want := streamClient(r), netip.MustParsePrefix("203.0.113.7/32"); got != want {
+		t.Fatalf("stream client of a forwarded request = %s, want the visitor %s", got, want)
+	}
+
+	r = serve(false)
+	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); trusted {
+		t.Fatal("an unsigned request is trusted as a proxy")
+	}
+	if got, want := streamClient(r), netip.MustParsePrefix("10.0.0.2/32"); got != want {
+		t.Fatalf("stream client of an unsigned request = %s, want its peer %s", got, want)
+	}
+}
