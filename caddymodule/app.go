@@ -510,8 +510,17 @@ func (a *App) Start() error {
 	if err != nil {
 		return err
 	}
-	a.started = true
 	e := val.(*engine)
+	if diff := clusterChanges(e.clusterCfg, a.Cluster); loaded && diff != "" {
+		// Joining, leaving or changing the cluster needs a new engine;
+		// running on with the old membership while the config says
+		// otherwise would be silent: the reload is refused.
+		if _, err := engines.Delete(a.storageDir); err != nil {
+			a.logger.Error("releasing the engine", zap.Error(err))
+		}
+		return fmt.Errorf("sandwake: %s: cluster membership is set when sandwake starts; restart Caddy to apply it (the running config is kept)", diff)
+	}
+	a.started = true
 	if loaded && (e.dockerHost != a.DockerHost || e.upstreamMode != a.UpstreamMode || e.network != a.Network) {
 		a.logger.Warn("docker_host, upstream_mode and network changes take effect after a restart",
 			zap.String("storage", a.storageDir))
@@ -595,8 +604,10 @@ type engine struct {
 	// storeWarning, when set, says the store looks lost (readyz shows it).
 	storeWarning string
 
-	// cluster is the node's part in a cluster, nil on a single host.
-	cluster *clusterState
+	// cluster is the node's part in a cluster, nil on a single host;
+	// clusterCfg the cluster block it was joined with.
+	cluster    *clusterState
+	clusterCfg *ClusterConfig
 	clusterFigures
 }
 

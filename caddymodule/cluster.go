@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -179,7 +181,44 @@ func (e *engine) joinCluster(a *App) error {
 	}
 	c.Watch(cs.remote.observe)
 	e.cluster = cs
+	joined := *cc
+	e.clusterCfg = &joined
 	return nil
+}
+
+// clusterChanges says how cluster block next differs from prev, the one the
+// engine joined with ("" when they are the same). The membership is fixed
+// when the engine opens, which a reload does not do.
+func clusterChanges(prev, next *ClusterConfig) string {
+	switch {
+	case prev == nil && next == nil:
+		return ""
+	case prev == nil:
+		return "a cluster block was added"
+	case next == nil:
+		return "the cluster block was removed"
+	}
+	var changed []string
+	for _, f := range []struct {
+		name string
+		same bool
+	}{
+		{"etcd", slices.Equal(prev.Etcd, next.Etcd)},
+		{"node", prev.Node == next.Node},
+		{"advertise", prev.Advertise == next.Advertise},
+		{"advertise_api", prev.AdvertiseAPI == next.AdvertiseAPI},
+		{"secret", bytes.Equal(prev.secret, next.secret)},
+		{"prefix", prev.Prefix == next.Prefix},
+		{"lease_ttl", prev.LeaseTTL == next.LeaseTTL},
+	} {
+		if !f.same {
+			changed = append(changed, f.name)
+		}
+	}
+	if len(changed) == 0 {
+		return ""
+	}
+	return "cluster " + strings.Join(changed, ", ") + " changed"
 }
 
 // startCluster joins the cluster once the manager runs. With etcd down the
