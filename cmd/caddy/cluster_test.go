@@ -306,6 +306,76 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("streams through a forwarding gateway", func(t *testing.T) {
+		tc.t = t
+		id, owner := home[1], tc.names[1]
+		fwd := tc.nodes[0]
+		// The app's own event stream: its first event arrives while the
+		// stream stays open (the next one is an hour away), so neither
+		// gateway buffers it.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/sse?n=2&every=1h", id, fwd.previewPort), nil)
+		req.Header.Set("Accept", "text/event-stream")
+		resp, err := fwd.previewClient().Do(req)
+		if err != nil {
+			t.Fatalf("app SSE via node 1: %v", err)
+		}
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			resp.Body.Close()
+			t.Fatalf("app SSE via node 1: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() && sc.Text() != "data: tick 1" {
+		}
+		if sc.Text() != "data: tick 1" {
+			resp.Body.Close()
+			t.Fatalf("app SSE via node 1: the first event did not come while the stream was open: %v %v", sc.Err(), ctx.Err())
+		}
+		resp.Body.Close()
+		cancel()
+
+		// The preview host's own stream (the warming page's): the current
+		// state at once, then the owner's transitions as they happen.
+		events := openSSE(t, fwd.previewClient(), fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/.well-known/sandwake/events", id, fwd.previewPort))
+		events.await(t, func(ev map[string]any) bool { return ev["type"] == "sandbox.running" })
+		if code, body := fwd.api("POST", "/v1/sandboxes/"+id+"/stop", nil, nil); code != 200 {
+			t.Fatalf("stop via node 1: %d %s", code, body)
+		}
+		events.await(t, func(ev map[string]any) bool { return ev["type"] == "sandbox.stopped" && ev["sandbox_id"] == id })
+		if code, ecode, err := previewCode(fwd.previewClient(), fwd, id, nil); code != 200 {
+			t.Fatalf("wake via node 1: %d %s %v", code, ecode, err)
+		}
+		events.await(t, func(ev map[string]any) bool { return ev["type"] == "sandbox.running" && ev["sandbox_id"] == id })
+		tc.waitEverywhere(id, "running", owner)
+
+		// The owner takes the forwarding node for a trusted proxy: the app
+		// gets the X-Forwarded-For that node set (the visitor) with the
+		// node's hop added, not the node alone.
+		if code, body := fwd.previewDo("GET", id, "/headers", nil); code != 200 || !strings.Contains(body, "X-Forwarded-For: 127.0.0.1, 127.0.0.1\n") {
+			t.Fatalf("headers via node 1: %d %q, want the visitor's X-Forwarded-For kept", code, body)
+		}
+		if code, body := tc.nodes[1].previewDo("GET", id, "/headers", nil); code != 200 || !strings.Contains(body, "X-Forwarded-For: 127.0.0.1\n") {
+			t.Fatalf("headers via the owner: %d %q", code, body)
+		}
+
+		// A path Go escapes when it writes it (| here) is signed as sent:
+		// the app answers (404, no such route), not the owner's 403.
+		for i, g := range tc.nodes {
+			req, _ := http.NewRequest("GET", fmt.Sprintf("http://s-%s-8080.preview.localhost:%d/", id, g.previewPort), nil)
+			req.URL.Opaque = "/no|such^route"
+			resp, err := g.previewClient().Do(req)
+			if err != nil {
+				t.Fatalf("path with | via node %d: %v", i+1, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 404 || strings.Contains(string(b), "unsigned_forward") {
+				t.Fatalf("path with | via node %d: %d %s, want the app's 404", i+1, resp.StatusCode, b)
+			}
+		}
+	})
+
 	t.Run("unique ids", func(t *testing.T) {
 		tc.t = t
 		id := testenv.UniqueID("u")
@@ -596,6 +666,26 @@ func (tc *testCluster) followEvents(t *testing.T, i int) *eventStream {
 		cancel()
 		t.Fatalf("events of node %d: %v %v", i+1, err, resp)
 	}
+	return readEvents(t, resp, cancel)
+}
+
+// openSSE opens the event stream at url with c; it is closed when the test
+// ends.
+func openSSE(t *testing.T, c *http.Client, url string) *eventStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := c.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		cancel()
+		t.Fatalf("event stream %s: %v %v", url, err, resp)
+	}
+	return readEvents(t, resp, cancel)
+}
+
+// readEvents reads the JSON events of an open stream into an eventStream.
+func readEvents(t *testing.T, resp *http.Response, cancel context.CancelFunc) *eventStream {
 	es := &eventStream{events: make(chan map[string]any, 1024)}
 	done := make(chan struct{})
 	go func() {
