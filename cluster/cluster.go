@@ -139,6 +139,9 @@ type Cluster struct {
 	reqTimeout time.Duration
 	// endpoints is cfg.Endpoints joined, for error messages.
 	endpoints string
+	// dialOptions are added to the etcd client's (tests intercept calls
+	// with them).
+	dialOptions []grpc.DialOption
 
 	cache catalog
 
@@ -242,14 +245,14 @@ func (c *Cluster) start(ctx context.Context) error {
 		// The client's own lines (retries, balancer) are noise next to
 		// ours; keep its errors only.
 		Logger: c.log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
-		DialOptions: []grpc.DialOption{
+		DialOptions: append([]grpc.DialOption{
 			// gRPC's default reconnect backoff grows to two minutes; a
 			// node should be back within seconds of etcd.
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
 				MinConnectTimeout: c.reqTimeout,
 			}),
-		},
+		}, c.dialOptions...),
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: etcd client for %s: %w", c.endpoints, err)
