@@ -28,8 +28,12 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 	// Marked before the transaction: a republish running meanwhile must
 	// not take the fresh entry, which has no local record yet, for stale.
 	c.pub.reserve(id)
+	// The transaction runs to its answer even when the caller gives up
+	// (each try is bounded by the request timeout): a reservation etcd
+	// applied after the caller's context ended would otherwise be reported
+	// as failed, never released, and hold the id until the next republish.
 	var resp *clientv3.TxnResponse
-	err = c.call(ctx, "reserving id "+id, func(ctx context.Context) (err error) {
+	err = c.call(context.WithoutCancel(ctx), "reserving id "+id, func(ctx context.Context) (err error) {
 		resp, err = c.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, string(data))).
@@ -76,7 +80,11 @@ func (c *Cluster) reserveTime() time.Time {
 // Release removes this node's entry of id if it is still this node's (a
 // create that failed, a destroy).
 func (c *Cluster) Release(ctx context.Context, id string) error {
-	c.pub.unreserve(id, true)
+	// One reservation given back, not all: another create of the same id
+	// may be reserving it right now (its transaction lands once this
+	// deletion is done), and its count must keep its entry from the
+	// republish until its record exists.
+	c.pub.unreserve(id, false)
 	_, err := c.updateEntry(ctx, "releasing id "+id, id, c.cachedOrNil(id), func(cur *Entry) (*Entry, bool) {
 		return nil, cur != nil && cur.Node == c.cfg.Node
 	})
