@@ -22,21 +22,25 @@ type etcdFailure struct{ err error }
 // once more: a leader's death loses the proposals in flight until the
 // others elect a new one, and the second try goes to the new leader. With
 // no member connected it fails at once (a create answers 503 promptly).
+// Health follows the call's outcome, not its first try's: a failover
+// that the second try rides out is counted as an etcd error but does not
+// make the node unready for a moment.
 func (c *Cluster) call(ctx context.Context, what string, fn func(ctx context.Context) error) error {
 	if c.cli == nil {
 		return fmt.Errorf("%s: %w at %s: cluster not started", what, ErrEtcd, c.endpoints)
 	}
-	err := c.try(ctx, what, fn)
-	if errors.Is(err, ErrEtcd) && ctx.Err() == nil && c.cli.ActiveConnection().GetState() == connectivity.Ready {
-		err = c.try(ctx, what, fn)
+	err := c.try(ctx, fn)
+	if err != nil && ctx.Err() == nil && !answered(err) && c.cli.ActiveConnection().GetState() == connectivity.Ready {
+		c.etcdErrors.Add(1)
+		err = c.try(ctx, fn)
 	}
-	return err
+	return c.observe(ctx, what, err)
 }
 
-func (c *Cluster) try(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+func (c *Cluster) try(ctx context.Context, fn func(ctx context.Context) error) error {
 	rctx, cancel := context.WithTimeout(ctx, c.reqTimeout)
 	defer cancel()
-	return c.observe(ctx, what, fn(rctx))
+	return fn(rctx)
 }
 
 // observe records the outcome of an etcd request and wraps a failure:
