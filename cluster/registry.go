@@ -237,7 +237,10 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 	now := c.now().UTC()
 	for _, e := range mine {
 		guess := e
-		changed, err := c.updateEntry(ctx, "marking sandbox "+e.ID+" of removed node "+node+" killed", e.ID, &guess,
+		// Only while the node stays gone: one that registers again after
+		// the check above runs these sandboxes, and its republish (done at
+		// its start) would not undo the mark.
+		changed, err := c.updateEntryUnless(ctx, "marking sandbox "+e.ID+" of removed node "+node+" killed", e.ID, c.nodeKey(node), &guess,
 			func(cur *Entry) (*Entry, bool) {
 				if cur == nil || cur.Node != node || (cur.State == lifecycle.Killed && cur.Reason == ReasonNodeRemoved) {
 					return nil, false
@@ -248,6 +251,9 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 				next.UpdatedAt = now
 				return &next, false
 			})
+		if errors.Is(err, errKeyExists) {
+			return killed, fmt.Errorf("removing node %s: the node registered again (it is live and restores the %d entries marked before)", node, killed)
+		}
 		if err != nil {
 			return killed, fmt.Errorf("removing node %s: %w", node, err)
 		}
