@@ -275,9 +275,12 @@ func (c *Cluster) unpublish(id string, guess *Entry) (bool, error) {
 func (c *Cluster) republish() error {
 	recs, err := c.src.List("")
 	if err != nil {
-		// Nothing to compare with; etcd is not at fault.
+		// Nothing to compare with; etcd is not at fault (Health stays),
+		// but the republish stays due and is tried again with backoff:
+		// dropped, it would wait for the next etcd failure or restart,
+		// and the catalog would miss every record meanwhile.
 		c.log.Error("listing local records to republish", zap.Error(err))
-		return nil
+		return fmt.Errorf("listing local records to republish: %w", err)
 	}
 	var resp *clientv3.GetResponse
 	err = c.call(c.ctx, "reading the catalog to republish", func(ctx context.Context) (err error) {

@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandwake/sandwake/internal/etcdtest"
+	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -63,5 +65,37 @@ func TestRepublishOfAnUnchangedCatalogWritesNothing(t *testing.T) {
 	}
 	if e, _ := rawEntry(t, a.cli, prefix, "r7"); e.State != lifecycle.Paused {
 		t.Fatalf("r7 after the republish: %+v, want paused", e)
+	}
+}
+
+// failingList is a Source whose List fails a number of times first.
+type failingList struct {
+	*memSource
+	failures atomic.Int32
+}
+
+func (s *failingList) List(state lifecycle.State) ([]lifecycle.Record, error) {
+	if s.failures.Add(-1) >= 0 {
+		return nil, errors.New("test: the store cannot list")
+	}
+	return s.memSource.List(state)
+}
+
+// TestRepublishRetriesAFailedList: the start's republish meets a local
+// store that cannot list for a moment; it is tried again, so the records
+// reach the catalog without waiting for an etcd failure or a restart.
+func TestRepublishRetriesAFailedList(t *testing.T) {
+	ec := etcdtest.Start(t, 3)
+	prefix := testPrefix()
+	src := &failingList{memSource: newMemSource()}
+	src.failures.Store(2)
+	src.set(record("before-start", lifecycle.Running))
+	a := startNode(t, ec.Endpoints(), prefix, "node-a", src)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		e, ok := rawEntry(t, a.cli, prefix, "before-start")
+		return ok && e.State == lifecycle.Running, fmt.Sprintf("before-start in etcd: %+v (%v)", e, ok)
+	})
+	if err := a.Health(); err != nil {
+		t.Fatalf("Health after a local store failure: %v, want nil (etcd answered)", err)
 	}
 }
