@@ -213,10 +213,12 @@ func (c *Cluster) publish(id string) error {
 		_, err := c.unpublish(id, c.cachedOrNil(id))
 		return err
 	case err != nil:
-		// A record that cannot be read cannot be published; the next
-		// republish tries again. Holding the queue for it would stop
+		// A record that cannot be read cannot be published; a republish
+		// (which lists the records rather than reading this one) is asked
+		// for and catches it up. Holding the queue for it would stop
 		// every other change.
 		c.log.Error("reading a record to publish", zap.String("id", id), zap.Error(err))
+		c.pub.needResync()
 		return nil
 	}
 	c.pub.unreserve(id, true)

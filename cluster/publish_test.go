@@ -99,3 +99,34 @@ func TestRepublishRetriesAFailedList(t *testing.T) {
 		t.Fatalf("Health after a local store failure: %v, want nil (etcd answered)", err)
 	}
 }
+
+// failingGet is a Source whose Get of one id fails a number of times first.
+type failingGet struct {
+	*memSource
+	id       string
+	failures atomic.Int32
+}
+
+func (s *failingGet) Get(id string) (lifecycle.Record, error) {
+	if id == s.id && s.failures.Add(-1) >= 0 {
+		return lifecycle.Record{}, errors.New("test: the store cannot read")
+	}
+	return s.memSource.Get(id)
+}
+
+// TestPublishCatchesUpAFailedRead: a change whose record cannot be read
+// when its turn comes still reaches the catalog (by a republish), without
+// waiting for an etcd failure or a restart.
+func TestPublishCatchesUpAFailedRead(t *testing.T) {
+	ec := etcdtest.Start(t, 3)
+	prefix := testPrefix()
+	src := &failingGet{memSource: newMemSource(), id: "unreadable"}
+	a := startNode(t, ec.Endpoints(), prefix, "node-a", src)
+	src.failures.Store(1)
+	src.set(record("unreadable", lifecycle.Running))
+	a.Changed("unreadable")
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		e, ok := rawEntry(t, a.cli, prefix, "unreadable")
+		return ok && e.State == lifecycle.Running, fmt.Sprintf("unreadable in etcd: %+v (%v)", e, ok)
+	})
+}
