@@ -86,6 +86,13 @@ func (p *publisher) isReserved(id string) bool {
 	return p.reserved[id] > 0
 }
 
+// reservations is how many reservations of id are held here.
+func (p *publisher) reservations(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reserved[id]
+}
+
 func (p *publisher) reserve(id string) {
 	p.mu.Lock()
 	p.reserved[id]++

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sandwake/sandwake/lifecycle"
@@ -54,6 +56,9 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 		// the value is this very call's, its time unique to it.
 		return nil
 	}
+	if len(kvs) > 0 && c.takeStale(ctx, id, kvs[0], data) {
+		return nil
+	}
 	c.pub.unreserve(id, false)
 	owner := "another node"
 	if len(kvs) > 0 {
@@ -62,6 +67,48 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 		}
 	}
 	return fmt.Errorf("reserving id %s: %w (held by %s)", id, ErrTaken, owner)
+}
+
+// takeStale replaces kv, id's entry, with the reservation data when the
+// entry is this node's own and stale: no local record and no other
+// reservation of id here. That is a sandbox just destroyed whose entry
+// the publisher has not deleted yet; without this, a create of the same id
+// right after the destroy is refused as taken by this very node. It
+// reports whether the reservation is in place.
+func (c *Cluster) takeStale(ctx context.Context, id string, kv *mvccpb.KeyValue, data []byte) bool {
+	if e, err := decodeEntry(id, kv); err != nil || e.Node != c.cfg.Node || c.pub.reservations(id) > 1 {
+		return false
+	}
+	if _, err := c.src.Get(id); !errors.Is(err, lifecycle.ErrNotFound) {
+		return false
+	}
+	key := c.sandboxKey(id)
+	// A second round when the publisher's deletion of the stale entry
+	// came first (mod revision 0: the key is absent).
+	rev := kv.ModRevision
+	for range 2 {
+		var resp *clientv3.TxnResponse
+		err := c.call(context.WithoutCancel(ctx), "reserving id "+id+" over this node's stale entry", func(ctx context.Context) (err error) {
+			resp, err = c.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+				Then(clientv3.OpPut(key, string(data))).
+				Else(clientv3.OpGet(key)).
+				Commit()
+			return err
+		})
+		if err != nil {
+			return false
+		}
+		if resp.Succeeded {
+			return true
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) > 0 {
+			return bytes.Equal(kvs[0].Value, data)
+		}
+		rev = 0
+	}
+	return false
 }
 
 // reserveTime is the creation time of a reservation, distinct for every

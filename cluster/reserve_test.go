@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandwake/sandwake/internal/etcdtest"
 	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // TestReserveOutcomeMatchesEtcd: a caller that gives up while etcd applies
@@ -105,5 +106,46 @@ func TestReleaseKeepsAConcurrentReservation(t *testing.T) {
 	}
 	if err := b.Reserve(ctxT(t), "twice", 0); !errors.Is(err, ErrTaken) {
 		t.Fatalf("Reserve by node-b of an id node-a holds: %v, want ErrTaken", err)
+	}
+}
+
+// TestReserveRightAfterDestroy: a sandbox destroyed on this node whose
+// entry the publisher has not deleted yet does not make a create of the
+// same id right after fail as taken (by this very node); a record still
+// present, or another node's entry, does.
+func TestReserveRightAfterDestroy(t *testing.T) {
+	ec := etcdtest.Start(t, 3)
+	prefix := testPrefix()
+	src := newMemSource()
+	src.set(record("again", lifecycle.Running))
+	src.set(record("kept", lifecycle.Running))
+	a := startNode(t, ec.Endpoints(), prefix, "node-a", src)
+	b := startNode(t, ec.Endpoints(), prefix, "node-b", newMemSource())
+	for _, id := range []string{"again", "kept"} {
+		if _, ok := rawEntry(t, a.cli, prefix, id); !ok {
+			t.Fatalf("%s not published at start", id)
+		}
+	}
+	// Destroyed: the record is gone, the publisher not told yet.
+	src.del("again")
+	if err := a.Reserve(ctxT(t), "again", 64); err != nil {
+		t.Fatalf("Reserve of an id destroyed here a moment ago: %v", err)
+	}
+	if e, ok := rawEntry(t, a.cli, prefix, "again"); !ok || e.State != lifecycle.Creating || e.MemoryMB != 64 {
+		t.Fatalf("again after the Reserve: %+v (%v), want the new reservation", e, ok)
+	}
+	// The destroy's own publish comes late: it leaves the reservation.
+	a.Changed("again")
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		return a.Stats().Pending == 0, "the destroy's publish is pending"
+	})
+	if e, ok := rawEntry(t, a.cli, prefix, "again"); !ok || e.State != lifecycle.Creating {
+		t.Fatalf("again after the destroy's publish: %+v (%v), want the reservation kept", e, ok)
+	}
+	if err := a.Reserve(ctxT(t), "kept", 0); !errors.Is(err, ErrTaken) {
+		t.Fatalf("Reserve of an id with a record here: %v, want ErrTaken", err)
+	}
+	if err := b.Reserve(ctxT(t), "kept", 0); !errors.Is(err, ErrTaken) {
+		t.Fatalf("Reserve by node-b of node-a's id: %v, want ErrTaken", err)
 	}
 }
