@@ -157,7 +157,7 @@ func (c *Cluster) runCatalog(first chan struct{}) {
 // the watchers what changed since the cache was last current.
 func (c *Cluster) loadCatalog() (int64, error) {
 	var resp *clientv3.GetResponse
-	err := c.call(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
+	err := c.callRead(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
 		resp, err = c.cli.Get(ctx, c.cfg.Prefix, clientv3.WithPrefix())
 		return err
 	})
@@ -215,7 +215,7 @@ func (c *Cluster) followCatalog(from int64) error {
 			return fmt.Errorf("revision %d compacted (now %d)", from, wr.CompactRevision)
 		}
 		if err := wr.Err(); err != nil {
-			return c.observe(c.ctx, "watching the catalog", err)
+			return c.observe(c.ctx, "watching the catalog", false, err)
 		}
 		if wr.Canceled {
 			return errors.New("watch canceled by etcd")

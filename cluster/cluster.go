@@ -150,9 +150,11 @@ type Cluster struct {
 
 	pub publisher
 
-	// health is the last etcd failure, nil after a success.
-	health     atomic.Pointer[etcdFailure]
-	etcdErrors atomic.Uint64
+	// health is the last etcd failure, nil after a success; writeHealth
+	// the last failure of a write, nil after a write that worked.
+	health      atomic.Pointer[etcdFailure]
+	writeHealth atomic.Pointer[etcdFailure]
+	etcdErrors  atomic.Uint64
 	// lease is the node's current lease (0: none held).
 	lease atomic.Int64
 	// lastReserve is the last reservation's time (unix ns).
@@ -307,6 +309,9 @@ func (c *Cluster) Self() string { return c.cfg.Node }
 // Health is nil while etcd answers; otherwise an error wrapping ErrEtcd
 // that names the endpoints and the last failure.
 func (c *Cluster) Health() error {
+	if f := c.writeHealth.Load(); f != nil {
+		return f.err
+	}
 	if f := c.health.Load(); f != nil {
 		return f.err
 	}

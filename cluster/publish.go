@@ -292,7 +292,7 @@ func (c *Cluster) republish() error {
 		return fmt.Errorf("listing local records to republish: %w", err)
 	}
 	var resp *clientv3.GetResponse
-	err = c.call(c.ctx, "reading the catalog to republish", func(ctx context.Context) (err error) {
+	err = c.callRead(c.ctx, "reading the catalog to republish", func(ctx context.Context) (err error) {
 		resp, err = c.cli.Get(ctx, c.sandboxesPrefix(), clientv3.WithPrefix())
 		return err
 	})
@@ -393,7 +393,9 @@ func (c *Cluster) updateEntryUnless(ctx context.Context, what, id, absent string
 			orElse = append(orElse, clientv3.OpGet(absent, clientv3.WithCountOnly()))
 		}
 		var resp *clientv3.TxnResponse
-		err := c.call(ctx, what, func(ctx context.Context) (err error) {
+		// A transaction without operations only reads (etcd answers it
+		// even when it refuses writes).
+		err := c.do(ctx, what, len(then) > 0, func(ctx context.Context) (err error) {
 			resp, err = c.cli.Txn(ctx).If(cmps...).Then(then...).Else(orElse...).Commit()
 			return err
 		})

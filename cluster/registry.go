@@ -104,7 +104,10 @@ func (c *Cluster) keepRegistered(id clientv3.LeaseID) {
 				c.lease.CompareAndSwap(int64(id), 0)
 				return
 			}
-			c.health.Store(nil)
+			// A keepalive's answer says nothing of Health: etcd renews
+			// leases while it refuses every write (out of space), and
+			// clearing Health here would flap it against the failing
+			// writes. The refresh below clears it when writes work.
 		case <-tick.C:
 			err := c.putNode(id)
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -201,7 +204,7 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 	// declare its running sandboxes lost.
 	var reg, drain *clientv3.GetResponse
 	var entries *clientv3.GetResponse
-	err = c.call(ctx, "looking up node "+node, func(ctx context.Context) error {
+	err = c.callRead(ctx, "looking up node "+node, func(ctx context.Context) error {
 		resp, err := c.cli.Txn(ctx).Then(
 			clientv3.OpGet(c.nodeKey(node)),
 			clientv3.OpGet(c.drainKey(node)),
