@@ -147,8 +147,9 @@ func TestSignedRequestSurvivesForwarding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := &httputil.ReverseProxy{Director: func(r *http.Request) {
-		r.URL.Scheme, r.URL.Host = target.Scheme, target.Host
+	// The owner's address only: path, query and Host stay the client's.
+	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.Out.URL.Scheme, pr.Out.URL.Host = target.Scheme, target.Host
 	}}
 	gateway := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gatewayNode.Sign(r)
