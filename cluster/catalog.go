@@ -157,7 +157,7 @@ func (c *Cluster) runCatalog(first chan struct{}) {
 // the watchers what changed since the cache was last current.
 func (c *Cluster) loadCatalog() (int64, error) {
 	var resp *clientv3.GetResponse
-	err := c.call(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
+	err := c.callRead(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
 		resp, err = c.cli.Get(ctx, c.cfg.Prefix, clientv3.WithPrefix())
 		return err
 	})
@@ -196,6 +196,7 @@ func (c *Cluster) loadCatalog() (int64, error) {
 	}
 	cat.mu.Unlock()
 	slices.SortFunc(changes, func(a, b Change) int { return int(a.Entry.Revision - b.Entry.Revision) })
+	c.reclaim(changes)
 	c.notify(changes)
 	return resp.Header.Revision, nil
 }
@@ -214,7 +215,7 @@ func (c *Cluster) followCatalog(from int64) error {
 			return fmt.Errorf("revision %d compacted (now %d)", from, wr.CompactRevision)
 		}
 		if err := wr.Err(); err != nil {
-			return c.observe(c.ctx, "watching the catalog", err)
+			return c.observe(c.ctx, "watching the catalog", false, err)
 		}
 		if wr.Canceled {
 			return errors.New("watch canceled by etcd")
@@ -230,9 +231,23 @@ func (c *Cluster) followCatalog(from int64) error {
 			}
 		}
 		c.cache.mu.Unlock()
+		c.reclaim(changes)
 		c.notify(changes)
 	}
 	return c.ctx.Err()
+}
+
+// reclaim queues for publishing this node's entries that another node
+// marked removed: this node runs (it watches), so its records, not the
+// mark, say what those sandboxes are. Remove refuses a live node, but a
+// node may register again between that check and the marks, or after
+// its start's republish read the catalog.
+func (c *Cluster) reclaim(changes []Change) {
+	for _, ch := range changes {
+		if !ch.Deleted && ch.Entry.Node == c.cfg.Node && ch.Entry.Reason == ReasonNodeRemoved {
+			c.Changed(ch.Entry.ID)
+		}
+	}
 }
 
 // applyTo applies one put or delete to cat (locked by the caller) and

@@ -139,6 +139,9 @@ type Cluster struct {
 	reqTimeout time.Duration
 	// endpoints is cfg.Endpoints joined, for error messages.
 	endpoints string
+	// dialOptions are added to the etcd client's (tests intercept calls
+	// with them).
+	dialOptions []grpc.DialOption
 
 	cache catalog
 
@@ -147,9 +150,11 @@ type Cluster struct {
 
 	pub publisher
 
-	// health is the last etcd failure, nil after a success.
-	health     atomic.Pointer[etcdFailure]
-	etcdErrors atomic.Uint64
+	// health is the last etcd failure, nil after a success; writeHealth
+	// the last failure of a write, nil after a write that worked.
+	health      atomic.Pointer[etcdFailure]
+	writeHealth atomic.Pointer[etcdFailure]
+	etcdErrors  atomic.Uint64
 	// lease is the node's current lease (0: none held).
 	lease atomic.Int64
 	// lastReserve is the last reservation's time (unix ns).
@@ -242,14 +247,14 @@ func (c *Cluster) start(ctx context.Context) error {
 		// The client's own lines (retries, balancer) are noise next to
 		// ours; keep its errors only.
 		Logger: c.log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
-		DialOptions: []grpc.DialOption{
+		DialOptions: append([]grpc.DialOption{
 			// gRPC's default reconnect backoff grows to two minutes; a
 			// node should be back within seconds of etcd.
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
 				MinConnectTimeout: c.reqTimeout,
 			}),
-		},
+		}, c.dialOptions...),
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: etcd client for %s: %w", c.endpoints, err)
@@ -304,6 +309,9 @@ func (c *Cluster) Self() string { return c.cfg.Node }
 // Health is nil while etcd answers; otherwise an error wrapping ErrEtcd
 // that names the endpoints and the last failure.
 func (c *Cluster) Health() error {
+	if f := c.writeHealth.Load(); f != nil {
+		return f.err
+	}
 	if f := c.health.Load(); f != nil {
 		return f.err
 	}

@@ -7,9 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +107,13 @@ func testPrefix() string { return "/sw-test-" + randomHex(4) + "/" }
 // closed when the test ends.
 func startNode(t *testing.T, endpoints []string, prefix, name string, src Source) *Cluster {
 	t.Helper()
+	return startNodeWith(t, endpoints, prefix, name, src, nil)
+}
+
+// startNodeWith is startNode with an interceptor on the node's etcd calls
+// (nil: none).
+func startNodeWith(t *testing.T, endpoints []string, prefix, name string, src Source, icpt *interceptor) *Cluster {
+	t.Helper()
 	c, err := New(Config{
 		Endpoints:    endpoints,
 		Node:         name,
@@ -117,6 +126,9 @@ func startNode(t *testing.T, endpoints []string, prefix, name string, src Source
 	}, src)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if icpt != nil {
+		c.dialOptions = append(c.dialOptions, icpt.dialOption())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -623,10 +635,14 @@ func TestCatalogReloadsAfterCompaction(t *testing.T) {
 		changes = append(changes, ch)
 		mu.Unlock()
 	})
+	// Both the entries and Lookup's mirror of them, as the watch keeps them.
 	a.cache.mu.Lock()
 	delete(a.cache.entries, "kept")
+	a.cache.index.Delete("kept")
 	a.cache.uncount("node-a")
-	a.cache.entries["ghost"] = Entry{ID: "ghost", Node: "node-a", Revision: 1}
+	ghost := Entry{ID: "ghost", Node: "node-a", Revision: 1}
+	a.cache.entries["ghost"] = ghost
+	a.cache.index.Store("ghost", &ghost)
 	a.cache.counts["node-a"]++
 	a.cache.mu.Unlock()
 	if _, err := a.loadCatalog(); err != nil {
@@ -653,4 +669,67 @@ func TestCatalogReloadsAfterCompaction(t *testing.T) {
 	if n, _ := a.Node("node-a"); n.Sandboxes != 1 {
 		t.Fatalf("node-a's sandbox count after the reload: %d, want 1", n.Sandboxes)
 	}
+	checkMirror(t, a)
+}
+
+// checkMirror fails unless Lookup's index holds exactly the cache's entries.
+func checkMirror(t *testing.T, c *Cluster) {
+	t.Helper()
+	c.cache.mu.RLock()
+	defer c.cache.mu.RUnlock()
+	n := 0
+	c.cache.index.Range(func(k, v any) bool {
+		n++
+		e, ok := c.cache.entries[k.(string)]
+		if !ok || e.Revision != v.(*Entry).Revision {
+			t.Errorf("Lookup's index has %s at revision %d, the entries %+v (%v)", k, v.(*Entry).Revision, e, ok)
+		}
+		return true
+	})
+	if n != len(c.cache.entries) {
+		t.Errorf("Lookup's index has %d ids, the entries %d", n, len(c.cache.entries))
+	}
+}
+
+// TestCloseWithEtcdDown: Close returns within seconds with etcd gone and
+// in-flight work pending, and leaves no goroutine behind.
+func TestCloseWithEtcdDown(t *testing.T) {
+	ec := etcdtest.Start(t, 3)
+	base := runtime.NumGoroutine()
+	prefix := testPrefix()
+	src := newMemSource()
+	a := startNode(t, ec.Endpoints(), prefix, "node-a", src)
+	src.set(record("x", lifecycle.Running))
+	a.Changed("x")
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		_, ok := a.Lookup("x")
+		return ok, "x not published"
+	})
+	for i := range 3 {
+		ec.Kill(i)
+	}
+	// Work in flight when Close comes: a publish retrying, a reservation.
+	src.set(record("y", lifecycle.Running))
+	a.Changed("y")
+	reserved := make(chan error, 1)
+	go func() { reserved <- a.Reserve(context.Background(), "z", 0) }()
+	var closed atomic.Bool
+	go func() {
+		_ = a.Close()
+		closed.Store(true)
+	}()
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		return closed.Load(), "Close with etcd down has not returned"
+	})
+	if err := <-reserved; err == nil {
+		t.Fatal("Reserve succeeded with etcd down")
+	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		n := runtime.NumGoroutine()
+		if n <= base {
+			return true, ""
+		}
+		buf := make([]byte, 1<<20)
+		return false, fmt.Sprintf("%d goroutines after Close, %d before Start:\n%s", n, base, buf[:runtime.Stack(buf, true)])
+	})
 }

@@ -22,41 +22,65 @@ type etcdFailure struct{ err error }
 // once more: a leader's death loses the proposals in flight until the
 // others elect a new one, and the second try goes to the new leader. With
 // no member connected it fails at once (a create answers 503 promptly).
+// Health follows the call's outcome, not its first try's: a failover
+// that the second try rides out is counted as an etcd error but does not
+// make the node unready for a moment. call is for requests that write;
+// callRead for those that only read.
 func (c *Cluster) call(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+	return c.do(ctx, what, true, fn)
+}
+
+// callRead is call for a request that writes nothing: its success does
+// not clear a write failure from Health (etcd out of space still reads).
+func (c *Cluster) callRead(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+	return c.do(ctx, what, false, fn)
+}
+
+func (c *Cluster) do(ctx context.Context, what string, write bool, fn func(ctx context.Context) error) error {
 	if c.cli == nil {
 		return fmt.Errorf("%s: %w at %s: cluster not started", what, ErrEtcd, c.endpoints)
 	}
-	err := c.try(ctx, what, fn)
-	if errors.Is(err, ErrEtcd) && ctx.Err() == nil && c.cli.ActiveConnection().GetState() == connectivity.Ready {
-		err = c.try(ctx, what, fn)
+	err := c.try(ctx, fn)
+	if err != nil && ctx.Err() == nil && !answered(err) && c.cli.ActiveConnection().GetState() == connectivity.Ready {
+		c.etcdErrors.Add(1)
+		err = c.try(ctx, fn)
 	}
-	return err
+	return c.observe(ctx, what, write, err)
 }
 
-func (c *Cluster) try(ctx context.Context, what string, fn func(ctx context.Context) error) error {
+func (c *Cluster) try(ctx context.Context, fn func(ctx context.Context) error) error {
 	rctx, cancel := context.WithTimeout(ctx, c.reqTimeout)
 	defer cancel()
-	return c.observe(ctx, what, fn(rctx))
+	return fn(rctx)
 }
 
 // observe records the outcome of an etcd request and wraps a failure:
 // ErrEtcd when etcd did not answer (unreachable, no leader, timeout), the
 // plain error when it answered with a refusal, the caller's own error when
-// the caller gave up.
-func (c *Cluster) observe(ctx context.Context, what string, err error) error {
-	if err == nil {
+// the caller gave up. A write's failure is kept apart from a read's and
+// cleared only by a write that works: with every write refused and reads
+// answered (etcd out of space), Health would otherwise flap between the
+// two.
+func (c *Cluster) observe(ctx context.Context, what string, write bool, err error) error {
+	if err == nil || (ctx.Err() == nil && answered(err)) {
 		c.health.Store(nil)
-		return nil
+		if write {
+			c.writeHealth.Store(nil)
+		}
+		if err == nil {
+			return nil
+		}
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}
-	if answered(err) {
-		c.health.Store(nil)
-		return fmt.Errorf("%s: %w", what, err)
-	}
 	werr := fmt.Errorf("%s: %w at %s: %w", what, ErrEtcd, c.endpoints, err)
-	c.health.Store(&etcdFailure{err: werr})
+	if write {
+		c.writeHealth.Store(&etcdFailure{err: werr})
+	} else {
+		c.health.Store(&etcdFailure{err: werr})
+	}
 	c.etcdErrors.Add(1)
 	// Whatever failed, the catalog may now miss changes: republish
 	// everything once etcd answers again.
@@ -72,7 +96,11 @@ func answered(err error) bool {
 		return false
 	}
 	switch ee.Code() {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown:
+	// ResourceExhausted: the database is over its quota (the NOSPACE
+	// alarm: etcd takes no write until an operator compacts, defragments
+	// and disarms) or etcd is overloaded. Either way etcd cannot do the
+	// work: Health and creates must say so, as when it is gone.
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.ResourceExhausted:
 		return false
 	}
 	return true

@@ -58,11 +58,13 @@ func (p *publisher) needResync() {
 	p.poke()
 }
 
-// pending is how many ids wait and since when the oldest waits.
+// pending is how many ids wait and since when the oldest waits. An id
+// marked again while its publish is in flight is one id waiting.
 func (p *publisher) pending() (int, time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var oldest time.Time
+	n := len(p.dirty)
 	for _, m := range []map[string]time.Time{p.dirty, p.inflight} {
 		for _, t := range m {
 			if oldest.IsZero() || t.Before(oldest) {
@@ -70,13 +72,25 @@ func (p *publisher) pending() (int, time.Time) {
 			}
 		}
 	}
-	return len(p.dirty) + len(p.inflight), oldest
+	for id := range p.inflight {
+		if _, again := p.dirty[id]; !again {
+			n++
+		}
+	}
+	return n, oldest
 }
 
 func (p *publisher) isReserved(id string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.reserved[id] > 0
+}
+
+// reservations is how many reservations of id are held here.
+func (p *publisher) reservations(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reserved[id]
 }
 
 func (p *publisher) reserve(id string) {
@@ -206,10 +220,12 @@ func (c *Cluster) publish(id string) error {
 		_, err := c.unpublish(id, c.cachedOrNil(id))
 		return err
 	case err != nil:
-		// A record that cannot be read cannot be published; the next
-		// republish tries again. Holding the queue for it would stop
+		// A record that cannot be read cannot be published; a republish
+		// (which lists the records rather than reading this one) is asked
+		// for and catches it up. Holding the queue for it would stop
 		// every other change.
 		c.log.Error("reading a record to publish", zap.String("id", id), zap.Error(err))
+		c.pub.needResync()
 		return nil
 	}
 	c.pub.unreserve(id, true)
@@ -236,13 +252,20 @@ func (c *Cluster) put(want Entry, guess *Entry) (bool, error) {
 				zap.String("id", want.ID), zap.String("owner", cur.Node))
 			return nil, false
 		}
-		if cur != nil {
-			if curJSON, err := json.Marshal(cur); err == nil && bytes.Equal(curJSON, wantJSON) {
-				return nil, false
-			}
+		if sameEntry(cur, wantJSON) {
+			return nil, false
 		}
 		return &want, false
 	})
+}
+
+// sameEntry reports whether cur (nil: none) is the entry encoded as want.
+func sameEntry(cur *Entry, want []byte) bool {
+	if cur == nil {
+		return false
+	}
+	curJSON, err := json.Marshal(cur)
+	return err == nil && bytes.Equal(curJSON, want)
 }
 
 // unpublish deletes id's entry if it is this node's and not a reservation.
@@ -261,12 +284,15 @@ func (c *Cluster) unpublish(id string, guess *Entry) (bool, error) {
 func (c *Cluster) republish() error {
 	recs, err := c.src.List("")
 	if err != nil {
-		// Nothing to compare with; etcd is not at fault.
+		// Nothing to compare with; etcd is not at fault (Health stays),
+		// but the republish stays due and is tried again with backoff:
+		// dropped, it would wait for the next etcd failure or restart,
+		// and the catalog would miss every record meanwhile.
 		c.log.Error("listing local records to republish", zap.Error(err))
-		return nil
+		return fmt.Errorf("listing local records to republish: %w", err)
 	}
 	var resp *clientv3.GetResponse
-	err = c.call(c.ctx, "reading the catalog to republish", func(ctx context.Context) (err error) {
+	err = c.callRead(c.ctx, "reading the catalog to republish", func(ctx context.Context) (err error) {
 		resp, err = c.cli.Get(ctx, c.sandboxesPrefix(), clientv3.WithPrefix())
 		return err
 	})
@@ -283,7 +309,17 @@ func (c *Cluster) republish() error {
 	written, deleted := 0, 0
 	for _, r := range recs {
 		local[r.ID] = true
-		changed, err := c.put(c.entryOf(r), inEtcd[r.ID])
+		want := c.entryOf(r)
+		// The read above is etcd's current state: an entry already so
+		// needs no transaction (a republish after every etcd hiccup would
+		// otherwise cost one round trip per sandbox). A change after the
+		// read is a publish of its own.
+		if cur := inEtcd[r.ID]; cur != nil && cur.Node == c.cfg.Node {
+			if wantJSON, err := json.Marshal(want); err == nil && sameEntry(cur, wantJSON) {
+				continue
+			}
+		}
+		changed, err := c.put(want, inEtcd[r.ID])
 		if err != nil {
 			return err
 		}
@@ -320,6 +356,17 @@ const maxCASAttempts = 8
 // none); when etcd has another revision, decide runs again on etcd's. It
 // reports whether it wrote.
 func (c *Cluster) updateEntry(ctx context.Context, what, id string, guess *Entry, decide func(cur *Entry) (next *Entry, del bool)) (bool, error) {
+	return c.updateEntryUnless(ctx, what, id, "", guess, decide)
+}
+
+// errKeyExists is updateEntryUnless's refusal: the key that had to be
+// absent exists.
+var errKeyExists = errors.New("key exists")
+
+// updateEntryUnless is updateEntry that writes only while key absent does
+// not exist (none when empty), in the same transaction; it fails with
+// errKeyExists when it does.
+func (c *Cluster) updateEntryUnless(ctx context.Context, what, id, absent string, guess *Entry, decide func(cur *Entry) (next *Entry, del bool)) (bool, error) {
 	key := c.sandboxKey(id)
 	cur := guess
 	for range maxCASAttempts {
@@ -339,13 +386,17 @@ func (c *Cluster) updateEntry(ctx context.Context, what, id string, guess *Entry
 		case del:
 			then = append(then, clientv3.OpDelete(key))
 		}
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rev)}
+		orElse := []clientv3.Op{clientv3.OpGet(key)}
+		if absent != "" {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(absent), "=", 0))
+			orElse = append(orElse, clientv3.OpGet(absent, clientv3.WithCountOnly()))
+		}
 		var resp *clientv3.TxnResponse
-		err := c.call(ctx, what, func(ctx context.Context) (err error) {
-			resp, err = c.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
-				Then(then...).
-				Else(clientv3.OpGet(key)).
-				Commit()
+		// A transaction without operations only reads (etcd answers it
+		// even when it refuses writes).
+		err := c.do(ctx, what, len(then) > 0, func(ctx context.Context) (err error) {
+			resp, err = c.cli.Txn(ctx).If(cmps...).Then(then...).Else(orElse...).Commit()
 			return err
 		})
 		if err != nil {
@@ -353,6 +404,9 @@ func (c *Cluster) updateEntry(ctx context.Context, what, id string, guess *Entry
 		}
 		if resp.Succeeded {
 			return len(then) > 0, nil
+		}
+		if absent != "" && resp.Responses[1].GetResponseRange().Count > 0 {
+			return false, fmt.Errorf("%s: %w: %s", what, errKeyExists, absent)
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {

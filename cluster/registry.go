@@ -104,7 +104,10 @@ func (c *Cluster) keepRegistered(id clientv3.LeaseID) {
 				c.lease.CompareAndSwap(int64(id), 0)
 				return
 			}
-			c.health.Store(nil)
+			// A keepalive's answer says nothing of Health: etcd renews
+			// leases while it refuses every write (out of space), and
+			// clearing Health here would flap it against the failing
+			// writes. The refresh below clears it when writes work.
 		case <-tick.C:
 			err := c.putNode(id)
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -201,7 +204,7 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 	// declare its running sandboxes lost.
 	var reg, drain *clientv3.GetResponse
 	var entries *clientv3.GetResponse
-	err = c.call(ctx, "looking up node "+node, func(ctx context.Context) error {
+	err = c.callRead(ctx, "looking up node "+node, func(ctx context.Context) error {
 		resp, err := c.cli.Txn(ctx).Then(
 			clientv3.OpGet(c.nodeKey(node)),
 			clientv3.OpGet(c.drainKey(node)),
@@ -237,7 +240,10 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 	now := c.now().UTC()
 	for _, e := range mine {
 		guess := e
-		changed, err := c.updateEntry(ctx, "marking sandbox "+e.ID+" of removed node "+node+" killed", e.ID, &guess,
+		// Only while the node stays gone: one that registers again after
+		// the check above runs these sandboxes, and its republish (done at
+		// its start) would not undo the mark.
+		changed, err := c.updateEntryUnless(ctx, "marking sandbox "+e.ID+" of removed node "+node+" killed", e.ID, c.nodeKey(node), &guess,
 			func(cur *Entry) (*Entry, bool) {
 				if cur == nil || cur.Node != node || (cur.State == lifecycle.Killed && cur.Reason == ReasonNodeRemoved) {
 					return nil, false
@@ -248,6 +254,9 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 				next.UpdatedAt = now
 				return &next, false
 			})
+		if errors.Is(err, errKeyExists) {
+			return killed, fmt.Errorf("removing node %s: the node registered again (it is live and restores the %d entries marked before)", node, killed)
+		}
 		if err != nil {
 			return killed, fmt.Errorf("removing node %s: %w", node, err)
 		}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sandwake/sandwake/lifecycle"
@@ -28,8 +30,12 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 	// Marked before the transaction: a republish running meanwhile must
 	// not take the fresh entry, which has no local record yet, for stale.
 	c.pub.reserve(id)
+	// The transaction runs to its answer even when the caller gives up
+	// (each try is bounded by the request timeout): a reservation etcd
+	// applied after the caller's context ended would otherwise be reported
+	// as failed, never released, and hold the id until the next republish.
 	var resp *clientv3.TxnResponse
-	err = c.call(ctx, "reserving id "+id, func(ctx context.Context) (err error) {
+	err = c.call(context.WithoutCancel(ctx), "reserving id "+id, func(ctx context.Context) (err error) {
 		resp, err = c.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, string(data))).
@@ -50,6 +56,9 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 		// the value is this very call's, its time unique to it.
 		return nil
 	}
+	if len(kvs) > 0 && c.takeStale(ctx, id, kvs[0], data) {
+		return nil
+	}
 	c.pub.unreserve(id, false)
 	owner := "another node"
 	if len(kvs) > 0 {
@@ -58,6 +67,48 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 		}
 	}
 	return fmt.Errorf("reserving id %s: %w (held by %s)", id, ErrTaken, owner)
+}
+
+// takeStale replaces kv, id's entry, with the reservation data when the
+// entry is this node's own and stale: no local record and no other
+// reservation of id here. That is a sandbox just destroyed whose entry
+// the publisher has not deleted yet; without this, a create of the same id
+// right after the destroy is refused as taken by this very node. It
+// reports whether the reservation is in place.
+func (c *Cluster) takeStale(ctx context.Context, id string, kv *mvccpb.KeyValue, data []byte) bool {
+	if e, err := decodeEntry(id, kv); err != nil || e.Node != c.cfg.Node || c.pub.reservations(id) > 1 {
+		return false
+	}
+	if _, err := c.src.Get(id); !errors.Is(err, lifecycle.ErrNotFound) {
+		return false
+	}
+	key := c.sandboxKey(id)
+	// A second round when the publisher's deletion of the stale entry
+	// came first (mod revision 0: the key is absent).
+	rev := kv.ModRevision
+	for range 2 {
+		var resp *clientv3.TxnResponse
+		err := c.call(context.WithoutCancel(ctx), "reserving id "+id+" over this node's stale entry", func(ctx context.Context) (err error) {
+			resp, err = c.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+				Then(clientv3.OpPut(key, string(data))).
+				Else(clientv3.OpGet(key)).
+				Commit()
+			return err
+		})
+		if err != nil {
+			return false
+		}
+		if resp.Succeeded {
+			return true
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) > 0 {
+			return bytes.Equal(kvs[0].Value, data)
+		}
+		rev = 0
+	}
+	return false
 }
 
 // reserveTime is the creation time of a reservation, distinct for every
@@ -76,7 +127,11 @@ func (c *Cluster) reserveTime() time.Time {
 // Release removes this node's entry of id if it is still this node's (a
 // create that failed, a destroy).
 func (c *Cluster) Release(ctx context.Context, id string) error {
-	c.pub.unreserve(id, true)
+	// One reservation given back, not all: another create of the same id
+	// may be reserving it right now (its transaction lands once this
+	// deletion is done), and its count must keep its entry from the
+	// republish until its record exists.
+	c.pub.unreserve(id, false)
 	_, err := c.updateEntry(ctx, "releasing id "+id, id, c.cachedOrNil(id), func(cur *Entry) (*Entry, bool) {
 		return nil, cur != nil && cur.Node == c.cfg.Node
 	})

@@ -72,10 +72,13 @@ func (c *Cluster) mac(node, ts string, r *http.Request) []byte {
 	if host == "" && r.URL != nil {
 		host = r.URL.Host
 	}
-	// A server-side request has the request line's URI; an outgoing one
-	// only its URL, which the transport writes as the request line.
+	// The URL's form of the URI, not the request line as received: a
+	// forwarding gateway signs the request it received, but the transport
+	// writes the URL's form on the wire (an absolute-form line loses its
+	// scheme and host, a raw "|" or UTF-8 byte in the path is escaped),
+	// and the owner parses that back to the same form.
 	uri := r.RequestURI
-	if uri == "" && r.URL != nil {
+	if r.URL != nil {
 		uri = r.URL.RequestURI()
 	}
 	h := hmac.New(sha256.New, c.cfg.Secret)

@@ -1,9 +1,15 @@
 package cluster
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +63,13 @@ func TestSignVerify(t *testing.T) {
 		{name: "tampered path", req: func() *http.Request {
 			r := signed(good)
 			r.RequestURI = "/other?q=1&r=%20"
+			r.URL.Path, r.URL.RawPath = "/other", ""
+			return r
+		}, wantErr: "wrong signature"},
+		{name: "tampered query", req: func() *http.Request {
+			r := signed(good)
+			r.RequestURI = "/path/x?q=2&r=%20"
+			r.URL.RawQuery = "q=2&r=%20"
 			return r
 		}, wantErr: "wrong signature"},
 		{name: "tampered host", req: func() *http.Request {
@@ -104,6 +117,70 @@ func TestSignVerify(t *testing.T) {
 			}
 			if err != nil || ok != tt.wantOK || (ok && node != "node-a") {
 				t.Fatalf("Verify = %q, %v, %v; want ok=%v from node-a", node, ok, err, tt.wantOK)
+			}
+		})
+	}
+}
+
+// TestSignedRequestSurvivesForwarding sends raw request lines to a gateway
+// that signs what it received and forwards it with a reverse proxy to an
+// owner that verifies: request lines the proxy writes differently (a raw
+// "|" or UTF-8 in the path, absolute form) must still verify.
+func TestSignedRequestSurvivesForwarding(t *testing.T) {
+	gatewayNode := signer(t, "node-a", "shared", time.Now())
+	ownerNode := signer(t, "node-b", "shared", time.Now())
+	gatewayNode.now, ownerNode.now = time.Now, time.Now
+
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		node, ok, err := ownerNode.Verify(r)
+		switch {
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusForbidden)
+		case !ok:
+			http.Error(w, "not signed", http.StatusBadRequest)
+		default:
+			fmt.Fprintf(w, "from %s: %s", node, r.RequestURI)
+		}
+	}))
+	defer owner.Close()
+	target, err := url.Parse(owner.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owner's address only: path, query and Host stay the client's.
+	proxy := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.Out.URL.Scheme, pr.Out.URL.Host = target.Scheme, target.Host
+	}}
+	gateway := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gatewayNode.Sign(r)
+		proxy.ServeHTTP(w, r)
+	}))
+	defer gateway.Close()
+
+	for _, line := range []string{
+		"/plain/path?q=1&r=%20",
+		"/a|b^c",
+		"/caf\xc3\xa9?x=\xc3\xa9",
+		"/x%2Fy/%7e",
+		"http://s-abc.preview.test/absolute?form=1",
+	} {
+		t.Run(line, func(t *testing.T) {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(gateway.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: s-abc.preview.test\r\nConnection: close\r\n\r\n", line); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(body), "from node-a: ") {
+				t.Fatalf("request line %q through the gateway: %d %s", line, resp.StatusCode, body)
 			}
 		})
 	}
