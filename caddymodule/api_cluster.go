@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/lifecycle"
 )
@@ -54,8 +55,36 @@ func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func
 			h(w, r, e)
 			return
 		}
+		if en.State == lifecycle.Killed && en.Reason == cluster.ReasonNodeRemoved && isDestroyOrPurge(r) {
+			// Its node was removed for good: nobody can answer for it, so
+			// destroying (or purging) it forgets its entry, and the id is
+			// free again. The files went with the host.
+			forgotten, err := e.cluster.c.Forget(r.Context(), id)
+			if err != nil {
+				writeJSONError(w, http.StatusServiceUnavailable, "cluster_unavailable",
+					fmt.Sprintf("sandbox %s of removed node %s could not be forgotten: %v", id, en.Node, err), hostRetryAfter)
+				return
+			}
+			if forgotten {
+				if r.Method == http.MethodDelete {
+					w.WriteHeader(http.StatusNoContent)
+				} else {
+					writeJSON(w, http.StatusOK, client.PurgeResult{})
+				}
+				return
+			}
+		}
 		e.forwardAPI(w, r, en.Node, fmt.Sprintf("sandbox %s lives on node %s", id, en.Node), nil)
 	}
+}
+
+// isDestroyOrPurge reports whether r is DELETE /v1/sandboxes/{id} or
+// POST /v1/sandboxes/{id}/purge.
+func isDestroyOrPurge(r *http.Request) bool {
+	if r.Method == http.MethodDelete {
+		return !strings.HasSuffix(r.URL.Path, "/tokens")
+	}
+	return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/purge")
 }
 
 // forwardAPI hands r to node's management API, signed, with the caller's

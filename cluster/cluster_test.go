@@ -575,11 +575,19 @@ func TestDrainRemoveAndPlace(t *testing.T) {
 	if _, err := a.Remove(ctxT(t), "node-c"); err == nil || !strings.Contains(err.Error(), "live") {
 		t.Fatalf("Remove of a live node: %v, want a refusal naming its liveness", err)
 	}
+	// Forget leaves a live node's sandbox alone.
+	if gone, err := a.Forget(ctxT(t), "c1"); err != nil || gone {
+		t.Fatalf("Forget of a live node's sandbox: %v, %v; want false, nil", gone, err)
+	}
 	crash(c)
 	testenv.Eventually(t, testTTL+2*time.Second, func() (bool, string) {
 		n, _ := a.Node("node-c")
 		return !n.Live, "node-c still live"
 	})
+	// Lost but not removed: still not forgettable (the node may come back).
+	if gone, err := a.Forget(ctxT(t), "c1"); err != nil || gone {
+		t.Fatalf("Forget of a lost, not removed node's sandbox: %v, %v; want false, nil", gone, err)
+	}
 	killed, err := a.Remove(ctxT(t), "node-c")
 	if err != nil || killed != 2 {
 		t.Fatalf("Remove of a lost node: %d killed, %v; want 2", killed, err)
@@ -595,6 +603,24 @@ func TestDrainRemoveAndPlace(t *testing.T) {
 	})
 	if killed, err := a.Remove(ctxT(t), "node-c"); err != nil || killed != 0 {
 		t.Fatalf("second Remove: %d, %v; want 0 and no error", killed, err)
+	}
+	// A removed node's sandbox is forgotten: its entry goes and the id
+	// can be taken again.
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		e, _ := a.Lookup("c1")
+		return e.State == lifecycle.Killed, fmt.Sprintf("c1 as a sees it: %+v", e)
+	})
+	if gone, err := a.Forget(ctxT(t), "c1"); err != nil || !gone {
+		t.Fatalf("Forget of a removed node's sandbox: %v, %v; want true, nil", gone, err)
+	}
+	if e, ok := rawEntry(t, a.cli, prefix, "c1"); ok {
+		t.Fatalf("c1 still in etcd after Forget: %+v", e)
+	}
+	if err := a.Reserve(ctxT(t), "c1", 64); err != nil {
+		t.Fatalf("Reserve of a forgotten id: %v", err)
+	}
+	if e, ok := rawEntry(t, a.cli, prefix, "c2"); !ok || e.State != lifecycle.Killed {
+		t.Fatalf("c2 after forgetting c1: %+v (%v)", e, ok)
 	}
 	if _, err := a.Remove(ctxT(t), "nobody"); !errors.Is(err, ErrUnknownNode) {
 		t.Fatalf("Remove of an unknown node: %v", err)

@@ -19,11 +19,12 @@ type etcdFailure struct{ err error }
 // outcome for Health. Every request of the package is safe to repeat
 // (compare-and-set on revisions, puts of the same value, gets), so one
 // that failed for want of etcd while a member is still connected is sent
-// once more: a leader's death loses the proposals in flight until the
-// others elect a new one, and the second try goes to the new leader. With
-// no member connected it fails at once (a create answers 503 promptly).
+// again: a leader's death loses the proposals in flight until the
+// others elect a new one, and a later try goes to the new leader (tries
+// go on, with a growing pause, for up to three request timeouts). With no
+// member connected it fails after one try (a create answers 503 promptly).
 // Health follows the call's outcome, not its first try's: a failover
-// that the second try rides out is counted as an etcd error but does not
+// that a later try rides out is counted as an etcd error but does not
 // make the node unready for a moment. call is for requests that write;
 // callRead for those that only read.
 func (c *Cluster) call(ctx context.Context, what string, fn func(ctx context.Context) error) error {
@@ -40,13 +41,25 @@ func (c *Cluster) do(ctx context.Context, what string, write bool, fn func(ctx c
 	if c.cli == nil {
 		return fmt.Errorf("%s: %w at %s: cluster not started", what, ErrEtcd, c.endpoints)
 	}
+	// Retries go on for up to failoverBudget while a member is connected:
+	// an election after the leader's death takes one to two election
+	// timeouts (1-2 s by default), longer on a loaded host, and a try
+	// that fails fast ("leader changed") must not use the budget up.
+	start := time.Now()
 	err := c.try(ctx, fn)
-	if err != nil && ctx.Err() == nil && !answered(err) && c.cli.ActiveConnection().GetState() == connectivity.Ready {
+	for delay := 100 * time.Millisecond; err != nil && ctx.Err() == nil && retryable(err) &&
+		time.Since(start)+delay < c.failoverBudget() && c.cli.ActiveConnection().GetState() == connectivity.Ready; delay *= 2 {
 		c.etcdErrors.Add(1)
+		if !sleep(ctx, delay) {
+			break
+		}
 		err = c.try(ctx, fn)
 	}
 	return c.observe(ctx, what, write, err)
 }
+
+// failoverBudget bounds one call's retries through a leader failover.
+func (c *Cluster) failoverBudget() time.Duration { return 3 * c.reqTimeout }
 
 func (c *Cluster) try(ctx context.Context, fn func(ctx context.Context) error) error {
 	rctx, cancel := context.WithTimeout(ctx, c.reqTimeout)
@@ -104,6 +117,17 @@ func answered(err error) bool {
 		return false
 	}
 	return true
+}
+
+// retryable reports whether a try that failed with err may succeed if sent
+// again soon: etcd not answering (a leader election, a member gone), not
+// etcd refusing, nor etcd out of space (that lasts until an operator acts).
+func retryable(err error) bool {
+	if answered(err) {
+		return false
+	}
+	var ee rpctypes.EtcdError
+	return !errors.As(rpctypes.Error(err), &ee) || ee.Code() != codes.ResourceExhausted
 }
 
 // retryDelay is a capped exponential backoff with jitter.

@@ -277,3 +277,31 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 	c.log.Info("node removed", zap.String("node", node), zap.Int("sandboxes_killed", killed))
 	return killed, nil
 }
+
+// Forget deletes the catalog entry of a sandbox whose node was removed
+// (state killed, reason node_removed) while that node still holds no
+// lease, so that the id can be destroyed from any gateway and created
+// again. It reports whether it deleted the entry; any other entry (a live
+// node's, one not marked removed, one whose node registered again
+// meanwhile) is left alone with false and no error.
+func (c *Cluster) Forget(ctx context.Context, id string) (bool, error) {
+	guess := c.cachedOrNil(id)
+	if guess == nil || guess.State != lifecycle.Killed || guess.Reason != ReasonNodeRemoved {
+		return false, nil
+	}
+	node := guess.Node
+	deleted, err := c.updateEntryUnless(ctx, "forgetting sandbox "+id+" of removed node "+node, id, c.nodeKey(node), guess,
+		func(cur *Entry) (*Entry, bool) {
+			return nil, cur != nil && cur.Node == node && cur.State == lifecycle.Killed && cur.Reason == ReasonNodeRemoved
+		})
+	if errors.Is(err, errKeyExists) {
+		return false, nil // the node is back: its sandboxes are its again
+	}
+	if err != nil {
+		return false, err
+	}
+	if deleted {
+		c.log.Info("sandbox of a removed node forgotten", zap.String("id", id), zap.String("node", node))
+	}
+	return deleted, nil
+}

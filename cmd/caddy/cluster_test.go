@@ -421,7 +421,9 @@ func TestCluster(t *testing.T) {
 		events.await(t, func(ev map[string]any) bool {
 			return ev["sandbox_id"] == id && ev["type"] == "sandbox.stopped" && ev["node"] == tc.names[1]
 		})
-		since := time.Now().Add(-time.Second)
+		// From now: the stop is done, and an earlier subtest's wake of the
+		// same sandbox (streams) must not count.
+		since := time.Now()
 		clients := make([]*http.Client, 3)
 		for i, g := range tc.nodes {
 			clients[i] = g.previewClient()
@@ -630,6 +632,49 @@ func TestCluster(t *testing.T) {
 			}
 			return views[1][home[0]].State == "stopped", fmt.Sprintf("the stop made without etcd is not published: %+v", views[1][home[0]])
 		})
+	})
+
+	t.Run("removed node", func(t *testing.T) {
+		tc.t = t
+		victim := 2
+		gone := home[victim]
+		tc.waitEverywhere(gone, "running", tc.names[victim])
+		tc.nodes[victim].kill()
+		testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+			live := tc.liveNodes(tc.nodes[0])
+			return len(live) == 2 && !slices.Contains(live, tc.names[victim]), fmt.Sprintf("live %v", live)
+		})
+		// Lost, not removed: nobody can destroy its sandbox yet.
+		if code, body := tc.nodes[1].api("DELETE", "/v1/sandboxes/"+gone, nil, nil); code != 503 || !strings.Contains(body, "host_unavailable") {
+			t.Fatalf("destroy of a lost node's sandbox: %d %s, want 503 host_unavailable", code, body)
+		}
+		if out := tc.run(t, 0, "node", "remove", tc.names[victim]); !strings.Contains(out, "removed node "+tc.names[victim]) {
+			t.Fatalf("node remove: %q", out)
+		}
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			s := tc.sandboxes(tc.nodes[1])[gone]
+			return s.State == "killed", fmt.Sprintf("the removed node's sandbox as node 2 lists it: %+v", s)
+		})
+		// Removed: destroying it through any gateway forgets it.
+		if code, body := tc.nodes[1].api("DELETE", "/v1/sandboxes/"+gone, nil, nil); code != 204 {
+			t.Fatalf("destroy of a removed node's sandbox: %d %s, want 204", code, body)
+		}
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			for i := range 2 {
+				if s, ok := tc.sandboxes(tc.nodes[i])[gone]; ok {
+					return false, fmt.Sprintf("node %d still lists %+v", i+1, s)
+				}
+			}
+			return true, ""
+		})
+		// Its files went with the host (here: removed by hand from the one
+		// engine the nodes share), and the id is free again.
+		ctx := context.Background()
+		tc.cli.ContainerRemove(ctx, docker.ContainerName(gone), client.ContainerRemoveOptions{Force: true})
+		tc.cli.VolumeRemove(ctx, docker.VolumeName(gone), client.VolumeRemoveOptions{Force: true})
+		if node := tc.createVia(0, gone); node == tc.names[victim] {
+			t.Fatalf("create of a forgotten id placed on the removed node %s", node)
+		}
 	})
 }
 
