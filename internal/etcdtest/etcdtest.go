@@ -233,6 +233,7 @@ func (c *Cluster) Restart(i int) {
 			if err = m.waitListening(5 * time.Second); err == nil {
 				return
 			}
+			m.kill() // not listening: this process must not outlive the retry
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
