@@ -132,6 +132,9 @@ type Cluster struct {
 	src Source
 	cli *clientv3.Client
 	log *zap.Logger
+	// placed counts the creates this node placed since each node's last
+	// registration (see Place).
+	placed placements
 	// now is the clock of signatures and entries (time.Now; tests set it).
 	now func() time.Time
 	// reqTimeout bounds every etcd request, so that a create fails fast

@@ -5,7 +5,56 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 )
+
+// placements counts the sandboxes this node placed on each node since that
+// node last registered its figures: a node's resident count and free
+// memory are refreshed only every lease_ttl/3, and without this a burst of
+// creates would all go to the node that looked least loaded at the start
+// of it.
+type placements struct {
+	mu sync.Mutex
+	by map[string]placed
+}
+
+// placed is what was placed on one node since its registration of base.
+type placed struct {
+	base     time.Time
+	count    int
+	memoryMB int64
+}
+
+// adjust returns n's figures counting what was placed on it since its
+// registration (and forgets placements older than it).
+func (p *placements) adjust(n NodeInfo) NodeInfo {
+	pl, ok := p.by[n.Name]
+	if !ok {
+		return n
+	}
+	if n.UpdatedAt.After(pl.base) {
+		delete(p.by, n.Name) // fresh figures count them (reserved or resident)
+		return n
+	}
+	n.Capacity.Resident += pl.count
+	if n.Capacity.FreeMemoryMB > 0 {
+		n.Capacity.FreeMemoryMB -= pl.memoryMB
+	}
+	return n
+}
+
+// add records a sandbox of memoryMB placed on n.
+func (p *placements) add(n NodeInfo, memoryMB int64) {
+	if p.by == nil {
+		p.by = map[string]placed{}
+	}
+	pl := p.by[n.Name]
+	pl.base = n.UpdatedAt
+	pl.count++
+	pl.memoryMB += memoryMB
+	p.by[n.Name] = pl
+}
 
 // Place picks the node a new sandbox of memoryMB goes to: live, not
 // draining, resident below max_resident, free memory above its minimum
@@ -14,12 +63,17 @@ import (
 //
 // A node without max_resident has no resident cap (load 0); a node that
 // reports neither free memory nor a minimum does not measure memory and
-// is not checked for it.
+// is not checked for it. Sandboxes this node placed since a node last
+// registered its figures count as resident there (and their memory as
+// used), so concurrent creates spread out.
 func (c *Cluster) Place(memoryMB int64) (NodeInfo, error) {
 	nodes := c.Nodes()
+	c.placed.mu.Lock()
+	defer c.placed.mu.Unlock()
 	var fit []NodeInfo
 	var why []string
 	for _, n := range nodes {
+		n = c.placed.adjust(n)
 		if reason := passOver(n, memoryMB); reason != "" {
 			why = append(why, n.Name+": "+reason)
 			continue
@@ -41,6 +95,7 @@ func (c *Cluster) Place(memoryMB int64) (NodeInfo, error) {
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
+	c.placed.add(fit[0], memoryMB)
 	return fit[0], nil
 }
 

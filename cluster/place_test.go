@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // withNodes is a cluster whose cache holds the given registrations.
@@ -73,5 +74,48 @@ func TestPlace(t *testing.T) {
 				t.Fatalf("Place = %q, %v; want %q", got.Name, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestPlaceSpreadsABurst: creates placed between two registrations of the
+// nodes' figures count where they went, so a burst spreads over equal
+// nodes instead of piling on the first; a fresh registration replaces the
+// count with the node's own figures.
+func TestPlaceSpreadsABurst(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a, b := capNode("a", 0, 4, 8000, 1000), capNode("b", 0, 4, 8000, 1000)
+	a.Live, b.Live, a.UpdatedAt, b.UpdatedAt = true, true, at, at
+	c := withNodes(t, []NodeInfo{a, b})
+	var got []string
+	for range 8 {
+		n, err := c.Place(512)
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		got = append(got, n.Name)
+	}
+	if want := "a b a b a b a b"; strings.Join(got, " ") != want {
+		t.Fatalf("placements %v, want %s", got, want)
+	}
+	// Both full now (4 of max_resident 4 counted): the error says so.
+	if _, err := c.Place(512); !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "4 of max_resident 4") {
+		t.Fatalf("ninth placement: %v, want ErrNoRoom counting the placed ones", err)
+	}
+	// a registers again, having taken 1 of its 4: its own figures count.
+	a.Capacity.Resident, a.UpdatedAt = 1, at.Add(time.Second)
+	c.cache.live["a"] = a
+	if n, err := c.Place(512); err != nil || n.Name != "a" {
+		t.Fatalf("after a's fresh figures: %v, %v; want a", n.Name, err)
+	}
+	// Memory placed counts too: b, refreshed with room for one more
+	// sandbox of 3000 MB above its minimum, gets one, then none.
+	b.Capacity.Resident, b.Capacity.FreeMemoryMB, b.UpdatedAt = 0, 4500, at.Add(2*time.Second)
+	c.cache.live["b"] = b
+	c.cache.drain["a"] = true
+	if n, err := c.Place(3000); err != nil || n.Name != "b" {
+		t.Fatalf("first 3000 MB: %v, %v; want b", n.Name, err)
+	}
+	if _, err := c.Place(3000); !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "1500 MB free") {
+		t.Fatalf("second 3000 MB: %v, want ErrNoRoom with b's memory counted", err)
 	}
 }
