@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
@@ -91,12 +92,22 @@ func isDestroyOrPurge(r *http.Request) bool {
 // Authorization; body, when not nil, replaces r's (already read) body. The
 // answer, streams included, is relayed as it comes.
 func (e *engine) forwardAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte) {
+	e.proxyAPI(w, r, nodeName, what, body, false)
+}
+
+// proxyAPI is forwardAPI; with onlyIfDialed, a node that cannot be dialled
+// (nothing was sent) gets no answer written: proxyAPI reports it instead,
+// so that the caller can try another node.
+func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte, onlyIfDialed bool) (notDialed bool) {
 	c := e.cluster.c
 	node, ok := c.Node(nodeName)
 	if !ok || !node.Live || node.AdvertiseAPI == "" {
+		if onlyIfDialed {
+			return true
+		}
 		writeJSONError(w, http.StatusServiceUnavailable, "host_unavailable",
 			fmt.Sprintf("%s, which cannot be reached now (its lease is gone); retry later", what), hostRetryAfter)
-		return
+		return false
 	}
 	metricForwardedAPI.Inc()
 	rp := &httputil.ReverseProxy{
@@ -112,11 +123,23 @@ func (e *engine) forwardAPI(w http.ResponseWriter, r *http.Request, nodeName, wh
 		Transport:     e.cluster.transport,
 		FlushInterval: -1, // event streams pass through as they come
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			if onlyIfDialed && isDialError(err) {
+				notDialed = true
+				return
+			}
 			writeJSONError(w, http.StatusServiceUnavailable, "host_unavailable",
 				fmt.Sprintf("%s, whose API at %s did not answer: %v; retry later", what, node.AdvertiseAPI, err), hostRetryAfter)
 		},
 	}
 	rp.ServeHTTP(w, r)
+	return notDialed
+}
+
+// isDialError reports whether err is a failure to connect: the request was
+// not sent, so sending it elsewhere cannot do it twice.
+func isDialError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // createInCluster serves POST /v1/sandboxes in cluster mode: the id is
@@ -139,19 +162,29 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		mem = e.defaultMemMB.Load()
 	}
 	if !forwarded(r) {
-		node, err := c.Place(mem)
-		if err != nil {
-			writeEngineError(w, fmt.Errorf("placing sandbox %s: %w", id, err))
-			return
-		}
-		if node.Name != c.Self() {
+		// A node that cannot be dialled (dead within its lease) got
+		// nothing: the create is placed again without it.
+		var unreachable []string
+		for {
+			node, err := c.Place(mem, unreachable...)
+			if err != nil {
+				writeEngineError(w, fmt.Errorf("placing sandbox %s: %w", id, err))
+				return
+			}
+			if node.Name == c.Self() {
+				break
+			}
 			b, err := json.Marshal(body)
 			if err != nil {
 				writeJSONError(w, http.StatusInternalServerError, "failed", "encoding the create for node "+node.Name+": "+err.Error(), 0)
 				return
 			}
-			e.forwardAPI(w, r, node.Name, "sandbox "+id+" was placed on node "+node.Name, b)
-			return
+			if !e.proxyAPI(w, r, node.Name, "sandbox "+id+" was placed on node "+node.Name, b, true) {
+				return
+			}
+			e.log.Warn("node did not answer a create placed on it; placing again without it",
+				zap.String("id", id), zap.String("node", node.Name))
+			unreachable = append(unreachable, node.Name)
 		}
 	}
 	if err := c.Reserve(r.Context(), id, mem); err != nil {

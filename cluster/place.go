@@ -65,8 +65,9 @@ func (p *placements) add(n NodeInfo, memoryMB int64) {
 // reports neither free memory nor a minimum does not measure memory and
 // is not checked for it. Sandboxes this node placed since a node last
 // registered its figures count as resident there (and their memory as
-// used), so concurrent creates spread out.
-func (c *Cluster) Place(memoryMB int64) (NodeInfo, error) {
+// used), so concurrent creates spread out. Nodes named in unreachable
+// (which did not answer a create placed on them) are passed over.
+func (c *Cluster) Place(memoryMB int64, unreachable ...string) (NodeInfo, error) {
 	nodes := c.Nodes()
 	c.placed.mu.Lock()
 	defer c.placed.mu.Unlock()
@@ -74,6 +75,10 @@ func (c *Cluster) Place(memoryMB int64) (NodeInfo, error) {
 	var why []string
 	for _, n := range nodes {
 		n = c.placed.adjust(n)
+		if slices.Contains(unreachable, n.Name) {
+			why = append(why, n.Name+": did not answer the create (connection failed)")
+			continue
+		}
 		if reason := passOver(n, memoryMB); reason != "" {
 			why = append(why, n.Name+": "+reason)
 			continue

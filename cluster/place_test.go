@@ -119,3 +119,17 @@ func TestPlaceSpreadsABurst(t *testing.T) {
 		t.Fatalf("second 3000 MB: %v, want ErrNoRoom with b's memory counted", err)
 	}
 }
+
+// TestPlacePassesOverUnreachable: a node that did not answer a create is
+// passed over, and ErrNoRoom says so when it was the only choice.
+func TestPlacePassesOverUnreachable(t *testing.T) {
+	a, b := capNode("a", 0, 10, 0, 0), capNode("b", 5, 10, 0, 0)
+	a.Live, b.Live = true, true
+	c := withNodes(t, []NodeInfo{a, b})
+	if n, err := c.Place(64, "a"); err != nil || n.Name != "b" {
+		t.Fatalf("Place without a: %v, %v; want b", n.Name, err)
+	}
+	if _, err := c.Place(64, "a", "b"); !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "a: did not answer the create") {
+		t.Fatalf("Place without a and b: %v, want ErrNoRoom naming a's silence", err)
+	}
+}

@@ -483,8 +483,43 @@ func TestCluster(t *testing.T) {
 			tc.waitEverywhere(id, "running", tc.names[slices.Index(home, id)])
 		}
 		stop, failures := tc.hammer(t, []int{0, 1}, kept)
+		// Only the victim takes new sandboxes, so the create made right
+		// after its death (its lease still held) is placed on it.
+		setDrain := func(on bool) {
+			for _, j := range []int{0, 1} {
+				if code, body := tc.nodes[0].api("POST", "/v1/nodes/"+tc.names[j]+"/drain", map[string]bool{"draining": on}, nil); code != 200 {
+					t.Fatalf("drain %s %v: %d %s", tc.names[j], on, code, body)
+				}
+			}
+			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+				var out struct {
+					Nodes []struct {
+						Name     string `json:"name"`
+						Draining bool   `json:"draining"`
+					} `json:"nodes"`
+				}
+				tc.nodes[0].api("GET", "/v1/nodes", nil, &out)
+				for _, n := range out.Nodes {
+					if n.Name != tc.names[victim] && n.Draining != on {
+						return false, fmt.Sprintf("nodes as node 1 sees them: %+v", out.Nodes)
+					}
+				}
+				return true, ""
+			})
+		}
+		setDrain(true)
 		killedAt := time.Now()
 		tc.nodes[victim].kill()
+		// The victim refuses the connection: the create is placed again
+		// without it (here: no other node takes sandboxes, so no_room
+		// naming it), not answered host_unavailable.
+		orphan := testenv.UniqueID("o")
+		tc.removeSandbox(orphan)
+		if code, body := tc.nodes[0].api("POST", "/v1/sandboxes", map[string]any{"id": orphan, "image": tc.image, "ports": []int{8080}, "memory_mb": 32}, nil); code != 503 ||
+			!strings.Contains(body, "no_room") || !strings.Contains(body, tc.names[victim]+": did not answer the create") {
+			t.Fatalf("create placed on a node that just died: %d %s, want 503 no_room naming its silence", code, body)
+		}
+		setDrain(false)
 		for _, i := range []int{0, 1} {
 			g := tc.nodes[i]
 			c := g.previewClient()
