@@ -649,6 +649,22 @@ func openEngine(a *App) (*engine, error) {
 		log: log, dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
 		guard: newWakeGuard(), streams: newStreamLimiter(),
 	}
+	mcfg := lifecycle.Config{
+		OnChange:          e.changed,
+		OnWake:            e.observeWake,
+		OnReap:            observeReap,
+		OnDelivery:        observeDelivery,
+		OnReconcile:       observeCorrection,
+		ActivityFlush:     time.Duration(a.ActivityFlush),
+		ReapInterval:      time.Duration(a.ReapInterval),
+		ReconcileInterval: time.Duration(a.ReconcileInterval),
+		WatchEvents:       true,
+		OrphansRemove:     a.Orphans == "remove",
+		DefaultMemoryMB:   a.defaultMemMB,
+		AllowedImages:     a.AllowedImages,
+		Logger:            log,
+	}
+	mcfg.Apply(a.managerSettings())
 	c, err := core.Open(core.Options{
 		Dir:            a.storageDir,
 		Instance:       a.Instance,
@@ -660,32 +676,7 @@ func openEngine(a *App) (*engine, error) {
 		SandboxNetwork: a.SandboxNetwork,
 		Pull:           a.Pull,
 		Logger:         log,
-		Manager: lifecycle.Config{
-			OnChange:          e.changed,
-			OnWake:            e.observeWake,
-			OnReap:            observeReap,
-			OnDelivery:        observeDelivery,
-			WakeTimeout:       time.Duration(a.WakeTimeout),
-			MaxResident:       *a.MaxResident,
-			KeepaliveMax:      time.Duration(a.KeepaliveMax),
-			ActivityFlush:     time.Duration(a.ActivityFlush),
-			IdlePause:         time.Duration(*a.IdlePause),
-			IdleStop:          time.Duration(*a.IdleStop),
-			MinResident:       time.Duration(*a.MinResident),
-			CapacityWait:      time.Duration(*a.CapacityWait),
-			MaxLifetime:       time.Duration(a.MaxLifetime),
-			ExpiredWake:       a.ExpiredWake,
-			MinFreeMemory:     a.minFreeBytes,
-			ReapInterval:      time.Duration(a.ReapInterval),
-			ReconcileInterval: time.Duration(a.ReconcileInterval),
-			WatchEvents:       true,
-			OrphansRemove:     a.Orphans == "remove",
-			DefaultMemoryMB:   a.defaultMemMB,
-			AllowedImages:     a.AllowedImages,
-			OnReconcile:       observeCorrection,
-			EventRetention:    time.Duration(a.EventRetention),
-			Logger:            log,
-		},
+		Manager:        mcfg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sandwake: %w", err)
@@ -753,7 +744,15 @@ func (e *engine) apply(a *App) {
 	})
 	e.guard.configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)
 	e.streams.configure(*a.MaxEventStreams, *a.MaxEventStreamsPerClient)
-	e.mgr.Reconfigure(lifecycle.Settings{
+	e.mgr.Reconfigure(a.managerSettings())
+	e.mgr.SetWebhooks(a.hooks)
+	e.applyCapacity(a)
+}
+
+// managerSettings are the engine settings a reload may change, as the
+// Manager takes them at start (Config.Apply) and on reload (Reconfigure).
+func (a *App) managerSettings() lifecycle.Settings {
+	return lifecycle.Settings{
 		WakeTimeout:    time.Duration(a.WakeTimeout),
 		KeepaliveMax:   time.Duration(a.KeepaliveMax),
 		MaxResident:    *a.MaxResident,
@@ -765,9 +764,7 @@ func (e *engine) apply(a *App) {
 		ExpiredWake:    a.ExpiredWake,
 		MinFreeMemory:  a.minFreeBytes,
 		EventRetention: time.Duration(a.EventRetention),
-	})
-	e.mgr.SetWebhooks(a.hooks)
-	e.applyCapacity(a)
+	}
 }
 
 // validEventType reports whether typ names an event sandwake emits.

@@ -349,30 +349,36 @@ type Settings struct {
 	EventRetention time.Duration
 }
 
-// Reconfigure applies new settings; zero durations for WakeTimeout and
-// KeepaliveMax keep the current ones.
+// Apply copies the reloadable settings s into c; zero WakeTimeout,
+// KeepaliveMax and EventRetention and an empty ExpiredWake keep c's (at
+// construction: the defaults NewManager fills in).
+func (c *Config) Apply(s Settings) {
+	if s.WakeTimeout > 0 {
+		c.WakeTimeout = s.WakeTimeout
+	}
+	if s.KeepaliveMax > 0 {
+		c.KeepaliveMax = s.KeepaliveMax
+	}
+	if s.ExpiredWake != "" {
+		c.ExpiredWake = s.ExpiredWake
+	}
+	c.MaxResident = s.MaxResident
+	c.IdlePause = s.IdlePause
+	c.IdleStop = s.IdleStop
+	c.MaxLifetime = s.MaxLifetime
+	c.MinFreeMemory = s.MinFreeMemory
+	c.MinResident = s.MinResident
+	c.CapacityWait = s.CapacityWait
+	if s.EventRetention > 0 {
+		c.EventRetention = s.EventRetention
+	}
+}
+
+// Reconfigure applies new settings (see Config.Apply).
 func (m *Manager) Reconfigure(s Settings) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s.WakeTimeout > 0 {
-		m.cfg.WakeTimeout = s.WakeTimeout
-	}
-	if s.KeepaliveMax > 0 {
-		m.cfg.KeepaliveMax = s.KeepaliveMax
-	}
-	if s.ExpiredWake != "" {
-		m.cfg.ExpiredWake = s.ExpiredWake
-	}
-	m.cfg.MaxResident = s.MaxResident
-	m.cfg.IdlePause = s.IdlePause
-	m.cfg.IdleStop = s.IdleStop
-	m.cfg.MaxLifetime = s.MaxLifetime
-	m.cfg.MinFreeMemory = s.MinFreeMemory
-	m.cfg.MinResident = s.MinResident
-	m.cfg.CapacityWait = s.CapacityWait
-	if s.EventRetention > 0 {
-		m.cfg.EventRetention = s.EventRetention
-	}
+	m.cfg.Apply(s)
 }
 
 // config returns a copy of the current configuration.
