@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 )
@@ -128,6 +129,32 @@ func retryable(err error) bool {
 	}
 	var ee rpctypes.EtcdError
 	return !errors.As(rpctypes.Error(err), &ee) || ee.Code() != codes.ResourceExhausted
+}
+
+// retryLoop runs attempt until the cluster closes: after a failure it
+// waits with a growing delay and tries again; after a success it calls
+// then, and stops when then reports false. first (when not nil) is closed
+// after the first attempt, whatever its outcome.
+func (c *Cluster) retryLoop(what string, first chan struct{}, attempt func() error, then func() bool) {
+	retry := newRetryDelay(200*time.Millisecond, 3*time.Second)
+	for c.ctx.Err() == nil {
+		err := attempt()
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		if err != nil {
+			c.log.Debug(what, zap.Error(err))
+			if !sleep(c.ctx, retry.next()) {
+				return
+			}
+			continue
+		}
+		retry.reset()
+		if !then() {
+			return
+		}
+	}
 }
 
 // retryDelay is a capped exponential backoff with jitter.

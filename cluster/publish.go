@@ -126,27 +126,14 @@ func (c *Cluster) Changed(id string) {
 // retries with backoff. first is closed after the first round.
 func (c *Cluster) runPublisher(first chan struct{}) {
 	defer c.wg.Done()
-	retry := newRetryDelay(200*time.Millisecond, 3*time.Second)
-	for {
-		err := c.publishRound()
-		if first != nil {
-			close(first)
-			first = nil
-		}
-		if err != nil {
-			c.log.Debug("publishing to the catalog", zap.Error(err))
-			if !sleep(c.ctx, retry.next()) {
-				return
-			}
-			continue
-		}
-		retry.reset()
+	c.retryLoop("publishing to the catalog", first, c.publishRound, func() bool {
 		select {
 		case <-c.pub.wake:
+			return true
 		case <-c.ctx.Done():
-			return
+			return false
 		}
-	}
+	})
 }
 
 // publishRound runs a due republish, then publishes the marked ids.

@@ -23,23 +23,14 @@ import (
 // attempt.
 func (c *Cluster) runRegistry(first chan struct{}) {
 	defer c.wg.Done()
-	retry := newRetryDelay(200*time.Millisecond, 3*time.Second)
-	for c.ctx.Err() == nil {
-		id, err := c.register()
-		if first != nil {
-			close(first)
-			first = nil
-		}
-		if err != nil {
-			c.log.Debug("registering the node", zap.Error(err))
-			if !sleep(c.ctx, retry.next()) {
-				return
-			}
-			continue
-		}
-		retry.reset()
+	var id clientv3.LeaseID
+	c.retryLoop("registering the node", first, func() (err error) {
+		id, err = c.register()
+		return err
+	}, func() bool {
 		c.keepRegistered(id)
-	}
+		return c.ctx.Err() == nil
+	})
 }
 
 // register grants a lease and puts the node's key on it.
