@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // TestClusterOptions: the cluster block is parsed, defaulted and validated,
@@ -87,25 +85,6 @@ func TestClusterOptions(t *testing.T) {
 		{"argument on block", "cluster x {\n}", "wrong argument", nil},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var a App
-			err := a.UnmarshalCaddyfile(dispenserFor(t, "sandwake {\n"+tt.input+"\n}"))
-			if err == nil {
-				ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
-				defer cancel()
-				err = a.Provision(ctx)
-			}
-			if err == nil {
-				err = a.Validate()
-			}
-			switch {
-			case tt.wantErr == "" && err != nil:
-				t.Fatalf("unexpected error: %v", err)
-			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-				t.Fatalf("err = %v, want one naming %q", err, tt.wantErr)
-			case tt.check != nil:
-				tt.check(t, &a)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkOption(t, tt.input, tt.wantErr, tt.check) })
 	}
 }

@@ -52,25 +52,31 @@ func TestOwnershipOptions(t *testing.T) {
 		}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var a App
-			err := a.UnmarshalCaddyfile(dispenserFor(t, "sandwake {\n"+tt.input+"\n}"))
-			if err == nil {
-				ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
-				defer cancel()
-				err = a.Provision(ctx)
-			}
-			if err == nil {
-				err = a.Validate()
-			}
-			switch {
-			case tt.wantErr == "" && err != nil:
-				t.Fatalf("unexpected error: %v", err)
-			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-				t.Fatalf("err = %v, want one naming %q", err, tt.wantErr)
-			case tt.check != nil:
-				tt.check(t, &a)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkOption(t, tt.input, tt.wantErr, tt.check) })
+	}
+}
+
+// checkOption parses input as the body of the sandwake global option,
+// provisions and validates the app, and wants an error naming wantErr
+// ("": none), else runs check (when not nil) on the app.
+func checkOption(t *testing.T, input, wantErr string, check func(*testing.T, *App)) {
+	t.Helper()
+	var a App
+	err := a.UnmarshalCaddyfile(dispenserFor(t, "sandwake {\n"+input+"\n}"))
+	if err == nil {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+		defer cancel()
+		err = a.Provision(ctx)
+	}
+	if err == nil {
+		err = a.Validate()
+	}
+	switch {
+	case wantErr == "" && err != nil:
+		t.Fatalf("unexpected error: %v", err)
+	case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+		t.Fatalf("err = %v, want one naming %q", err, wantErr)
+	case check != nil:
+		check(t, &a)
 	}
 }
