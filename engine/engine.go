@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"go.uber.org/zap"
@@ -58,10 +59,13 @@ type Options struct {
 	// Labels are added to every container and volume made.
 	Labels map[string]string
 	// SandboxNetwork is the network sandboxes join in published mode.
-	// Default: DefaultSandboxNetwork.
+	// Default: DefaultSandboxNetwork-<instance>.
 	SandboxNetwork string
 	// Pull is the image pull policy: PullMissing (default) or PullNever.
 	Pull string
+	// SandboxSubnet is the sandbox network's subnet when it is made.
+	// Default: one the engine picks.
+	SandboxSubnet netip.Prefix
 
 	// Runtime, when set, is the container engine instead of Docker (unit
 	// tests, benchmarks): the Docker settings above are then unused and the
@@ -125,6 +129,7 @@ func Open(opts Options) (*Engine, error) {
 			Labels:         opts.Labels,
 			Instance:       instance,
 			SandboxNetwork: opts.SandboxNetwork,
+			SandboxSubnet:  opts.SandboxSubnet,
 			Pull:           opts.Pull,
 			// A record without an incarnation was made before instance
 			// labels: its container and volume are this gateway's.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -66,19 +67,38 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 
 	unlock := m.locks.lock(id)
 	defer unlock()
-	now := m.cfg.Now().UTC()
-	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now, Incarnation: NewIncarnation()}
-	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
-		rec.ExpiresAt = now.Add(life)
-	}
-	if _, _, err := m.store.Create(rec, "create"); err != nil {
-		return Record{}, err
-	}
-	m.setState(id, Creating)
-
 	wakeTimeout, _ := m.limits()
 	wctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 	defer cancel()
+	// A sandbox whose policy cannot be enforced is not made at all.
+	if err := m.egressReady(wctx); err != nil {
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	addr, err := m.allocate(wctx, id)
+	if err != nil {
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	now := m.cfg.Now().UTC()
+	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now, Incarnation: NewIncarnation(), Address: addr}
+	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
+		rec.ExpiresAt = now.Add(life)
+	}
+	fwDone := m.firewallShared()
+	if _, _, err := m.store.Create(rec, "create"); err != nil {
+		fwDone()
+		m.release(id, addr)
+		return Record{}, err
+	}
+	m.setState(id, Creating)
+	// The rules exist before the container does: its first packet meets
+	// them.
+	if err := m.applyEgress(&rec); err != nil {
+		fwDone()
+		m.discard(id, addr, err)
+		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
+	}
+	fwDone()
+	spec.Address = addr
 	c, err := m.runtime.Create(wctx, id, spec)
 	if err == nil {
 		c, err = m.runtime.Start(wctx, id)
@@ -89,7 +109,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 	if err != nil && (errors.Is(err, ErrIDTaken) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrImageNotFound)) {
 		// Nothing was made (the runtime undoes its part): the id stays
 		// free and no record is left of a sandbox that never existed.
-		m.discard(id, err)
+		m.discard(id, addr, err)
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	if err != nil {
@@ -124,16 +144,19 @@ func (m *Manager) checkSpec(spec *Spec) error {
 	if len(cfg.AllowedImages) > 0 && !ImageAllowed(cfg.AllowedImages, spec.Image) {
 		return invalid("image %q is not allowed here (allowed_images: %s)", spec.Image, strings.Join(cfg.AllowedImages, " "))
 	}
-	return nil
+	return NormalizeEgress(&spec.Egress, m.built.Egress, m.deniedRanges())
 }
 
-// discard removes the record of a create that made nothing.
-func (m *Manager) discard(id string, cause error) {
+// discard removes the record of a create that made nothing, and its
+// address and firewall entry.
+func (m *Manager) discard(id string, addr netip.Addr, cause error) {
+	defer m.firewallShared()()
 	if _, err := m.store.Delete(id, EventDestroyed, "create_refused"); err != nil {
 		m.log.Error("removing the record of a refused create", zap.String("id", id), zap.Error(err), zap.NamedError("cause", cause))
 		return
 	}
 	m.setState(id, "")
+	m.forgetAddress(id, addr)
 	m.log.Info("create refused", zap.String("id", id), zap.Error(cause))
 }
 

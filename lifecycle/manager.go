@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -113,6 +114,14 @@ type Config struct {
 	// change is checked again; once it takes writes, each such sandbox is
 	// reconciled. Default: 1s.
 	StoreRetry time.Duration
+
+	// Egress is the operator's egress settings: the default policy and
+	// what allow entries may open.
+	Egress EgressConfig
+	// Firewall enforces egress policies; nil runs sandboxes without one
+	// (egress unenforced). With a firewall, a sandbox whose rules cannot
+	// be installed does not start (ErrEgressUnenforced).
+	Firewall Firewall
 }
 
 func (c *Config) setDefaults() {
@@ -191,6 +200,20 @@ type Manager struct {
 	reconciledAt time.Time // last successful full reconcile
 
 	unrecorded unrecorded // engine changes the store refused to record
+
+	netMu sync.Mutex
+	net   *SandboxNet // the sandbox network once made and its firewall set up
+	// fwMu orders record+entry changes (shared) against SyncFirewall
+	// (exclusive); see firewallShared.
+	fwMu sync.RWMutex
+	// addrs maps each address held by a sandbox (from create to destroy)
+	// to its id; under mu.
+	addrs map[netip.Addr]string
+	// denied holds each sandbox's refused packets as last read from the
+	// firewall, deniedGone those of sandboxes since removed; under mu.
+	denied     map[string]uint64
+	deniedGone uint64
+	deniedAt   time.Time
 }
 
 // NewManager returns a Manager over an open store and a runtime, complete
@@ -210,6 +233,7 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 		ctx:     ctx,
 		cancel:  cancel,
 		states:  make(map[string]State),
+		addrs:   make(map[netip.Addr]string),
 		events:  newWorkQueue(),
 		built:   cfg,
 	}
@@ -221,6 +245,9 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 	}
 	for i := range recs {
 		m.setState(recs[i].ID, recs[i].State)
+		if a := recs[i].Address; a.IsValid() {
+			m.addrs[a] = recs[i].ID
+		}
 	}
 	st.OnCommit(m.publish)
 	st.SetOutboxTargets(m.webhookTargets)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Pause freezes running sandbox id. Pausing a paused sandbox is a no-op;
@@ -138,6 +140,10 @@ type Patch struct {
 	IdlePause   *time.Duration
 	IdleStop    *time.Duration
 	MaxLifetime *time.Duration
+	// Egress replaces the sandbox's egress policy; on a running sandbox it
+	// is in force when Update returns, and connections it forbids are cut
+	// at their next packet.
+	Egress *Egress
 }
 
 // Update changes sandbox id's settings. A new max_lifetime counts from the
@@ -149,8 +155,14 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 	if err := checkTiers(p.IdlePause, p.IdleStop, p.MaxLifetime); err != nil {
 		return Record{}, err
 	}
+	if p.Egress != nil {
+		if err := NormalizeEgress(p.Egress, m.built.Egress, m.deniedRanges()); err != nil {
+			return Record{}, err
+		}
+	}
 	unlock := m.locks.lock(id)
 	defer unlock()
+	defer m.firewallShared()()
 	rec, err := m.store.Update(id, func(r *Record) error {
 		if p.Access != nil {
 			if *p.Access != effectiveAccess(r.Spec.Access) {
@@ -174,10 +186,24 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 				r.ExpiresAt = r.CreatedAt.Add(*p.MaxLifetime)
 			}
 		}
+		if p.Egress != nil {
+			r.Spec.Egress = *p.Egress
+		}
 		return nil
 	})
 	if err != nil {
 		return Record{}, err
+	}
+	if p.Egress != nil {
+		// Stored first: should the kernel refuse, the next firewall sync
+		// installs what the record says.
+		if err := m.applyEgress(&rec); err != nil {
+			return Record{}, fmt.Errorf("updating sandbox %s: %w", id, err)
+		}
+		// Watchers and webhooks learn of it as of any change that matters.
+		if _, err := m.store.AppendEvent(Event{Type: EventEgress, SandboxID: id, Reason: rec.Spec.Egress.Policy}); err != nil {
+			m.log.Warn("recording the egress change", zap.String("id", id), zap.Error(err))
+		}
 	}
 	m.changed(id)
 	return rec, nil
@@ -218,12 +244,14 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 	defer done()
 	unlock := m.locks.lock(id)
 	defer unlock()
-	if _, err := m.store.Get(id); err != nil {
+	rec, err := m.store.Get(id)
+	if err != nil {
 		return err
 	}
 	if err := m.runtime.Remove(ctx, id); err != nil {
 		return fmt.Errorf("destroying sandbox %s: %w", id, err)
 	}
+	defer m.firewallShared()()
 	if _, err := m.store.Delete(id, EventDestroyed, reason); err != nil {
 		if errors.Is(err, ErrStoreUnavailable) {
 			// Reconcile can only record the container as missing
@@ -235,6 +263,7 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 	}
 	m.setState(id, "")
 	m.activity.m.Delete(id)
+	m.forgetAddress(id, rec.Address)
 	return nil
 }
 
@@ -252,7 +281,7 @@ func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, er
 	}
 	unlock := m.locks.lock(id)
 	defer unlock()
-	_, err = m.store.Get(id)
+	rec, err := m.store.Get(id)
 	hasRecord := err == nil
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return 0, err
@@ -275,9 +304,12 @@ func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, er
 		return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
 	}
 	if hasRecord {
+		fwDone := m.firewallShared()
+		defer fwDone()
 		if _, err = m.store.Delete(id, EventPurged, reason); err == nil {
 			m.setState(id, "")
 			m.activity.m.Delete(id)
+			m.forgetAddress(id, rec.Address)
 		}
 	} else {
 		_, err = m.store.AppendEvent(Event{Type: EventPurged, SandboxID: id, Reason: reason})

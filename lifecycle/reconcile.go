@@ -333,6 +333,9 @@ func (m *Manager) reconcilePass() {
 	if _, err := m.Reconcile(m.ctx); err != nil && m.ctx.Err() == nil {
 		m.log.Warn("periodic reconcile", zap.Error(err))
 	}
+	if _, err := m.SyncFirewall(m.ctx); err != nil && m.ctx.Err() == nil {
+		m.log.Warn("egress firewall sync", zap.Error(err))
+	}
 }
 
 // runEvents follows the engine's event stream and reconciles each sandbox

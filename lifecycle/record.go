@@ -1,6 +1,9 @@
 package lifecycle
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // This file holds the sandbox's data as it is stored: the spec it is
 // (re)created from, its record and the entries of the event log. The Store
@@ -42,6 +45,14 @@ type Spec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Access is "public" (default) or "private".
 	Access string `json:"access,omitempty"`
+	// Egress is the sandbox's outbound network policy; a zero value (a
+	// record made before egress policies) follows the gateway's default.
+	Egress Egress `json:"egress,omitzero"`
+
+	// Address is the sandbox's fixed address on the sandbox network, set
+	// by the Manager from the record before the runtime creates the
+	// container (not stored here: Record.Address is).
+	Address netip.Addr `json:"-"`
 }
 
 // Record is the stored state of one sandbox.
@@ -73,6 +84,12 @@ type Record struct {
 	// revoking every token of the sandbox increments it.
 	TokenGeneration uint64 `json:"token_generation,omitempty"`
 
+	// Address is the sandbox's fixed address on the sandbox network, held
+	// from create to destroy; its egress rules are keyed by it. Zero for
+	// a runtime without a network of its own, or a record made before
+	// addresses existed (given one at its next wake).
+	Address netip.Addr `json:"address,omitzero"`
+
 	// Upstreams maps each declared port to the address it is reachable at
 	// ("127.0.0.1:49153" when published, "s-<id>:8080" on a network). Host
 	// ports can change on every start, so they are re-read each time.
@@ -98,4 +115,7 @@ func EventType(to State) string { return "sandbox." + string(to) }
 const (
 	EventDestroyed = "sandbox.destroyed"
 	EventPurged    = "sandbox.purged"
+	// EventEgress: the sandbox's egress policy changed; the event's reason
+	// is the new policy (public or none).
+	EventEgress = "sandbox.egress_changed"
 )

@@ -160,8 +160,35 @@ func (m *Manager) bringUp(rec Record) (Record, error) {
 	wakeTimeout, _ := m.limits()
 	ctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 	defer cancel()
-
-	c, reason, err := m.startContainer(ctx, rec)
+	// A sandbox whose policy cannot be enforced stays down; the record is
+	// left as it is (the operator's fix, not the sandbox, is wanting).
+	if err := m.egressReady(ctx); err != nil {
+		return Record{}, fmt.Errorf("waking sandbox %s: %w", id, err)
+	}
+	recreate, err := m.ensureAddress(ctx, &rec)
+	if err == nil && !recreate {
+		// Its entry is there unless the gateway restarted over an empty
+		// table (a host reboot) and no sync has run yet: a no-op then.
+		done := m.firewallShared()
+		err = m.applyEgress(&rec)
+		done()
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("waking sandbox %s: %w", id, err)
+	}
+	rec.Spec.Address = rec.Address
+	var (
+		c      Container
+		reason string
+	)
+	if recreate {
+		// A container made before it had an address takes one only by
+		// being made again (the volume is kept).
+		c, err = m.recreate(ctx, id, &rec.Spec)
+		reason = "recreate"
+	} else {
+		c, reason, err = m.startContainer(ctx, rec)
+	}
 	if err == nil {
 		err = m.waitReady(ctx, id, &rec.Spec, c.Upstreams)
 	}

@@ -9,7 +9,8 @@
 // /headers (the request's headers back, one "Name: value" line each), /ws
 // (websocket echo), /sse (an event stream), /files/<name> (GET and PUT into the
 // workspace), /exit?code=N (the process exits), /oom (allocates until the
-// memory limit kills it).
+// memory limit kills it), /dial?addr=host:port (an outbound connection from
+// the sandbox; see dialHandler).
 package main
 
 import (
@@ -37,6 +38,7 @@ func main() {
 		log.Printf("testapp: waiting %s before listening", d)
 		time.Sleep(d)
 	}
+	dialAtStart(os.Getenv("DIAL_AT_START"))
 	ports := []string{envOr("PORT", "8080")}
 	if extra := os.Getenv("EXTRA_PORTS"); extra != "" {
 		ports = append(ports, strings.Split(extra, ",")...)
@@ -178,6 +180,8 @@ func newMux(workspace string) *http.ServeMux {
 			http.Error(w, "GET or PUT", http.StatusMethodNotAllowed)
 		}
 	})
+	mux.HandleFunc("/dial", dialHandler)
+	mux.HandleFunc("/startdial", startDialHandler)
 	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) {
 		code, _ := strconv.Atoi(r.URL.Query().Get("code"))
 		io.WriteString(w, "exiting\n")

@@ -10,8 +10,10 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,6 +47,26 @@ func UniqueID(prefix string) string { return prefix + runID + randomHex(3) }
 // removed by Cleanup. A per-run name keeps parallel test binaries from
 // removing a network another one still uses.
 func Network() string { return "sw-test-" + runID }
+
+// SandboxSubnet is a sandbox_subnet for one gateway of this run: the next
+// /24 of a block of 10.128.0.0/9 drawn at random per test binary (256
+// subnets), so that tests which need a subnet known in advance take none
+// from the engine's address pools. Most tests leave the choice to the
+// engine (no sandbox_subnet) and remove their network when done.
+func SandboxSubnet() string {
+	n := subnetSeq.Add(1) - 1
+	block := subnetBlock + int(n/256)
+	return fmt.Sprintf("10.%d.%d.0/24", 128+block%128, n%256)
+}
+
+var (
+	subnetBlock = func() int {
+		b := make([]byte, 1)
+		rand.Read(b)
+		return int(b[0] % 128)
+	}()
+	subnetSeq atomic.Int64
+)
 
 // RequireDocker reports whether a missing engine fails tests.
 func RequireDocker() bool { return os.Getenv("SANDWAKE_REQUIRE_DOCKER") == "1" }
@@ -158,6 +180,7 @@ func Cleanup(ctx context.Context, cli *client.Client) error {
 		return err
 	}
 	for _, n := range ns.Items {
+		RemoveFirewall(n.Options)
 		if _, err := cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{}); err != nil {
 			errs = append(errs, err.Error())
 		}
@@ -171,6 +194,37 @@ func Cleanup(ctx context.Context, cli *client.Client) error {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// RemoveInstance removes the containers and the sandbox network (with its
+// firewall table) of one gateway instance of this run, for a test whose
+// gateway has stopped: each instance has a network of its own, and a long
+// test binary must not hold dozens of them until Cleanup. Volumes are left
+// to Cleanup. Best effort: what fails here, Cleanup removes.
+func RemoveInstance(ctx context.Context, cli *client.Client, instance string) {
+	if instance == "" {
+		return
+	}
+	f := client.Filters{}.Add("label", LabelRun+"="+runID).Add("label", "sandwake.instance="+instance)
+	if cs, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f}); err == nil {
+		for _, c := range cs.Items {
+			cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
+		}
+	}
+	if ns, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: f}); err == nil {
+		for _, n := range ns.Items {
+			RemoveFirewall(n.Options)
+			cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{})
+		}
+	}
+}
+
+// RemoveFirewall deletes the egress firewall table of a sandbox network
+// the run made (its name follows egress.TableName), if there is one.
+func RemoveFirewall(opts map[string]string) {
+	if br := opts["com.docker.network.bridge.name"]; br != "" {
+		exec.Command("nft", "delete", "table", "inet", "sandwake-"+br).Run()
+	}
 }
 
 // Eventually polls cond every 20 ms until it returns true or timeout passes,

@@ -39,16 +39,13 @@ const (
 	PullNever = "never"
 )
 
-// DefaultSandboxNetwork is the network sandboxes join in published mode.
+// DefaultSandboxNetwork is the prefix of the network sandboxes join in
+// published mode: sandwake-<instance>.
 const DefaultSandboxNetwork = "sandwake"
 
 // DefaultStopTimeout is how long a stop waits for the app to exit before
 // the engine kills it.
 const DefaultStopTimeout = 10 * time.Second
-
-// networkICC is the bridge driver option that turns inter-container
-// communication on the network off.
-const networkICC = "com.docker.network.bridge.enable_icc"
 
 // Upstream modes.
 const (
@@ -85,10 +82,15 @@ type Options struct {
 	Legacy func(id string) bool
 	// SandboxNetwork is the bridge network sandboxes join in published
 	// mode, created when missing with inter-container communication off so
-	// that sandboxes cannot reach each other; an existing one is used only
-	// when it has that option. Several instances on one engine may share
-	// it. Default: sandwake.
+	// that sandboxes cannot reach each other, a subnet of its own and the
+	// engine's allocation kept to the top sixteenth of it, so that
+	// sandwake fixes each sandbox's address. It is the instance's own: one
+	// labelled with another instance is refused. Default:
+	// sandwake-<instance>.
 	SandboxNetwork string
+	// SandboxSubnet is the sandbox network's subnet when sandwake creates
+	// it. Default: one the engine picks from its address pools.
+	SandboxSubnet netip.Prefix
 	// Pull is the image pull policy: PullMissing (default) or PullNever.
 	Pull string
 }
@@ -127,7 +129,7 @@ func New(opts Options) (*Runtime, error) {
 		return nil, errors.New("docker runtime: an instance name is required")
 	}
 	if opts.SandboxNetwork == "" {
-		opts.SandboxNetwork = DefaultSandboxNetwork
+		opts.SandboxNetwork = DefaultSandboxNetwork + "-" + opts.Instance
 	}
 	switch opts.Pull {
 	case "":
@@ -242,47 +244,6 @@ func (r *Runtime) do(ctx context.Context, id, doing string, op func(cid string) 
 	return classify(doing+" "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
 }
 
-// ensureNetwork makes sure the sandbox network exists, is this instance's
-// and keeps sandboxes apart. It is checked on every create (creates are
-// rare) so that a network removed by hand is made again.
-func (r *Runtime) ensureNetwork(ctx context.Context) error {
-	if r.opts.UpstreamMode != UpstreamPublished {
-		return nil
-	}
-	r.netMu.Lock()
-	defer r.netMu.Unlock()
-	name := r.opts.SandboxNetwork
-	err := r.checkNetwork(ctx, name)
-	if err == nil || !errors.Is(err, lifecycle.ErrNotFound) {
-		return err
-	}
-	_, err = r.cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{
-		Driver:  "bridge",
-		Options: map[string]string{networkICC: "false"},
-		Labels:  r.labels(""),
-	})
-	if err != nil && cerrdefs.IsConflict(err) {
-		// Made by another gateway meanwhile: check it as any existing one.
-		return r.checkNetwork(ctx, name)
-	}
-	return classify("creating network "+name, err, lifecycle.ErrUnavailable)
-}
-
-// checkNetwork accepts network name if it keeps sandboxes apart, whoever
-// made it (instances on one engine share it); a missing one wraps
-// ErrNotFound.
-func (r *Runtime) checkNetwork(ctx context.Context, name string) error {
-	res, err := r.cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{})
-	if err != nil {
-		return classify("inspecting network "+name, err, lifecycle.ErrNotFound)
-	}
-	if res.Network.Driver != "bridge" || res.Network.Options[networkICC] != "false" {
-		return fmt.Errorf("network %s would let sandboxes reach each other (driver %q, %s=%q; want a bridge with it false): remove it and sandwake makes it again, or set sandbox_network to another name",
-			name, res.Network.Driver, networkICC, res.Network.Options[networkICC])
-	}
-	return nil
-}
-
 // CheckImage implements lifecycle.ImageChecker: the image is on the engine,
 // or the pull policy allows pulling it and the pull succeeds.
 func (r *Runtime) CheckImage(ctx context.Context, image string) error {
@@ -297,7 +258,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	if err := r.ensureImage(ctx, spec.Image); err != nil {
 		return lifecycle.Container{}, err
 	}
-	if err := r.ensureNetwork(ctx); err != nil {
+	if _, err := r.ensureNetwork(ctx); err != nil {
 		return lifecycle.Container{}, err
 	}
 	// The old container of this sandbox (a recreate) goes; anyone else's
@@ -396,9 +357,15 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	} else {
 		hc.NetworkMode = container.NetworkMode(r.opts.SandboxNetwork)
 	}
-	res, err := r.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
-		Name: ContainerName(id), Config: cfg, HostConfig: hc,
-	})
+	opts := client.ContainerCreateOptions{Name: ContainerName(id), Config: cfg, HostConfig: hc}
+	if spec.Address.IsValid() && r.opts.UpstreamMode == UpstreamPublished {
+		// The address the Manager chose, whose firewall entry already
+		// exists: the container's first packet meets its policy.
+		opts.NetworkingConfig = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
+			r.opts.SandboxNetwork: {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: spec.Address}},
+		}}
+	}
+	res, err := r.cli.ContainerCreate(ctx, opts)
 	if err != nil {
 		switch {
 		case cerrdefs.IsConflict(err):
@@ -716,7 +683,8 @@ func classify(doing string, err, notFound error) error {
 
 // Interface guards.
 var (
-	_ lifecycle.Runtime      = (*Runtime)(nil)
-	_ lifecycle.EventSource  = (*Runtime)(nil)
-	_ lifecycle.ImageChecker = (*Runtime)(nil)
+	_ lifecycle.Runtime        = (*Runtime)(nil)
+	_ lifecycle.EventSource    = (*Runtime)(nil)
+	_ lifecycle.ImageChecker   = (*Runtime)(nil)
+	_ lifecycle.NetworkRuntime = (*Runtime)(nil)
 )

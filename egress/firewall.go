@@ -1,0 +1,600 @@
+// Package egress enforces sandboxes' egress policies in the kernel: one
+// nftables table of sandwake's own per sandbox network, written through
+// netlink (github.com/google/nftables) in atomic batches. It implements
+// lifecycle.Firewall.
+//
+// The table, for a sandbox bridge <br>:
+//
+//	table inet sandwake-<br> {
+//	  set denied    { type ipv4_addr; flags interval }      # fixed ranges, egress_deny, the host's addresses
+//	  map sandboxes { type ipv4_addr : verdict }             # address -> jump sb-<id>
+//	  chain forward    { hook forward priority -10;    iifname <br> jump from_sandbox
+//	                     oifname <br> iifname != <br> ct direction original ct state new drop }
+//	  chain input      { hook input priority -10;      iifname <br> jump from_sandbox }
+//	  chain prerouting { hook prerouting priority -150; iifname != lo ip daddr 127.0.0.0/8 drop }
+//	  chain from_sandbox { ct direction reply accept; meta nfproto ipv6 drop
+//	                       ip saddr vmap @sandboxes; drop }     # unknown source: dropped
+//	  chain sb-<id> { …the sandbox's policy (see sandboxRules)… }
+//	}
+//
+// It never accepts in a way that skips Docker's chains: an accept here ends
+// only this table's evaluation, and Docker's own (isolation, published
+// ports) still run after it. Only drops and rejects are final.
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// Names inside the table.
+const (
+	setDenied       = "denied"
+	mapSandboxes    = "sandboxes"
+	chainFrom       = "from_sandbox"
+	chainForward    = "forward"
+	chainInput      = "input"
+	chainPrerouting = "prerouting"
+	// Counters of the drops not charged to a sandbox.
+	counterUnknown  = "unknown_source"
+	counterInbound  = "inbound"
+	counterLoopback = "loopback"
+	sandboxPrefix   = "sb-"
+)
+
+// TableName is the nftables table (family inet) of the sandbox network
+// whose bridge is bridge.
+func TableName(bridge string) string { return "sandwake-" + bridge }
+
+// Options configure a Firewall.
+type Options struct {
+	// Deny are ranges a public policy denies beyond lifecycle's fixed list
+	// and the host's own addresses (egress_deny).
+	Deny []netip.Prefix
+	// Resolvers are the DNS servers Docker forwards containers' queries
+	// to: a public policy reaches them on port 53 before the private-range
+	// deny. Default: the nameservers of the host's resolv.conf, as Docker
+	// picks them.
+	Resolvers []netip.Addr
+	// Logger receives what the firewall repairs. Default: none.
+	Logger *zap.Logger
+}
+
+// Firewall is a lifecycle.Firewall on nftables. Methods are safe for
+// concurrent use; each change is one netlink batch, applied atomically.
+type Firewall struct {
+	opts Options
+	log  *zap.Logger
+
+	mu       sync.Mutex
+	net      lifecycle.SandboxNet
+	table    *nftables.Table
+	denied   []netip.Prefix
+	resolver []netip.Addr
+	repaired bool
+	// What the kernel holds, as this firewall last wrote or read it:
+	// the map's addresses (to the chain each jumps to), the sandbox chains,
+	// and the policy each chain holds.
+	elems    map[netip.Addr]string
+	chains   map[string]string // chain -> policy key ("" when unknown)
+	counters map[string]bool   // the sandboxes' named counters
+}
+
+// New returns a firewall; nothing is installed until Setup.
+func New(opts Options) *Firewall {
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Firewall{opts: opts, log: log}
+}
+
+// Setup implements lifecycle.Firewall: it checks that the sandbox bridge
+// is in this network namespace (the engine is local) and installs the
+// table, or checks and refreshes an installed one.
+func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
+	if _, err := net.InterfaceByName(n.Bridge); err != nil {
+		return fmt.Errorf("%w: the sandbox network's bridge %s is not in this gateway's network namespace, so its firewall cannot be installed here: "+
+			"the Docker engine runs on another host (a remote DOCKER_HOST, Docker Desktop's VM) or the gateway runs in a container without the host's network. "+
+			"Run the gateway on the engine's host (network_mode: host, CAP_NET_ADMIN), or write `egress unenforced` in the sandwake block to run sandboxes without egress policy",
+			lifecycle.ErrEgressUnenforced, n.Bridge)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.net.Bridge != "" && f.net.Bridge != n.Bridge {
+		f.elems, f.chains = nil, nil // a new network: nothing of the old table applies
+	}
+	f.net = n
+	f.table = &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.Bridge)}
+	f.resolver = f.opts.Resolvers
+	if f.resolver == nil {
+		f.resolver = HostResolvers()
+	}
+	f.denied = slices.Concat(lifecycle.EgressDeniedRanges, f.opts.Deny, HostAddresses(), []netip.Prefix{n.Subnet})
+
+	c, err := nftables.New()
+	if err != nil {
+		return f.privilege(err)
+	}
+	complete, err := f.complete(c)
+	if err != nil {
+		return f.privilege(err)
+	}
+	if !complete {
+		if f.elems != nil || f.chains != nil {
+			f.repaired = true
+			f.log.Warn("egress firewall table missing or incomplete: installing it again", zap.String("table", f.table.Name))
+		}
+		if err := f.install(c); err != nil {
+			return f.privilege(err)
+		}
+		f.elems, f.chains, f.counters = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}
+		return nil
+	}
+	// Installed: the host's addresses may have changed since.
+	set := &nftables.Set{Table: f.table, Name: setDenied, KeyType: nftables.TypeIPAddr, Interval: true}
+	c.FlushSet(set)
+	if err := c.SetAddElements(set, intervalElements(mergeSpans(f.denied))); err != nil {
+		return fmt.Errorf("egress firewall: %w", err)
+	}
+	if err := c.Flush(); err != nil {
+		return f.privilege(err)
+	}
+	if f.elems == nil {
+		return f.load(c)
+	}
+	return nil
+}
+
+// privilege explains a netlink refusal: without CAP_NET_ADMIN the kernel
+// answers EPERM.
+func (f *Firewall) privilege(err error) error {
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, os.ErrPermission) || strings.Contains(err.Error(), "operation not permitted") {
+		return fmt.Errorf("%w: installing the nftables table %s was refused (%v): the gateway needs CAP_NET_ADMIN in the engine host's network namespace "+
+			"(run it as root, or with AmbientCapabilities=CAP_NET_ADMIN under systemd, or cap_add: [NET_ADMIN] and network_mode: host in compose), "+
+			"or write `egress unenforced` in the sandwake block to run sandboxes without egress policy",
+			lifecycle.ErrEgressUnenforced, f.table.Name, err)
+	}
+	return fmt.Errorf("egress firewall (table %s): %w", f.table.Name, err)
+}
+
+// complete reports whether the table exists with every base part.
+func (f *Firewall) complete(c *nftables.Conn) (bool, error) {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, err
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == f.table.Name }) {
+		return false, nil
+	}
+	chains, err := f.tableChains(c)
+	if err != nil {
+		return false, err
+	}
+	for _, want := range []string{chainFrom, chainForward, chainInput, chainPrerouting} {
+		if !slices.ContainsFunc(chains, func(ch *nftables.Chain) bool { return ch.Name == want }) {
+			return false, nil
+		}
+	}
+	sets, err := c.GetSets(f.table)
+	if err != nil {
+		return false, err
+	}
+	for _, want := range []string{setDenied, mapSandboxes} {
+		if !slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == want }) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func (f *Firewall) tableChains(c *nftables.Conn) ([]*nftables.Chain, error) {
+	all, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(ch *nftables.Chain) bool { return ch.Table == nil || ch.Table.Name != f.table.Name }), nil
+}
+
+// install (re)creates the whole table in one batch: an incomplete one is
+// deleted first, so no half-table is ever in force.
+func (f *Firewall) install(c *nftables.Conn) error {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == f.table.Name }) {
+		c.DelTable(f.table)
+	}
+	t := c.AddTable(f.table)
+	denied := &nftables.Set{Table: t, Name: setDenied, KeyType: nftables.TypeIPAddr, Interval: true}
+	if err := c.AddSet(denied, intervalElements(mergeSpans(f.denied))); err != nil {
+		return err
+	}
+	vmap := &nftables.Set{Table: t, Name: mapSandboxes, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true}
+	if err := c.AddSet(vmap, nil); err != nil {
+		return err
+	}
+	for _, name := range []string{counterUnknown, counterInbound, counterLoopback} {
+		c.AddObj(&nftables.CounterObj{Table: t, Name: name})
+	}
+	br := f.net.Bridge
+	from := c.AddChain(&nftables.Chain{Table: t, Name: chainFrom})
+	rules := [][]expr.Any{
+		cat(ctDirection(dirReply), []expr.Any{verdict(expr.VerdictAccept)}),
+		cat(nfproto(unix.NFPROTO_IPV6), []expr.Any{verdict(expr.VerdictDrop)}),
+		{
+			&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: offSaddr, Len: 4},
+			&expr.Lookup{SourceRegister: reg1, SetName: mapSandboxes, IsDestRegSet: true, DestRegister: regVerdict},
+		},
+		{counterRef(counterUnknown), verdict(expr.VerdictDrop)},
+	}
+	for _, r := range rules {
+		c.AddRule(&nftables.Rule{Table: t, Chain: from, Exprs: r})
+	}
+	prio := nftables.ChainPriorityRef(-10)
+	fwd := c.AddChain(&nftables.Chain{Table: t, Name: chainForward, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookForward, Priority: prio})
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchIf(expr.MetaKeyIIFNAME, br, expr.CmpOpEq), []expr.Any{jump(chainFrom)})})
+	// New connections routed into the bridge from outside the host
+	// (moby#41872): previews come only through the gateway.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(
+		matchIf(expr.MetaKeyOIFNAME, br, expr.CmpOpEq), matchIf(expr.MetaKeyIIFNAME, br, expr.CmpOpNeq),
+		ctDirection(dirOriginal), ctNew(), []expr.Any{counterRef(counterInbound), verdict(expr.VerdictDrop)})})
+	in := c.AddChain(&nftables.Chain{Table: t, Name: chainInput, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: prio})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIf(expr.MetaKeyIIFNAME, br, expr.CmpOpEq), []expr.Any{jump(chainFrom)})})
+	// Packets for 127.0.0.0/8 that did not come from loopback: other hosts
+	// of the local network reaching ports published on 127.0.0.1
+	// (moby#45610). Before DNAT (priority -100) rewrites them.
+	pre := c.AddChain(&nftables.Chain{Table: t, Name: chainPrerouting, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle})
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(
+		matchIf(expr.MetaKeyIIFNAME, "lo", expr.CmpOpNeq), nfproto(unix.NFPROTO_IPV4),
+		ipPrefix(offDaddr, netip.MustParsePrefix("127.0.0.0/8")), []expr.Any{counterRef(counterLoopback), verdict(expr.VerdictDrop)})})
+	return c.Flush()
+}
+
+// load reads which sandbox entries the kernel holds (after a restart of
+// the gateway, or when a batch failed on a stale view).
+func (f *Firewall) load(c *nftables.Conn) error {
+	f.elems, f.chains, f.counters = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}
+	objs, err := c.GetObjects(f.table)
+	if err != nil {
+		return fmt.Errorf("egress firewall: listing counters: %w", err)
+	}
+	for _, o := range objs {
+		if co, ok := o.(*nftables.CounterObj); ok && strings.HasPrefix(co.Name, sandboxPrefix) {
+			f.counters[co.Name] = true
+		}
+	}
+	chains, err := f.tableChains(c)
+	if err != nil {
+		return fmt.Errorf("egress firewall: listing chains: %w", err)
+	}
+	for _, ch := range chains {
+		if !strings.HasPrefix(ch.Name, sandboxPrefix) {
+			continue
+		}
+		f.chains[ch.Name] = "" // policy unknown: the next Sync rewrites it
+		if rules, err := c.GetRules(f.table, ch); err == nil && len(rules) > 0 {
+			f.chains[ch.Name] = string(rules[0].UserData)
+		}
+	}
+	els, err := c.GetSetElements(&nftables.Set{Table: f.table, Name: mapSandboxes, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true})
+	if err != nil {
+		return fmt.Errorf("egress firewall: reading the sandboxes map: %w", err)
+	}
+	for _, e := range els {
+		if a, ok := netip.AddrFromSlice(e.Key); ok {
+			f.elems[a] = "" // target unknown, unless its chain says (below)
+		}
+	}
+	// A chain's key starts with the address it was written for: the
+	// element of that address points at it (both go in one batch).
+	for name, key := range f.chains {
+		if addr, _, ok := strings.Cut(key, "|"); ok {
+			if a, err := netip.ParseAddr(addr); err == nil {
+				if _, has := f.elems[a]; has {
+					f.elems[a] = name
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func chainOf(id string) string { return sandboxPrefix + id }
+
+// delElem batches the deletion of addr's map element.
+func (f *Firewall) delElem(c *nftables.Conn, addr netip.Addr) {
+	key := addr.As4()
+	vmap := &nftables.Set{Table: f.table, Name: mapSandboxes, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true}
+	c.SetDeleteElements(vmap, []nftables.SetElement{{Key: key[:]}})
+	delete(f.elems, addr)
+}
+
+// policyKey identifies what a chain holds, so Sync rewrites only changes.
+func (f *Firewall) policyKey(e lifecycle.FirewallEntry) string {
+	return e.Address.String() + "|" + e.Egress.Policy + "|" + strings.Join(e.Egress.Allow, ",")
+}
+
+// Apply implements lifecycle.Firewall: the sandbox's chain is written and
+// its address pointed at it in one batch.
+func (f *Firewall) Apply(e lifecycle.FirewallEntry) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.table == nil {
+		return fmt.Errorf("%w: the firewall is not set up", lifecycle.ErrEgressUnenforced)
+	}
+	if name := chainOf(e.ID); f.chains[name] == f.policyKey(e) && f.elems[e.Address] == name {
+		return nil // installed as it is (a wake re-asserting it)
+	}
+	err := f.apply(e)
+	if err != nil {
+		// The view of the kernel was stale (a table changed by hand):
+		// read it again and try once more.
+		c, cerr := nftables.New()
+		if cerr == nil && f.load(c) == nil {
+			err = f.apply(e)
+		}
+	}
+	return err
+}
+
+func (f *Firewall) apply(e lifecycle.FirewallEntry) error {
+	c, err := nftables.New()
+	if err != nil {
+		return f.privilege(err)
+	}
+	if err := f.stage(c, e); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return f.privilege(err)
+	}
+	f.committed(e)
+	return nil
+}
+
+// stage batches the writing of e's chain, counter and map element on c,
+// from what the kernel holds now (f's view); committed records them once
+// the batch went through. Entries of one batch must have distinct ids and
+// addresses.
+func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry) error {
+	name := chainOf(e.ID)
+	ch := &nftables.Chain{Table: f.table, Name: name}
+	if _, ok := f.chains[name]; ok {
+		c.FlushChain(ch)
+	} else {
+		c.AddChain(ch)
+	}
+	if !f.counters[name] {
+		c.AddObj(&nftables.CounterObj{Table: f.table, Name: name})
+	}
+	for i, r := range sandboxRules(e.Egress, f.resolver, name) {
+		rule := &nftables.Rule{Table: f.table, Chain: ch, Exprs: r}
+		if i == 0 {
+			// What the chain holds, read back after a restart (load), so
+			// that a sync rewrites only what changed.
+			rule.UserData = []byte(f.policyKey(e))
+		}
+		c.AddRule(rule)
+	}
+	vmap := &nftables.Set{Table: f.table, Name: mapSandboxes, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true}
+	key := e.Address.As4()
+	if old, ok := f.elems[e.Address]; ok && old != name {
+		// The address served another sandbox (or is of unknown target):
+		// replaced in the same batch, so nothing of the old rules stays.
+		if err := c.SetDeleteElements(vmap, []nftables.SetElement{{Key: key[:]}}); err != nil {
+			return err
+		}
+	}
+	if f.elems[e.Address] != name {
+		if err := c.SetAddElements(vmap, []nftables.SetElement{{Key: key[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *Firewall) committed(e lifecycle.FirewallEntry) {
+	name := chainOf(e.ID)
+	f.chains[name] = f.policyKey(e)
+	f.counters[name] = true
+	f.elems[e.Address] = name
+}
+
+// Remove implements lifecycle.Firewall.
+func (f *Firewall) Remove(id string, addr netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.table == nil {
+		return nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	f.remove(c, chainOf(id), addr)
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("egress firewall: removing %s: %w", chainOf(id), err)
+	}
+	return nil
+}
+
+// remove batches the removal of chain and of the map element for addr
+// when it points there (or anywhere unknown).
+func (f *Firewall) remove(c *nftables.Conn, name string, addr netip.Addr) {
+	if target, ok := f.elems[addr]; ok && (target == name || target == "") {
+		f.delElem(c, addr)
+	}
+	if _, ok := f.chains[name]; ok {
+		// Unreferenced first (map elements), then emptied, then gone.
+		for a, target := range f.elems {
+			if target == name || target == "" {
+				f.delElem(c, a)
+			}
+		}
+		ch := &nftables.Chain{Table: f.table, Name: name}
+		c.FlushChain(ch)
+		c.DelChain(ch)
+		delete(f.chains, name)
+	}
+	if f.counters[name] {
+		c.DeleteObject(&nftables.CounterObj{Table: f.table, Name: name})
+		delete(f.counters, name)
+	}
+}
+
+// Sync implements lifecycle.Firewall: it reads what the kernel holds and
+// makes it exactly entries.
+func (f *Firewall) Sync(entries []lifecycle.FirewallEntry) (lifecycle.FirewallStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var st lifecycle.FirewallStatus
+	if f.table == nil {
+		return st, fmt.Errorf("%w: the firewall is not set up", lifecycle.ErrEgressUnenforced)
+	}
+	st.Repaired, f.repaired = f.repaired, false
+	c, err := nftables.New()
+	if err != nil {
+		return st, err
+	}
+	known := f.chains
+	if err := f.load(c); err != nil {
+		return st, err
+	}
+	// Keep the policies this firewall wrote for chains still there.
+	for name, key := range known {
+		if _, ok := f.chains[name]; ok {
+			f.chains[name] = key
+		}
+	}
+	want := make(map[string]bool, len(entries))
+	wantAddr := make(map[netip.Addr]bool, len(entries))
+	for _, e := range entries {
+		want[chainOf(e.ID)] = true
+		wantAddr[e.Address] = true
+	}
+	rc, err := nftables.New()
+	if err != nil {
+		return st, err
+	}
+	for name := range f.chains {
+		if !want[name] {
+			f.remove(rc, name, netip.Addr{})
+			st.Removed++
+		}
+	}
+	for name := range f.counters {
+		if !want[name] {
+			f.remove(rc, name, netip.Addr{})
+		}
+	}
+	for a := range f.elems {
+		if !wantAddr[a] {
+			f.delElem(rc, a)
+		}
+	}
+	if err := rc.Flush(); err != nil {
+		return st, fmt.Errorf("egress firewall: removing entries of sandboxes gone: %w", err)
+	}
+	// Everything to (re)write goes in one batch: the kernel validates the
+	// whole table at each commit that adds jumps, so a commit per entry
+	// would cost O(n²) after a restart, when every entry is rewritten.
+	var todo []lifecycle.FirewallEntry
+	for _, e := range entries {
+		name := chainOf(e.ID)
+		if f.chains[name] == f.policyKey(e) && f.elems[e.Address] == name {
+			continue
+		}
+		if _, had := f.chains[name]; !had {
+			st.Added++
+		}
+		todo = append(todo, e)
+	}
+	if len(todo) == 0 {
+		return st, nil
+	}
+	bc, err := nftables.New()
+	if err != nil {
+		return st, err
+	}
+	staged := true
+	for _, e := range todo {
+		if err := f.stage(bc, e); err != nil {
+			staged = false
+			break
+		}
+	}
+	if staged && bc.Flush() == nil {
+		for _, e := range todo {
+			f.committed(e)
+		}
+		return st, nil
+	}
+	// The batch failed as a whole (nothing of it applied): one entry at a
+	// time, from a fresh view, says which one cannot be installed.
+	if err := f.load(c); err != nil {
+		return st, err
+	}
+	for _, e := range todo {
+		if err := f.apply(e); err != nil {
+			return st, fmt.Errorf("egress firewall: installing %s: %w", chainOf(e.ID), err)
+		}
+	}
+	return st, nil
+}
+
+// Denied implements lifecycle.Firewall: one dump of the table's counters.
+func (f *Firewall) Denied() (map[string]uint64, error) {
+	f.mu.Lock()
+	t := f.table
+	f.mu.Unlock()
+	if t == nil {
+		return map[string]uint64{}, nil
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, err
+	}
+	objs, err := c.GetObjects(t)
+	if err != nil {
+		return nil, fmt.Errorf("egress firewall: reading counters: %w", err)
+	}
+	out := make(map[string]uint64, len(objs))
+	for _, o := range objs {
+		if co, ok := o.(*nftables.CounterObj); ok {
+			if id, ok := strings.CutPrefix(co.Name, sandboxPrefix); ok {
+				out[id] = co.Packets
+			}
+		}
+	}
+	return out, nil
+}
+
+// DeniedRanges implements lifecycle.Firewall.
+func (f *Firewall) DeniedRanges() []netip.Prefix {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.denied == nil {
+		return slices.Concat(f.opts.Deny, HostAddresses())
+	}
+	return slices.Clone(f.denied)
+}
+
+// Interface guard.
+var _ lifecycle.Firewall = (*Firewall)(nil)
