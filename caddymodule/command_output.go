@@ -140,6 +140,13 @@ func writeRecord(w io.Writer, r *client.Sandbox, now time.Time) error {
 	}
 	line("labels", strings.Join(labels, ", "))
 	line("access", r.Access)
+	if r.Egress != nil {
+		line("egress", strings.TrimSpace(r.Egress.Policy+" "+strings.Join(r.Egress.Allow, " ")))
+	}
+	line("address", r.Address)
+	if r.Address != "" {
+		line("egress denied", strconv.FormatUint(r.EgressDenied, 10))
+	}
 	line("created", at(r.CreatedAt))
 	line("last active", at(r.LastActiveAt))
 	line("state since", at(r.StateSince))

@@ -25,6 +25,8 @@ func errorStatus(err error) (status int, code string, retryAfter int) {
 		return http.StatusNotFound, "unknown_node", 0
 	case errors.Is(err, cluster.ErrUnsigned):
 		return http.StatusForbidden, "unsigned_forward", 0
+	case errors.Is(err, lifecycle.ErrEgressUnenforced):
+		return http.StatusServiceUnavailable, "egress_unenforced", 30
 	case errors.Is(err, lifecycle.ErrNotFound):
 		return http.StatusNotFound, "not_found", 0
 	case errors.Is(err, lifecycle.ErrInvalid):

@@ -1,8 +1,10 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -62,6 +64,10 @@ var (
 		"Host memory available to sandboxes, as the pressure check reads it.", nil, nil)
 	metricBreakerOpen = prometheus.NewDesc("caddy_sandwake_docker_circuit_open",
 		"1 while Docker calls fail fast after repeated failures.", nil, nil)
+	metricEgressDenied = prometheus.NewDesc("caddy_sandwake_egress_denied_total",
+		"Packets sandboxes sent that their egress policy refused (the firewall's counters).", nil, nil)
+	metricEgressEnforced = prometheus.NewDesc("caddy_sandwake_egress_enforced",
+		"1 while sandboxes' egress policies are enforced; 0 when the firewall is off (egress unenforced) or cannot be installed.", nil, nil)
 	metricReaperActions = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sandwake", Name: "reaper_actions_total",
 		Help: "Sandboxes paused, stopped or expired by the background loops, by reaper (idle, expiry, pressure) and action.",
@@ -91,6 +97,8 @@ func (statesCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- metricResident
 	ch <- metricMemAvailable
 	ch <- metricBreakerOpen
+	ch <- metricEgressDenied
+	ch <- metricEgressEnforced
 }
 
 func (statesCollector) Collect(ch chan<- prometheus.Metric) {
@@ -113,6 +121,14 @@ func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 		open = 1
 	}
 	ch <- prometheus.MustNewConstMetric(metricBreakerOpen, prometheus.GaugeValue, open)
+	ch <- prometheus.MustNewConstMetric(metricEgressDenied, prometheus.CounterValue, float64(e.mgr.EgressDeniedTotal(egressCountersMaxAge)))
+	enforced := 0.0
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if !e.egressUnenforced && e.mgr.EgressStatus(ctx) == nil {
+		enforced = 1
+	}
+	ch <- prometheus.MustNewConstMetric(metricEgressEnforced, prometheus.GaugeValue, enforced)
 }
 
 var collectors = []prometheus.Collector{

@@ -44,6 +44,22 @@ type Sandbox struct {
 	// Node is the node holding the sandbox (the instance name on a single
 	// host).
 	Node string `json:"node"`
+	// Egress is the sandbox's egress policy.
+	Egress *Egress `json:"egress,omitempty"`
+	// Address is the sandbox's fixed address on the sandbox network.
+	Address string `json:"address,omitempty"`
+	// EgressDenied counts the packets its egress policy refused (read from
+	// the firewall's counters, at most a few seconds old).
+	EgressDenied uint64 `json:"egress_denied"`
+}
+
+// Egress is a sandbox's egress policy: "public" (the internet but not the
+// host, private networks or cloud metadata) or "none" (no outbound
+// connection), and allow entries that open exactly what they list on top,
+// each "addr[/bits][:port][/tcp|/udp]" (tcp by default).
+type Egress struct {
+	Policy string   `json:"policy,omitempty"`
+	Allow  []string `json:"allow,omitempty"`
 }
 
 // FirstURL is the preview URL of the sandbox's first port, "" when it has
@@ -85,6 +101,7 @@ type CreateRequest struct {
 	MaxLifetime   *string           `json:"max_lifetime"`
 	Labels        map[string]string `json:"labels"`
 	Access        string            `json:"access"`
+	Egress        *Egress           `json:"egress,omitempty"`
 }
 
 // Patch is the body of PATCH /v1/sandboxes/{id}: the fields to change, nil
@@ -94,6 +111,9 @@ type Patch struct {
 	IdlePause   *string `json:"idle_pause"`
 	IdleStop    *string `json:"idle_stop"`
 	MaxLifetime *string `json:"max_lifetime"`
+	// Egress replaces the egress policy; in force on a running sandbox
+	// when the answer arrives, cutting connections it forbids.
+	Egress *Egress `json:"egress,omitempty"`
 }
 
 // KeepaliveRequest is the body of POST /v1/sandboxes/{id}/keepalive.

@@ -33,6 +33,13 @@ else
 fi
 export SANDWAKE_API_TOKEN
 
+# The egress firewall needs root (CAP_NET_ADMIN) on the Docker host; as
+# another user the demo runs without it, and says so.
+if [ -z "${SANDWAKE_EGRESS:-}" ] && [ "$(id -u)" != 0 ]; then
+	export SANDWAKE_EGRESS=unenforced
+	echo "note: not root, so sandboxes run without the egress firewall (egress unenforced); run as root to enforce it"
+fi
+
 go run ./internal/demo
 api="http://localhost:$api_port"
 

@@ -88,7 +88,6 @@ func (g *gateway) caddyfile() string {
 		storage %s
 		preview_url http://*.preview.localhost:%d
 		label %s %s
-		sandbox_network %s
 		%s
 	}
 }
@@ -102,7 +101,7 @@ http://127.0.0.1:%d {
 		token %s
 	}
 }
-`, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(), testenv.Network(),
+`, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(),
 		withDefaults(g.extra), g.previewPort, g.apiPort, benchToken)
 	if g.baseTo != "" {
 		fmt.Fprintf(&b, `http://127.0.0.1:%d {

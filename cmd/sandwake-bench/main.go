@@ -26,7 +26,7 @@
 // with the run's id) is removed at the end, also after an error or Ctrl-C.
 //
 //	go run ./cmd/sandwake-bench [--quick] [--skip-containers] [--caddy bin/caddy]
-//	    [--only hotpath,wake,storm,containers,records,cluster,soak] [--profile cpu.prof]
+//	    [--only hotpath,wake,storm,containers,egress,records,cluster,soak] [--profile cpu.prof]
 //	    [--markdown results.md] [--soak-duration 8m --soak-clients 12 …]
 //
 // `make bench` builds bin/caddy and runs it (BENCH_FLAGS passes flags). The
@@ -90,7 +90,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.caddy, "caddy", "bin/caddy", "the built Caddy with sandwake (`make build`); built from ./cmd/caddy when missing")
 	fs.BoolVar(&o.quick, "quick", false, "a run of about 2-3 minutes: shorter cells, fewer wakes, one storm, 20 containers")
 	fs.BoolVar(&o.skipContainers, "skip-containers", false, "skip the real-containers part of the scale scenario")
-	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, records, cluster, soak (default: all but soak)")
+	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, egress, records, cluster, soak (default: all but soak)")
 	fs.DurationVar(&o.perSide, "duration", 0, "hot path: measured time per side per cell (default 3s, 1s with --quick)")
 	fs.IntVar(&o.wakes, "wakes", 0, "wake latency: wakes of each kind and side (default 20, 6 with --quick)")
 	fs.IntVar(&o.stormN, "storm", 1000, "wake storm: concurrent requests")
@@ -148,7 +148,7 @@ func parseFlags(args []string) (options, error) {
 	return o, nil
 }
 
-var scenarios = []string{"hotpath", "wake", "storm", "containers", "records", "cluster", "soak"}
+var scenarios = []string{"hotpath", "wake", "storm", "containers", "egress", "records", "cluster", "soak"}
 
 func validScenario(s string) bool {
 	for _, v := range scenarios {
@@ -246,6 +246,24 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	if o.runs("hotpath") || o.runs("wake") || o.runs("storm") || o.runs("containers") {
 		if err := b.mainScenarios(ctx); err != nil {
+			return err
+		}
+	}
+	if o.runs("egress") {
+		if err := b.ensureImage(ctx); err != nil {
+			return err
+		}
+		n := 10
+		if o.quick {
+			n = 4
+		}
+		progress("egress: firewall on vs off")
+		t, err := egressCost(ctx, b, n)
+		if err != nil {
+			return err
+		}
+		b.show(t)
+		if err := removeRunContainers(ctx, b.cli); err != nil {
 			return err
 		}
 	}
@@ -426,6 +444,7 @@ func removeRunContainers(ctx context.Context, cli *client.Client) error {
 		return err
 	}
 	for _, n := range ns.Items {
+		testenv.RemoveFirewall(n.Options)
 		if _, err := cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{}); err != nil {
 			return err
 		}

@@ -1,0 +1,123 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/egress"
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// egressCountersMaxAge is how old the denied counters shown may be:
+// reading them dumps the firewall's counters, once for every sandbox.
+const egressCountersMaxAge = 2 * time.Second
+
+// egressSettings are the App's egress options, parsed by Provision.
+type egressSettings struct {
+	config    lifecycle.EgressConfig
+	resolvers []netip.Addr
+	subnet    netip.Prefix
+}
+
+// provisionEgress parses the egress options and sandbox_subnet.
+func (a *App) provisionEgress() error {
+	s := egressSettings{config: lifecycle.EgressConfig{Default: a.Egress, Unenforced: a.EgressUnenforced}}
+	switch a.Egress {
+	case "":
+		s.config.Default = lifecycle.EgressPublic
+	case lifecycle.EgressPublic, lifecycle.EgressNone:
+	default:
+		return fmt.Errorf("sandwake: egress %q is not public or none", a.Egress)
+	}
+	for _, c := range a.EgressDeny {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil || !a.Is4() {
+				return fmt.Errorf("sandwake: egress_deny %q is not an IPv4 CIDR or address", c)
+			}
+			p = netip.PrefixFrom(a, 32)
+		}
+		if !p.Addr().Is4() {
+			return fmt.Errorf("sandwake: egress_deny %q: only IPv4 (sandbox networks have no IPv6)", c)
+		}
+		s.config.Deny = append(s.config.Deny, p.Masked())
+	}
+	for _, e := range a.EgressAllowPrivate {
+		r, err := lifecycle.ParseAllowRule(e)
+		if err != nil {
+			return fmt.Errorf("sandwake: egress_allow_private: %w", err)
+		}
+		s.config.AllowPrivate = append(s.config.AllowPrivate, r)
+	}
+	for _, d := range a.EgressDNS {
+		ip, err := netip.ParseAddr(d)
+		if err != nil || !ip.Is4() {
+			return fmt.Errorf("sandwake: egress_dns %q is not an IPv4 address", d)
+		}
+		s.resolvers = append(s.resolvers, ip)
+	}
+	if a.SandboxSubnet != "" {
+		p, err := netip.ParsePrefix(a.SandboxSubnet)
+		if err != nil || !p.Addr().Is4() || p.Bits() > 24 || p.Bits() < 8 {
+			return fmt.Errorf("sandwake: sandbox_subnet %q: want an IPv4 CIDR from /8 to /24, like 10.99.0.0/16", a.SandboxSubnet)
+		}
+		s.subnet = p.Masked()
+	}
+	a.egress = s
+	return nil
+}
+
+// firewall is the engine's egress firewall: nil when the operator wrote
+// egress unenforced.
+func (s egressSettings) firewall(log *zap.Logger) lifecycle.Firewall {
+	if s.config.Unenforced {
+		return nil
+	}
+	return egress.New(egress.Options{Deny: s.config.Deny, Resolvers: s.resolvers, Logger: log})
+}
+
+// reportEgress says at start whether sandboxes' egress is enforced: a
+// warning when the operator turned it off, an error with the fix when it
+// cannot be installed (sandboxes then do not start).
+func (e *engine) reportEgress(a *App) {
+	if a.EgressUnenforced {
+		e.log.Warn("egress unenforced: sandboxes can reach the host, cloud metadata (169.254.169.254), the private network and, in a cluster, etcd; " +
+			"remove `egress unenforced` from the sandwake block to enforce egress policies")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.mgr.EgressStatus(ctx); err != nil {
+		if errors.Is(err, lifecycle.ErrEgressUnenforced) {
+			e.log.Error("egress firewall cannot be installed: sandboxes will not start (503 egress_unenforced)", zap.Error(err))
+			return
+		}
+		e.log.Warn("egress firewall not installed yet (docker unreachable?): retried at every create, wake and reconcile", zap.Error(err))
+		return
+	}
+	e.log.Info("egress firewall installed", zap.String("default_policy", a.egress.config.Default))
+}
+
+// egressCheck is readyz's egress check: "ok" when the firewall is in
+// place, a flag (still ready) when the operator turned it off, and why
+// sandboxes cannot start otherwise.
+func egressCheck(ctx context.Context, e *engine) (string, bool) {
+	if e.egressUnenforced {
+		return "unenforced (egress unenforced is set: sandboxes can reach the host and private networks)", true
+	}
+	if err := e.mgr.EgressStatus(ctx); err != nil {
+		msg := err.Error()
+		if i := strings.Index(msg, ": "); i >= 0 && errors.Is(err, lifecycle.ErrEgressUnenforced) {
+			msg = "not enforced, sandboxes do not start:" + msg[i+1:]
+		}
+		return msg, false
+	}
+	return "ok", true
+}
