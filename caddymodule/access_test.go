@@ -679,7 +679,6 @@ func TestNoSecretsInLogsOrEvents(t *testing.T) {
 		storage %s
 		preview_url http://*.preview.localhost:%d
 		label %s %s
-		sandbox_network %s
 		stop_timeout 5s
 	}
 }
@@ -700,7 +699,7 @@ http://127.0.0.1:%d {
 	}
 }
 `, filepath.Join(h.dir, "caddy"), mainLog, filepath.Join(h.dir, "sandwake"), h.previewPort,
-			testenv.LabelRun, testenv.RunID(), testenv.Network(), h.previewPort, previewLog, h.apiPort, apiLog, testToken)
+			testenv.LabelRun, testenv.RunID(), h.previewPort, previewLog, h.apiPort, apiLog, testToken)
 	})
 	e := currentEngine(t)
 	secret := e.current.Load().previewSecret

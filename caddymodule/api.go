@@ -65,6 +65,7 @@ func (api *API) Provision(ctx caddy.Context) error {
 		return err
 	}
 	api.app = app
+	app.Cluster.registerAPI(api) // in a cluster, it serves the API calls other nodes forward
 	token := caddy.NewReplacer().ReplaceKnown(api.Token, "")
 	if api.Token != "" && token == "" {
 		return fmt.Errorf("sandwake_api: token %q is empty once placeholders are replaced (is the variable set?)", api.Token)
@@ -118,7 +119,9 @@ func (api *API) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Ha
 // authed wraps a handler with the bearer-token check and the engine lookup.
 func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !api.InsecureNoAuth {
+		// A call another node forwarded (its certificate verified on the
+		// peer listener) carries the node's identity, not a token.
+		if !api.InsecureNoAuth && peerOf(r) == "" {
 			given, ok := bearerCredentials(r.Header.Get("Authorization"))
 			// Comparing hashes keeps the comparison constant-time in the
 			// token's length as well as its content.
@@ -172,6 +175,10 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 			if checks["cluster"], cok = clusterCheck(e); !cok {
 				ok = false
 			}
+		}
+		var eok bool
+		if checks["egress"], eok = egressCheck(ctx, e); !eok {
+			ok = false
 		}
 	}
 	status := http.StatusOK
@@ -239,6 +246,9 @@ func (b *createBody) spec() (lifecycle.Spec, error) {
 	spec := lifecycle.Spec{
 		Image: b.Image, Cmd: b.Cmd, Env: b.Env, Ports: b.Ports, MemoryMB: b.MemoryMB, CPUs: b.CPUs,
 		WorkspacePath: b.WorkspacePath, ReadyPath: b.ReadyPath, ReadyMode: b.ReadyMode, Labels: b.Labels, Access: b.Access,
+	}
+	if b.Egress != nil {
+		spec.Egress = lifecycle.Egress{Policy: b.Egress.Policy, Allow: b.Egress.Allow}
 	}
 	var err error
 	if spec.IdlePause, err = parseOptionalDuration("idle_pause", b.IdlePause); err != nil {
@@ -337,6 +347,9 @@ func (api *API) patch(w http.ResponseWriter, r *http.Request, e *engine) {
 		err error
 	)
 	p.Access = body.Access
+	if body.Egress != nil {
+		p.Egress = &lifecycle.Egress{Policy: body.Egress.Policy, Allow: body.Egress.Allow}
+	}
 	if p.IdlePause, err = parseOptionalDuration("idle_pause", body.IdlePause); err == nil {
 		if p.IdleStop, err = parseOptionalDuration("idle_stop", body.IdleStop); err == nil {
 			p.MaxLifetime, err = parseOptionalDuration("max_lifetime", body.MaxLifetime)
@@ -614,6 +627,13 @@ func (e *engine) view(r *lifecycle.Record) recordView {
 		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, StateSince: r.StateSince,
 		ExpiresAt: optTime(r.ExpiresAt), KeepaliveUntil: optTime(r.KeepaliveUntil), VerifiedAt: optTime(r.VerifiedAt),
 		Node: e.nodeName(),
+	}
+	if eg := r.Spec.Egress; eg.Policy != "" {
+		v.Egress = &client.Egress{Policy: eg.Policy, Allow: eg.Allow}
+	}
+	if r.Address.IsValid() {
+		v.Address = r.Address.String()
+		v.EgressDenied = e.mgr.EgressDenied(r.ID, egressCountersMaxAge)
 	}
 	if v.EnvKeys == nil {
 		v.EnvKeys = []string{}

@@ -7,11 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,24 +22,21 @@ import (
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
-// forwarded reports whether r came from another node. authed has verified
-// the signature by then: a request with a bad one never gets this far.
+// forwarded reports whether r came from another node: through the peer
+// listener, which verified the node's certificate and signature.
 func forwarded(r *http.Request) bool {
-	_, ok := r.Header[cluster.ForwardHeader]
-	return ok
+	return peerOf(r) != ""
 }
 
 // checkForward refuses, in cluster mode, a request that claims to come from
-// another node without a valid signature, and reports whether it may go on.
+// another node anywhere but the peer listener, and reports whether it may
+// go on.
 func checkForward(w http.ResponseWriter, r *http.Request, e *engine) bool {
-	if e.cluster == nil || !forwarded(r) {
+	if _, claimed := r.Header[cluster.ForwardHeader]; e.cluster == nil || !claimed {
 		return true
 	}
-	if _, _, err := e.cluster.c.Verify(r); err != nil {
-		writeJSONError(w, http.StatusForbidden, "unsigned_forward", err.Error(), 0)
-		return false
-	}
-	return true
+	writeJSONError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
+	return false
 }
 
 // routed serves an operation on one sandbox where the sandbox lives: a
@@ -88,9 +86,10 @@ func isDestroyOrPurge(r *http.Request) bool {
 	return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/purge")
 }
 
-// forwardAPI hands r to node's management API, signed, with the caller's
-// Authorization; body, when not nil, replaces r's (already read) body. The
-// answer, streams included, is relayed as it comes.
+// forwardAPI hands r to node's management API through its peer listener
+// (mutual TLS, signed): the call carries this node's identity, never the
+// caller's Authorization. body, when not nil, replaces r's (already read)
+// body. The answer, streams included, is relayed as it comes.
 func (e *engine) forwardAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte) {
 	e.proxyAPI(w, r, nodeName, what, body, false)
 }
@@ -101,7 +100,7 @@ func (e *engine) forwardAPI(w http.ResponseWriter, r *http.Request, nodeName, wh
 func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte, onlyIfDialed bool) (notDialed bool) {
 	c := e.cluster.c
 	node, ok := c.Node(nodeName)
-	if !ok || !node.Live || node.AdvertiseAPI == "" {
+	if !ok || !node.Live || node.Advertise == "" {
 		if onlyIfDialed {
 			return true
 		}
@@ -110,36 +109,44 @@ func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what
 		return false
 	}
 	metricForwardedAPI.Inc()
+	// connected turns true once a connection to the node (verified as
+	// the node) carries the call: before that nothing was sent, so
+	// sending it elsewhere cannot do it twice.
+	var connected atomic.Bool
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "http", node.AdvertiseAPI, node.AdvertiseAPI
+			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "https", node.Advertise, peerAPIHost
+			// The node's certificate authenticates the call: the
+			// operator's token never leaves this gateway.
+			pr.Out.Header.Del("Authorization")
 			if body != nil {
 				pr.Out.Body = io.NopCloser(bytes.NewReader(body))
 				pr.Out.ContentLength = int64(len(body))
 				pr.Out.Header.Set("Content-Type", "application/json")
 			}
 			c.Sign(pr.Out)
+			pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(pr.Out.Context(), &httptrace.ClientTrace{
+				GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+			}))
 		},
-		Transport:     e.cluster.transport,
+		Transport:     e.cluster.transport(node.Name, node.Advertise),
 		FlushInterval: -1, // event streams pass through as they come
+		ErrorLog:      forwardErrorLog,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			if onlyIfDialed && isDialError(err) {
+			if onlyIfDialed && !connected.Load() {
 				notDialed = true
 				return
 			}
+			if errors.Is(err, cluster.ErrPeerIdentity) {
+				e.log.Warn("refused to forward an API call: the peer at the node's address is not that node",
+					zap.String("node", node.Name), zap.String("addr", node.Advertise), zap.Error(err))
+			}
 			writeJSONError(w, http.StatusServiceUnavailable, "host_unavailable",
-				fmt.Sprintf("%s, whose API at %s did not answer: %v; retry later", what, node.AdvertiseAPI, err), hostRetryAfter)
+				fmt.Sprintf("%s, whose peer listener at %s did not answer: %v; retry later", what, node.Advertise, err), hostRetryAfter)
 		},
 	}
 	rp.ServeHTTP(w, r)
 	return notDialed
-}
-
-// isDialError reports whether err is a failure to connect: the request was
-// not sent, so sending it elsewhere cannot do it twice.
-func isDialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // createInCluster serves POST /v1/sandboxes in cluster mode: the id is
@@ -322,10 +329,24 @@ func (api *API) removeNode(w http.ResponseWriter, r *http.Request, e *engine) {
 	writeJSON(w, http.StatusOK, map[string]any{"node": name, "removed": true, "killed": killed})
 }
 
-// clusterCheck is readyz's cluster check: "ok", or why etcd cannot be used.
+// clusterCheck is readyz's cluster check: "ok", or why etcd cannot be used;
+// plaintext etcd and a node certificate about to expire are flagged
+// without making the node unready.
 func clusterCheck(e *engine) (string, bool) {
 	if err := e.cluster.c.Health(); err != nil {
 		return err.Error(), false
+	}
+	var notes []string
+	if e.clusterCfg != nil && e.clusterCfg.InsecurePlaintext {
+		notes = append(notes, "etcd is plaintext (insecure_plaintext is set)")
+	}
+	if cr := e.cluster.peers.Current(); cr != nil {
+		if left := time.Until(cr.Cert.Leaf.NotAfter); left < certRenewWarning {
+			notes = append(notes, fmt.Sprintf("the node certificate expires in %s (issue a new one and reload)", left.Round(time.Minute)))
+		}
+	}
+	if len(notes) > 0 {
+		return "ok, but " + strings.Join(notes, "; "), true
 	}
 	return "ok", true
 }

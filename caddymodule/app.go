@@ -153,9 +153,43 @@ type App struct {
 	// SandboxNetwork is the Docker bridge network sandboxes join (upstream
 	// mode published), created when missing with inter-container
 	// communication off, so that sandboxes cannot reach each other (ports
-	// stay published on 127.0.0.1 only). Gateways on one engine may share
-	// it. Default: sandwake.
+	// stay published on 127.0.0.1 only), and with a subnet of its own in
+	// which sandwake gives each sandbox a fixed address (its egress rules
+	// are keyed by it). Each instance has its own. Default:
+	// sandwake-<instance>.
 	SandboxNetwork string `json:"sandbox_network,omitempty"`
+	// SandboxSubnet is the IPv4 subnet of the sandbox network when
+	// sandwake creates it, e.g. 10.99.0.0/16. Each sandbox holds one
+	// address from create to destroy, so the subnet bounds how many
+	// sandboxes the instance keeps (a /16 holds about 61,000). Default: one
+	// the engine picks from its address pools.
+	SandboxSubnet string `json:"sandbox_subnet,omitempty"`
+	// Egress is the egress policy of a sandbox whose create names none:
+	// "public" (the internet, but not the host, private networks,
+	// link-local and cloud metadata, loopback, multicast or reserved
+	// ranges) or "none" (no outbound connection, DNS included). Default:
+	// public.
+	Egress string `json:"egress,omitempty"`
+	// EgressUnenforced runs sandboxes without the egress firewall:
+	// policies are stored and shown, nothing enforces them, and readyz,
+	// the dashboard and the start-up log say so. Without it, a gateway
+	// that cannot install the firewall (no CAP_NET_ADMIN in the engine
+	// host's network namespace, a remote engine) starts no sandbox.
+	// Default: false.
+	EgressUnenforced bool `json:"egress_unenforced,omitempty"`
+	// EgressDeny are CIDRs a public policy denies beyond the fixed private,
+	// link-local, loopback, multicast and reserved ranges and the host's
+	// own addresses.
+	EgressDeny []string `json:"egress_deny,omitempty"`
+	// EgressAllowPrivate are the denied destinations a sandbox's allow
+	// list may open, each "addr[/bits][:port][/tcp|/udp]" (an internal
+	// package mirror, say): an allow entry inside a denied range is
+	// refused (400) unless one of these covers it.
+	EgressAllowPrivate []string `json:"egress_allow_private,omitempty"`
+	// EgressDNS are the resolvers a public policy reaches on port 53.
+	// Default: the nameservers of the host's resolv.conf, which Docker
+	// forwards containers' queries to.
+	EgressDNS []string `json:"egress_dns,omitempty"`
 	// DefaultMemory is the memory limit of a sandbox whose spec gives none,
 	// as a size ("512MiB"); "0" leaves them unlimited. Default: 512MiB.
 	DefaultMemory string `json:"default_memory,omitempty"`
@@ -186,6 +220,7 @@ type App struct {
 	defaultMemMB  int64
 	hooks         []lifecycle.Webhook
 	previewSecret string
+	egress        egressSettings
 	started       bool
 	// eng is set by Start; a pointer so that App stays copyable (Caddy
 	// copies module values).
@@ -361,8 +396,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.UpstreamMode == "" {
 		a.UpstreamMode = core.UpstreamPublished
 	}
-	if a.SandboxNetwork == "" {
-		a.SandboxNetwork = core.DefaultSandboxNetwork
+	if err := a.provisionEgress(); err != nil {
+		return err
 	}
 	if a.Pull == "" {
 		a.Pull = core.PullMissing
@@ -448,7 +483,7 @@ func (a *App) Validate() error {
 	if a.Instance != "" && !validInstance(a.Instance) {
 		return fmt.Errorf("sandwake: instance %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.Instance)
 	}
-	if !validInstance(a.SandboxNetwork) {
+	if a.SandboxNetwork != "" && !validInstance(a.SandboxNetwork) {
 		return fmt.Errorf("sandwake: sandbox_network %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.SandboxNetwork)
 	}
 	switch a.Pull {
@@ -603,6 +638,8 @@ type engine struct {
 	instance string
 	// storeWarning, when set, says the store looks lost (readyz shows it).
 	storeWarning string
+	// egressUnenforced: the operator turned the egress firewall off.
+	egressUnenforced bool
 
 	// cluster is the node's part in a cluster, nil on a single host;
 	// clusterCfg the cluster block it was joined with.
@@ -664,6 +701,7 @@ func openEngine(a *App) (*engine, error) {
 		AllowedImages:     a.AllowedImages,
 		Logger:            log,
 	}
+	mcfg.Egress, mcfg.Firewall = a.egress.config, a.egress.firewall(log)
 	mcfg.Apply(a.managerSettings())
 	c, err := core.Open(core.Options{
 		Dir:            a.storageDir,
@@ -674,6 +712,7 @@ func openEngine(a *App) (*engine, error) {
 		StopTimeout:    time.Duration(a.StopTimeout),
 		Labels:         a.Labels,
 		SandboxNetwork: a.SandboxNetwork,
+		SandboxSubnet:  a.egress.subnet,
 		Pull:           a.Pull,
 		Logger:         log,
 		Manager:        mcfg,
@@ -716,6 +755,15 @@ func openEngine(a *App) (*engine, error) {
 			log.Error("store lost? "+e.storeWarning, zap.Strings("containers", stats.Orphans))
 		}
 	}
+	e.egressUnenforced = a.EgressUnenforced
+	e.reportEgress(a)
+	if !a.EgressUnenforced {
+		// Entries lost with the host's tables (a reboot) are back before
+		// the first request, not at the first periodic reconcile.
+		if _, err := mgr.SyncFirewall(ctx); err != nil {
+			log.Warn("egress firewall sync at start", zap.Error(err))
+		}
+	}
 	if err := e.startCluster(); err != nil {
 		e.closeCluster()
 		c.Close()
@@ -746,7 +794,7 @@ func (e *engine) apply(a *App) {
 	e.streams.configure(*a.MaxEventStreams, *a.MaxEventStreamsPerClient)
 	e.mgr.Reconfigure(a.managerSettings())
 	e.mgr.SetWebhooks(a.hooks)
-	e.applyCapacity(a)
+	e.applyCluster(a)
 }
 
 // managerSettings are the engine settings a reload may change, as the
@@ -769,7 +817,7 @@ func (a *App) managerSettings() lifecycle.Settings {
 
 // validEventType reports whether typ names an event sandwake emits.
 func validEventType(typ string) bool {
-	if typ == lifecycle.EventDestroyed || typ == lifecycle.EventPurged {
+	if typ == lifecycle.EventDestroyed || typ == lifecycle.EventPurged || typ == lifecycle.EventEgress {
 		return true
 	}
 	state, ok := strings.CutPrefix(typ, "sandbox.")

@@ -12,7 +12,7 @@ import (
 // usual error JSON and status, and a message in plain words: which field,
 // what was expected and what came, or where the JSON breaks.
 func TestDecodeBodyMessages(t *testing.T) {
-	const createFields = "(fields: id, image, cmd, env, ports, memory_mb, cpus, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, labels, access)"
+	const createFields = "(fields: id, image, cmd, env, ports, memory_mb, cpus, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, labels, access, egress)"
 	for _, tc := range []struct {
 		name, body string
 		into       func() any
@@ -50,7 +50,7 @@ func TestDecodeBodyMessages(t *testing.T) {
 		{"unknown fields", `{"imgae":"a","port":8080,"ports":[1],"Memory":5}`, nil, 400, "invalid", `unknown fields "Memory", "imgae", "port" ` + createFields},
 		{"case-insensitive names are known", `{"IMAGE":"a","Ports":[1]}`, nil, 0, "", ""},
 		{"too large", `{"image":"` + strings.Repeat("a", maxBodyBytes) + `"}`, nil, 413, "too_large", "request body is over 1048576 bytes"},
-		{"patch: unknown field", `{"idle":"3m"}`, func() any { return new(patchBody) }, 400, "invalid", `unknown field "idle" (fields: access, idle_pause, idle_stop, max_lifetime)`},
+		{"patch: unknown field", `{"idle":"3m"}`, func() any { return new(patchBody) }, 400, "invalid", `unknown field "idle" (fields: access, idle_pause, idle_stop, max_lifetime, egress)`},
 		{"patch: access a bool", `{"access":true}`, func() any { return new(patchBody) }, 400, "invalid", "access: expected a string, got true or false"},
 		{"keepalive: for a number", `{"for":600}`, func() any {
 			return new(struct {

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	core "github.com/sandwake/sandwake/engine"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 func init() {
@@ -65,8 +66,11 @@ func init() {
 //		cluster {
 //			etcd          <url>...
 //			node          <name>
+//			peer_listen   <[host]:port>
 //			advertise     <host:port>
-//			advertise_api <host:port>
+//			peer_ca_file  <file>
+//			peer_cert_file <file>
+//			peer_key_file <file>
 //			secret        <secret>
 //			prefix        <prefix>
 //			lease_ttl     <duration>
@@ -181,7 +185,33 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			case "capacity_wait":
 				a.CapacityWait = &cd
 			}
-		case "domain", "storage", "docker_host", "preview_url", "instance", "sandbox_network", "default_memory", "pull":
+		case "egress":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			switch v {
+			case lifecycle.EgressPublic, lifecycle.EgressNone:
+				a.Egress = v
+			case "unenforced":
+				a.EgressUnenforced = true
+			default:
+				return d.Errf("egress %q: want public, none or unenforced", v)
+			}
+		case "egress_deny", "egress_allow_private", "egress_dns":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			switch opt {
+			case "egress_deny":
+				a.EgressDeny = append(a.EgressDeny, args...)
+			case "egress_allow_private":
+				a.EgressAllowPrivate = append(a.EgressAllowPrivate, args...)
+			case "egress_dns":
+				a.EgressDNS = append(a.EgressDNS, args...)
+			}
+		case "domain", "storage", "docker_host", "preview_url", "instance", "sandbox_network", "sandbox_subnet", "default_memory", "pull":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -191,6 +221,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Instance = v
 			case "sandbox_network":
 				a.SandboxNetwork = v
+			case "sandbox_subnet":
+				a.SandboxSubnet = v
 			case "default_memory":
 				a.DefaultMemory = v
 			case "pull":

@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/cluster"
@@ -28,22 +31,40 @@ import (
 // is a single host and nothing of the cluster runs.
 type ClusterConfig struct {
 	// Etcd are the client URLs of the etcd cluster, e.g.
-	// http://10.0.0.5:2379. Required.
+	// https://10.0.0.5:2379 (http:// only with insecure_plaintext).
+	// Required.
 	Etcd []string `json:"etcd,omitempty"`
 	// Node is this node's name, unique in the cluster; it is also the
 	// gateway's instance name (an instance option, if given, must equal
 	// it). 1-63 characters of [a-z0-9_.-]. Default: the host name,
 	// lowercased.
 	Node string `json:"node,omitempty"`
-	// Advertise is host:port of this node's preview listener (plain
-	// HTTP) as the other nodes dial it to forward preview requests.
-	// Required.
+	// PeerListen is the address of this node's peer listener, e.g.
+	// 10.0.0.11:7443: the other nodes send it the preview requests and
+	// API calls for this node's sandboxes, over mutual TLS (a client
+	// certificate of the cluster CA naming a node is required). It
+	// serves nothing else. Required.
+	PeerListen string `json:"peer_listen,omitempty"`
+	// Advertise is host:port of the peer listener as the other nodes
+	// dial it; the node certificate must cover its host (an IP or DNS
+	// SAN). Default: peer_listen, when that names a host.
 	Advertise string `json:"advertise,omitempty"`
-	// AdvertiseAPI is host:port of this node's management API listener
-	// (plain HTTP) as the other nodes dial it to forward API calls.
-	// Required.
-	AdvertiseAPI string `json:"advertise_api,omitempty"`
-	// Secret signs node-to-node requests; every node has the same, at
+	// PeerCAFile is the PEM file of the cluster CA (made by `caddy
+	// sandwake cluster ca`); with several CAs in it (the old and the new,
+	// during a CA rotation) a certificate of any of them is accepted.
+	// Re-read at each config reload. Required.
+	PeerCAFile string `json:"peer_ca_file,omitempty"`
+	// PeerCertFile is this node's certificate (made by `caddy sandwake
+	// cluster cert`), issued by the cluster CA for this node's name (URI
+	// SAN sandwake://node/<node>) and its advertised host, for server and
+	// client use. Re-read at each config reload: a renewed certificate
+	// takes effect with a reload. Required.
+	PeerCertFile string `json:"peer_cert_file,omitempty"`
+	// PeerKeyFile is the key of PeerCertFile, readable by the gateway's
+	// user only. Required.
+	PeerKeyFile string `json:"peer_key_file,omitempty"`
+	// Secret signs node-to-node requests inside the mutual TLS, a second
+	// factor besides the node certificates; every node has the same, at
 	// least 16 bytes once placeholders such as
 	// {env.SANDWAKE_CLUSTER_SECRET} are replaced. Required.
 	Secret string `json:"secret,omitempty"`
@@ -52,8 +73,33 @@ type ClusterConfig struct {
 	// LeaseTTL is how long a node may be silent before the others take
 	// it for lost. Default: 10s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+	// EtcdCAFile is the PEM file of the CA that signed etcd's server
+	// certificates. Default: the system's roots.
+	EtcdCAFile string `json:"etcd_ca_file,omitempty"`
+	// EtcdCertFile and EtcdKeyFile are this node's client certificate and
+	// key for etcd's --client-cert-auth. Both or neither.
+	EtcdCertFile string `json:"etcd_cert_file,omitempty"`
+	EtcdKeyFile  string `json:"etcd_key_file,omitempty"`
+	// EtcdUsername and EtcdPasswordFile authenticate to etcd when its auth
+	// is enabled (the password is the file's first line). Both or neither.
+	EtcdUsername     string `json:"etcd_username,omitempty"`
+	EtcdPasswordFile string `json:"etcd_password_file,omitempty"`
+	// InsecurePlaintext allows http:// etcd endpoints: anyone on the
+	// network between the node and etcd can read and forge the catalog
+	// that routes every preview. Flagged in readyz and at start. Default:
+	// false (only https:// endpoints).
+	InsecurePlaintext bool `json:"insecure_plaintext,omitempty"`
 
-	secret []byte
+	secret   []byte
+	tls      *tls.Config
+	password string
+	// creds are the node's peer credentials as this config read them.
+	creds *cluster.Credentials
+	// previews are the HTTP servers of this config with a sandwake_preview
+	// route, and api a sandwake_api handler of it: the peer listener hands
+	// them the forwarded requests (registerPreview, registerAPI).
+	previews []*caddyhttp.Server
+	api      *API
 }
 
 // provision fills the cluster block's defaults and makes the node name the
@@ -77,7 +123,110 @@ func (c *ClusterConfig) provision(a *App) error {
 		return fmt.Errorf("sandwake: instance %q and cluster node %q differ: a node's name is its instance name (drop instance, or make them equal)", a.Instance, c.Node)
 	}
 	a.Instance = c.Node
+	if c.Advertise == "" {
+		// The peer listener's own address, unless it binds every address.
+		if host, _, err := net.SplitHostPort(c.PeerListen); err == nil && host != "" {
+			if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+				c.Advertise = c.PeerListen
+			}
+		}
+	}
+	if err := c.provisionEtcdAuth(); err != nil {
+		return err
+	}
+	return c.provisionPeerCredentials()
+}
+
+// provisionPeerCredentials reads the node's certificate and the cluster CA
+// (at every config load: a reload picks up renewed files).
+func (c *ClusterConfig) provisionPeerCredentials() error {
+	if c.PeerCAFile == "" || c.PeerCertFile == "" || c.PeerKeyFile == "" {
+		return nil // validate names what is missing
+	}
+	if err := checkPrivateFile("peer_key_file", c.PeerKeyFile); err != nil {
+		return err
+	}
+	creds, err := cluster.LoadCredentials(c.PeerCAFile, c.PeerCertFile, c.PeerKeyFile, time.Now())
+	if err != nil {
+		return fmt.Errorf("sandwake: cluster: peer_ca_file, peer_cert_file, peer_key_file: %w", err)
+	}
+	c.creds = creds
 	return nil
+}
+
+// provisionEtcdAuth reads the etcd client's TLS files and password.
+func (c *ClusterConfig) provisionEtcdAuth() error {
+	if (c.EtcdCertFile == "") != (c.EtcdKeyFile == "") {
+		return errors.New("sandwake: cluster: etcd_cert_file and etcd_key_file go together")
+	}
+	if (c.EtcdUsername == "") != (c.EtcdPasswordFile == "") {
+		return errors.New("sandwake: cluster: etcd_username and etcd_password_file go together")
+	}
+	if c.EtcdPasswordFile != "" {
+		b, err := readPrivateFile("etcd_password_file", c.EtcdPasswordFile)
+		if err != nil {
+			return err
+		}
+		c.password, _, _ = strings.Cut(string(b), "\n")
+		c.password = strings.TrimRight(c.password, "\r")
+		if c.password == "" {
+			return fmt.Errorf("sandwake: cluster: etcd_password_file %s is empty", c.EtcdPasswordFile)
+		}
+	}
+	if c.EtcdCAFile == "" && c.EtcdCertFile == "" {
+		if len(c.Etcd) > 0 && strings.HasPrefix(c.Etcd[0], "https://") {
+			c.tls = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		return nil
+	}
+	c.tls = &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.EtcdCAFile != "" {
+		pem, err := os.ReadFile(c.EtcdCAFile)
+		if err != nil {
+			return fmt.Errorf("sandwake: cluster: etcd_ca_file: %w", err)
+		}
+		c.tls.RootCAs = x509.NewCertPool()
+		if !c.tls.RootCAs.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("sandwake: cluster: etcd_ca_file %s holds no PEM certificate", c.EtcdCAFile)
+		}
+	}
+	if c.EtcdCertFile != "" {
+		if err := checkPrivateFile("etcd_key_file", c.EtcdKeyFile); err != nil {
+			return err
+		}
+		cert, err := tls.LoadX509KeyPair(c.EtcdCertFile, c.EtcdKeyFile)
+		if err != nil {
+			return fmt.Errorf("sandwake: cluster: etcd_cert_file/etcd_key_file: %w", err)
+		}
+		c.tls.Certificates = []tls.Certificate{cert}
+	}
+	return nil
+}
+
+// checkPrivateFile refuses a secret file (a key, a password) that every
+// user of the host may read: it was meant to be the gateway's alone.
+func checkPrivateFile(option, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("sandwake: cluster: %s: %w", option, err)
+	}
+	if fi.Mode().Perm()&0o004 != 0 {
+		return fmt.Errorf("sandwake: cluster: %s %s is readable by every user (mode %04o): make it readable by the gateway's user only (chmod 600; a Kubernetes secret volume: defaultMode 0400)",
+			option, path, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// readPrivateFile reads a secret file that checkPrivateFile accepts.
+func readPrivateFile(option, path string) ([]byte, error) {
+	if err := checkPrivateFile(option, path); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("sandwake: cluster: %s: %w", option, err)
+	}
+	return b, nil
 }
 
 // validate checks the cluster block once provisioned.
@@ -85,22 +234,51 @@ func (c *ClusterConfig) validate() error {
 	if len(c.Etcd) == 0 {
 		return errors.New("sandwake: cluster: etcd needs at least one client URL")
 	}
+	schemes := map[string]bool{}
 	for _, ep := range c.Etcd {
 		u, err := url.Parse(ep)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("sandwake: cluster: etcd %q is not an http(s) URL", ep)
 		}
+		schemes[u.Scheme] = true
+	}
+	switch {
+	case len(schemes) > 1:
+		return errors.New("sandwake: cluster: etcd endpoints mix http:// and https://: give all of them one scheme (https)")
+	case schemes["http"] && !c.InsecurePlaintext:
+		return fmt.Errorf("sandwake: cluster: etcd %s is plaintext http: anyone on that network can read and forge the catalog that routes every preview. "+
+			"Run etcd with TLS and client certificates and give https:// endpoints with etcd_ca_file, etcd_cert_file and etcd_key_file, "+
+			"or write insecure_plaintext in the cluster block to accept the risk", c.Etcd[0])
+	case schemes["https"] && c.InsecurePlaintext:
+		return errors.New("sandwake: cluster: insecure_plaintext is set but the etcd endpoints are https://: remove it")
+	case schemes["http"] && (c.EtcdCAFile != "" || c.EtcdCertFile != ""):
+		return errors.New("sandwake: cluster: etcd_ca_file and etcd_cert_file need https:// endpoints")
 	}
 	if !validInstance(c.Node) {
 		return fmt.Errorf("sandwake: cluster: node %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", c.Node)
 	}
-	for name, addr := range map[string]string{"advertise": c.Advertise, "advertise_api": c.AdvertiseAPI} {
-		if addr == "" {
-			return fmt.Errorf("sandwake: cluster: %s is required (host:port the other nodes dial)", name)
-		}
-		if host, port, err := net.SplitHostPort(addr); err != nil || host == "" || port == "" {
-			return fmt.Errorf("sandwake: cluster: %s %q is not host:port", name, addr)
-		}
+	if c.PeerListen == "" {
+		return errors.New("sandwake: cluster: peer_listen is required (the address the other nodes forward this node's requests to, over mutual TLS)")
+	}
+	if _, port, err := net.SplitHostPort(c.PeerListen); err != nil || port == "" {
+		return fmt.Errorf("sandwake: cluster: peer_listen %q is not [host]:port", c.PeerListen)
+	}
+	if c.Advertise == "" {
+		return fmt.Errorf("sandwake: cluster: advertise is required when peer_listen %s binds every address (host:port the other nodes dial)", c.PeerListen)
+	}
+	if host, port, err := net.SplitHostPort(c.Advertise); err != nil || host == "" || port == "" {
+		return fmt.Errorf("sandwake: cluster: advertise %q is not host:port", c.Advertise)
+	}
+	if c.PeerCAFile == "" || c.PeerCertFile == "" || c.PeerKeyFile == "" {
+		return errors.New("sandwake: cluster: peer_ca_file, peer_cert_file and peer_key_file are required: " +
+			"make a cluster CA with `caddy sandwake cluster ca` and this node's certificate with `caddy sandwake cluster cert`")
+	}
+	if c.creds.Node != c.Node {
+		return fmt.Errorf("sandwake: cluster: peer_cert_file %s is node %s's certificate, but this node is %s", c.PeerCertFile, c.creds.Node, c.Node)
+	}
+	host, _, _ := net.SplitHostPort(c.Advertise)
+	if err := c.creds.Cert.Leaf.VerifyHostname(host); err != nil {
+		return fmt.Errorf("sandwake: cluster: peer_cert_file %s does not cover the advertised host %s (the other nodes would refuse it): issue one with --addr %s", c.PeerCertFile, host, host)
 	}
 	if c.Secret == "" {
 		return errors.New("sandwake: cluster: secret is required (the same on every node)")
@@ -145,11 +323,15 @@ type clusterState struct {
 	// remote fans the catalog changes of other nodes' sandboxes out to
 	// the API's event streams.
 	remote *remoteEvents
-	// transport carries forwarded API calls to the other nodes.
-	transport *http.Transport
-	// upstreams caches each node address's reverse_proxy upstream
-	// (string → *upstreamSet).
-	upstreams sync.Map
+	// peers are the node's certificate and the cluster CA, replaced at
+	// each config load.
+	peers *cluster.PeerTLS
+	// listener is the peer listener: the other nodes' forwarded requests.
+	listener *peerListener
+	// transports carry forwarded requests to the other nodes, one per
+	// node and address (node + "\x00" + host:port → *http.Transport): a
+	// connection is only ever reused for the node it was verified as.
+	transports sync.Map
 }
 
 // joinCluster builds the engine's cluster client (contacting nothing) when
@@ -160,11 +342,17 @@ func (e *engine) joinCluster(a *App) error {
 		return nil
 	}
 	cc := a.Cluster
+	peers := cluster.NewPeerTLS(cc.creds)
 	c, err := cluster.New(cluster.Config{
-		Endpoints: cc.Etcd, Node: cc.Node, Advertise: cc.Advertise, AdvertiseAPI: cc.AdvertiseAPI,
+		Endpoints: cc.Etcd, Node: cc.Node, Advertise: cc.Advertise, Peers: peers,
 		Secret: cc.secret, Prefix: cc.Prefix, LeaseTTL: time.Duration(cc.LeaseTTL),
 		Logger: e.log.Named("cluster"),
+		TLS:    cc.tls, Username: cc.EtcdUsername, Password: cc.password,
 	}, clusterSource{e: e})
+	if cc.InsecurePlaintext {
+		e.log.Warn("cluster: etcd over plaintext http (insecure_plaintext): anyone on the network between this node and etcd can read and forge the catalog that routes every preview",
+			zap.Strings("etcd", cc.Etcd))
+	}
 	if err != nil {
 		return fmt.Errorf("sandwake: cluster: %w", err)
 	}
@@ -172,13 +360,12 @@ func (e *engine) joinCluster(a *App) error {
 	cs := &clusterState{
 		c:      c,
 		remote: newRemoteEvents(c.Self()),
-		transport: &http.Transport{
-			Proxy:               nil,
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 16,
-			IdleConnTimeout:     90 * time.Second,
-		},
+		peers:  peers,
 	}
+	cs.listener = newPeerListener(cs, e.log.Named("cluster.peer"))
+	// Set again by every config's Start (applyCluster); set here too, so
+	// that the node serves its peers from the moment it registers.
+	cs.listener.targets.Store(&peerTargets{preview: cc.previewServer(), api: cc.api})
 	c.Watch(cs.remote.observe)
 	e.cluster = cs
 	joined := *cc
@@ -188,7 +375,9 @@ func (e *engine) joinCluster(a *App) error {
 
 // clusterChanges says how cluster block next differs from prev, the one the
 // engine joined with ("" when they are the same). The membership is fixed
-// when the engine opens, which a reload does not do.
+// when the engine opens, which a reload does not do; the peer credentials
+// are not part of it (a reload reads them again: that is how a renewed
+// certificate or CA bundle takes effect).
 func clusterChanges(prev, next *ClusterConfig) string {
 	switch {
 	case prev == nil && next == nil:
@@ -205,8 +394,8 @@ func clusterChanges(prev, next *ClusterConfig) string {
 	}{
 		{"etcd", slices.Equal(prev.Etcd, next.Etcd)},
 		{"node", prev.Node == next.Node},
+		{"peer_listen", prev.PeerListen == next.PeerListen},
 		{"advertise", prev.Advertise == next.Advertise},
-		{"advertise_api", prev.AdvertiseAPI == next.AdvertiseAPI},
 		{"secret", bytes.Equal(prev.secret, next.secret)},
 		{"prefix", prev.Prefix == next.Prefix},
 		{"lease_ttl", prev.LeaseTTL == next.LeaseTTL},
@@ -221,11 +410,17 @@ func clusterChanges(prev, next *ClusterConfig) string {
 	return "cluster " + strings.Join(changed, ", ") + " changed"
 }
 
-// startCluster joins the cluster once the manager runs. With etcd down the
-// node still starts: readyz says why, and the cluster keeps retrying.
+// startCluster opens the peer listener and joins the cluster once the
+// manager runs. With etcd down the node still starts: readyz says why, and
+// the cluster keeps retrying.
 func (e *engine) startCluster() error {
 	if e.cluster == nil {
 		return nil
+	}
+	// Listening before registering: a node the others see live accepts
+	// their connections.
+	if err := e.cluster.listener.start(e.clusterCfg.PeerListen); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -235,24 +430,87 @@ func (e *engine) startCluster() error {
 	if err := e.cluster.c.Health(); err != nil {
 		e.log.Warn("joined the cluster without etcd (routes and local wakes work; creates wait for etcd)", zap.Error(err))
 	} else {
-		e.log.Info("joined the cluster", zap.String("node", e.cluster.c.Self()))
+		e.log.Info("joined the cluster", zap.String("node", e.cluster.c.Self()), zap.String("peer_listen", e.clusterCfg.PeerListen))
 	}
 	return nil
 }
 
 // closeCluster leaves the cluster (the lease is revoked: other nodes see
-// this node gone at once) and stops forwarding.
+// this node gone at once), then closes the peer listener and stops
+// forwarding.
 func (e *engine) closeCluster() error {
 	if e.cluster == nil {
 		return nil
 	}
 	err := e.cluster.c.Close()
 	e.cluster.remote.close()
-	e.cluster.transport.CloseIdleConnections()
+	lerr := e.cluster.listener.close()
+	e.cluster.transports.Range(func(_, v any) bool {
+		v.(*http.Transport).CloseIdleConnections()
+		return true
+	})
 	if err != nil {
 		return fmt.Errorf("leaving the cluster: %w", err)
 	}
-	return nil
+	return lerr
+}
+
+// applyCluster publishes a config's cluster settings to the running
+// engine: its capacity limits and, in a cluster, the peer credentials it
+// read (a renewed certificate, a new CA bundle) and the handlers its peer
+// listener serves.
+func (e *engine) applyCluster(a *App) {
+	e.applyCapacity(a)
+	if e.cluster == nil || a.Cluster == nil {
+		return
+	}
+	cc := a.Cluster
+	e.cluster.peers.Store(cc.creds)
+	e.cluster.listener.targets.Store(&peerTargets{preview: cc.previewServer(), api: cc.api})
+	if cc.api == nil {
+		e.log.Warn("cluster: this config has no sandwake_api handler: API calls other nodes forward here answer 503")
+	}
+	if left := time.Until(cc.creds.Cert.Leaf.NotAfter); left < certRenewWarning {
+		e.log.Warn("cluster: the node certificate expires soon: issue a new one (caddy sandwake cluster cert) and reload",
+			zap.String("peer_cert_file", cc.PeerCertFile), zap.Time("not_after", cc.creds.Cert.Leaf.NotAfter))
+	}
+}
+
+// certRenewWarning is how long before its end a node certificate is
+// flagged (start-up log, readyz).
+const certRenewWarning = 7 * 24 * time.Hour
+
+// registerPreview records the HTTP server a sandwake_preview route is
+// provisioned in (the gate calls it): forwarded preview requests go
+// through it as they would from a visitor. Nothing on a single host.
+func (c *ClusterConfig) registerPreview(ctx caddy.Context) {
+	if c == nil {
+		return
+	}
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil && !slices.Contains(c.previews, srv) {
+		c.previews = append(c.previews, srv)
+	}
+}
+
+// registerAPI records a sandwake_api handler of the config (the first):
+// forwarded API calls are served by it. Nothing on a single host.
+func (c *ClusterConfig) registerAPI(api *API) {
+	if c != nil && c.api == nil {
+		c.api = api
+	}
+}
+
+// previewServer is the server forwarded preview requests go through: of
+// several with a sandwake_preview route, the one with the lowest listen
+// addresses, so that every load picks the same.
+func (c *ClusterConfig) previewServer() http.Handler {
+	if len(c.previews) == 0 {
+		return nil
+	}
+	srv := slices.MinFunc(c.previews, func(a, b *caddyhttp.Server) int {
+		return strings.Compare(strings.Join(a.Listen, ","), strings.Join(b.Listen, ","))
+	})
+	return srv
 }
 
 // applyCapacity publishes the config's limits to what the node registers.

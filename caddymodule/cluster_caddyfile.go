@@ -25,15 +25,28 @@ func unmarshalCluster(d *caddyfile.Dispenser) (*ClusterConfig, error) {
 			if len(cc.Etcd) == 0 {
 				return nil, d.ArgErr()
 			}
-		case "node", "advertise", "advertise_api", "secret", "prefix":
+		case "node", "peer_listen", "advertise", "secret", "prefix",
+			"peer_ca_file", "peer_cert_file", "peer_key_file",
+			"etcd_ca_file", "etcd_cert_file", "etcd_key_file", "etcd_username", "etcd_password_file":
 			var v string
 			if !d.AllArgs(&v) {
 				return nil, d.ArgErr()
 			}
 			*map[string]*string{
-				"node": &cc.Node, "advertise": &cc.Advertise, "advertise_api": &cc.AdvertiseAPI,
+				"node": &cc.Node, "peer_listen": &cc.PeerListen, "advertise": &cc.Advertise,
 				"secret": &cc.Secret, "prefix": &cc.Prefix,
+				"peer_ca_file": &cc.PeerCAFile, "peer_cert_file": &cc.PeerCertFile, "peer_key_file": &cc.PeerKeyFile,
+				"etcd_ca_file": &cc.EtcdCAFile, "etcd_cert_file": &cc.EtcdCertFile, "etcd_key_file": &cc.EtcdKeyFile,
+				"etcd_username": &cc.EtcdUsername, "etcd_password_file": &cc.EtcdPasswordFile,
 			}[opt] = v
+		case "advertise_api":
+			return nil, d.Err("cluster option advertise_api is gone: the other nodes reach this node's API through its peer listener " +
+				"(peer_listen; advertise now names that listener as they dial it), over mutual TLS with node certificates (peer_ca_file, peer_cert_file, peer_key_file)")
+		case "insecure_plaintext":
+			if d.NextArg() {
+				return nil, d.ArgErr()
+			}
+			cc.InsecurePlaintext = true
 		case "lease_ttl":
 			var v string
 			if !d.AllArgs(&v) {
@@ -45,7 +58,7 @@ func unmarshalCluster(d *caddyfile.Dispenser) (*ClusterConfig, error) {
 			}
 			cc.LeaseTTL = caddy.Duration(dur)
 		default:
-			return nil, d.Errf("unknown cluster option %q (etcd, node, advertise, advertise_api, secret, prefix, lease_ttl)", opt)
+			return nil, d.Errf("unknown cluster option %q (etcd, node, peer_listen, advertise, peer_ca_file, peer_cert_file, peer_key_file, secret, prefix, lease_ttl, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_username, etcd_password_file, insecure_plaintext)", opt)
 		}
 	}
 	return cc, nil

@@ -13,14 +13,15 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/cluster/clustertest"
 )
 
 // testNode is a cluster client of node name that is never started: signing
 // and verifying need only its config.
 func testNode(t *testing.T, name string) *cluster.Cluster {
 	t.Helper()
-	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: name,
-		Secret: []byte("forward-test-secret-0123456789")}, nopSource{})
+	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: name, Advertise: "127.0.0.1:7443",
+		Peers: clustertest.NewPKI(t).Peers(t, name, "127.0.0.1"), Secret: []byte("forward-test-secret-0123456789")}, nopSource{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,49 +71,60 @@ func TestForwardSignatureMatchesTheWire(t *testing.T) {
 	}
 }
 
-// TestForwardedRequestTrustsItsSigner: on the owner, a request another node
-// signed has that node as a trusted proxy (reverse_proxy keeps the
-// X-Forwarded-* headers it set) and the visitor it saw as the client (the
-// event-stream caps count visitors, not the forwarding node); a request
-// without a signature gets neither.
-func TestForwardedRequestTrustsItsSigner(t *testing.T) {
+// TestForwardedRequestTrustsItsNode: on the owner, a request another node
+// forwarded (the peer listener verified it) has that node as a trusted
+// proxy (reverse_proxy keeps the X-Forwarded-* headers it set) and the
+// visitor it saw as the client (the event-stream caps count visitors, not
+// the forwarding node); any other request gets neither, and one claiming
+// to be forwarded outside the peer listener, even validly signed, is
+// refused.
+func TestForwardedRequestTrustsItsNode(t *testing.T) {
 	from, owner := testNode(t, "n1"), testNode(t, "n2")
 	e := &engine{cluster: &clusterState{c: owner}}
 	g := &Gate{}
-	serve := func(signed bool) *http.Request {
+	request := func() *http.Request {
 		r := readRequest(t, "GET /events HTTP/1.1\r\nHost: s-abc-8080.preview.localhost\r\n"+
 			"X-Forwarded-For: 203.0.113.7, 10.0.0.9\r\nX-Forwarded-Proto: https\r\n\r\n")
 		r.RemoteAddr = "10.0.0.2:40000"
-		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{
+		return r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{
 			caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: "10.0.0.2",
 		}))
-		if signed {
-			signForward(from, r)
-		}
+	}
+	serve := func(r *http.Request) (*http.Request, *httptest.ResponseRecorder, bool) {
 		w := httptest.NewRecorder()
-		done, err := g.serveCluster(w, r, nil, e, &settings{}, "abc", 8080)
-		if done || err != nil {
-			t.Fatalf("signed=%v: serveCluster answered %d %q (%v), want it served here", signed, w.Code, w.Body, err)
+		done, err := g.serveCluster(w, r, e, &settings{}, "abc", 8080)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return r
+		return r, w, done
 	}
 
-	r := serve(true)
-	if _, ok := r.Header[cluster.ForwardHeader]; ok {
-		t.Fatal("the signature is left on the request for the app")
+	r := request()
+	r, w, done := serve(r.WithContext(context.WithValue(r.Context(), peerKey{}, "n1")))
+	if done {
+		t.Fatalf("a forwarded request: serveCluster answered %d %q, want it served here", w.Code, w.Body)
 	}
 	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted {
-		t.Fatal("the signing node is not a trusted proxy: reverse_proxy replaces its X-Forwarded-* with its own address and scheme")
+		t.Fatal("the forwarding node is not a trusted proxy: reverse_proxy replaces its X-Forwarded-* with its own address and scheme")
 	}
 	if got, want := streamClient(r), netip.MustParsePrefix("203.0.113.7/32"); got != want {
 		t.Fatalf("stream client of a forwarded request = %s, want the visitor %s", got, want)
 	}
 
-	r = serve(false)
+	r, w, done = serve(request())
+	if done {
+		t.Fatalf("a visitor's request: serveCluster answered %d %q, want it served here", w.Code, w.Body)
+	}
 	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); trusted {
-		t.Fatal("an unsigned request is trusted as a proxy")
+		t.Fatal("a visitor's request is trusted as a proxy")
 	}
 	if got, want := streamClient(r), netip.MustParsePrefix("10.0.0.2/32"); got != want {
-		t.Fatalf("stream client of an unsigned request = %s, want its peer %s", got, want)
+		t.Fatalf("stream client of a visitor's request = %s, want its peer %s", got, want)
+	}
+
+	r = request()
+	signForward(from, r)
+	if _, w, done = serve(r); !done || w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "unsigned_forward") {
+		t.Fatalf("a signed request on a visitor's listener: %v %d %s, want 403 unsigned_forward", done, w.Code, w.Body)
 	}
 }

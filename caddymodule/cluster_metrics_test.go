@@ -56,10 +56,7 @@ func TestClusterMetrics(t *testing.T) {
 		}
 	}
 
-	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: "n1", Secret: []byte("0123456789abcdef")}, nopSource{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testNode(t, "n1")
 	e := &engine{cluster: &clusterState{c: c}}
 	// The collector reads only the cluster: a bare engine will do, but
 	// the states collector needs a manager, so it is left out here.
@@ -91,10 +88,7 @@ func TestClusterMetrics(t *testing.T) {
 // allocated, like on a single host.
 func TestHotPathAllocationsInCluster(t *testing.T) {
 	g, _ := hotPathGate(t)
-	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: "n1", Secret: []byte("0123456789abcdef")}, nopSource{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testNode(t, "n1")
 	g.app.engine().cluster = &clusterState{c: c}
 	r := hotRequest()
 	w := httptest.NewRecorder()

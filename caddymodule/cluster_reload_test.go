@@ -1,20 +1,23 @@
 package caddymodule
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/sandwake/sandwake/cluster/clustertest"
 )
 
 // TestClusterChanges: what a reload would change of the cluster block the
 // engine joined with.
 func TestClusterChanges(t *testing.T) {
 	base := func() *ClusterConfig {
-		return &ClusterConfig{Etcd: []string{"http://127.0.0.1:2379"}, Node: "n1", Advertise: "127.0.0.1:80",
-			AdvertiseAPI: "127.0.0.1:81", Secret: "{env.X}", Prefix: "/sandwake/", LeaseTTL: caddy.Duration(10e9), secret: []byte("0123456789abcdef")}
+		return &ClusterConfig{Etcd: []string{"http://127.0.0.1:2379"}, Node: "n1", PeerListen: "127.0.0.1:7443", Advertise: "127.0.0.1:7443",
+			PeerCertFile: "/etc/n1.crt", Secret: "{env.X}", Prefix: "/sandwake/", LeaseTTL: caddy.Duration(10e9), secret: []byte("0123456789abcdef")}
 	}
 	same := base()
 	same.Secret = "{env.Y}" // the same secret once resolved
@@ -22,6 +25,10 @@ func TestClusterChanges(t *testing.T) {
 	rotated.secret = []byte("fedcba9876543210")
 	moved := base()
 	moved.Etcd, moved.Node = []string{"http://127.0.0.1:2380"}, "n2"
+	relistened := base()
+	relistened.PeerListen, relistened.Advertise = ":7444", "127.0.0.1:7444"
+	renewed := base()
+	renewed.PeerCertFile = "/etc/n1-renewed.crt"
 	for _, tt := range []struct {
 		name       string
 		prev, next *ClusterConfig
@@ -33,6 +40,8 @@ func TestClusterChanges(t *testing.T) {
 		{"left", base(), nil, "the cluster block was removed"},
 		{"secret rotated", base(), rotated, "cluster secret changed"},
 		{"moved", base(), moved, "cluster etcd, node changed"},
+		{"peer listener moved", base(), relistened, "cluster peer_listen, advertise changed"},
+		{"certificate renewed", base(), renewed, ""},
 	} {
 		if got := clusterChanges(tt.prev, tt.next); got != tt.want {
 			t.Errorf("%s: %q, want %q", tt.name, got, tt.want)
@@ -47,13 +56,17 @@ func TestClusterChanges(t *testing.T) {
 // leaves the cluster block alone still works.
 func TestClusterBlockReloadRefused(t *testing.T) {
 	h := newHarness(t, "")
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(h.caddyfile(`cluster {
+	f := clustertest.NewPKI(t).WriteNode(t, t.TempDir(), "reload-n1", "127.0.0.1")
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(h.caddyfile(fmt.Sprintf(`cluster {
 			etcd http://127.0.0.1:1
+			insecure_plaintext
 			node reload-n1
-			advertise 127.0.0.1:1
-			advertise_api 127.0.0.1:2
+			peer_listen 127.0.0.1:1
+			peer_ca_file %[1]s
+			peer_cert_file %[2]s
+			peer_key_file %[3]s
 			secret 0123456789abcdef
-		}`)), nil)
+		}`, f.CA, f.Cert, f.Key))), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

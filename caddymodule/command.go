@@ -25,7 +25,7 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "sandwake",
-		Usage: "<ls|get|create|wake|pause|stop|keepalive|destroy|purge|events|nodes|node> [--api <url>] [--token <token>] [--json]",
+		Usage: "<ls|get|create|wake|pause|stop|keepalive|destroy|purge|events|nodes|node|cluster> [--api <url>] [--token <token>] [--json]",
 		Short: "Manages sandwake sandboxes through the management API",
 		Long: `
 Manages sandboxes through sandwake's management API (the sandwake_api
@@ -43,6 +43,8 @@ a table for people; --json prints the API's JSON as it answered.
   caddy sandwake nodes
   caddy sandwake node drain node-b [--undo]
   caddy sandwake node remove node-b
+  caddy sandwake cluster ca --out /etc/sandwake/cluster-ca
+  caddy sandwake cluster cert --node node-b --addr 10.0.0.12 --ca /etc/sandwake/cluster-ca --out /etc/sandwake/cluster
 `,
 		CobraFunc: sandwakeCommand,
 	})
@@ -96,8 +98,8 @@ func sandwakeCommand(cmd *cobra.Command) {
 		c.actionCommand("wake", "Wakes a sandbox and waits until it is running", (*client.Client).Wake),
 		c.actionCommand("pause", "Pauses a sandbox (it keeps its memory)", (*client.Client).Pause),
 		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)", (*client.Client).Stop),
-		c.keepaliveCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
-		c.nodesCommand(), c.nodeCommand(),
+		c.keepaliveCommand(), c.egressCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
+		c.nodesCommand(), c.nodeCommand(), c.clusterCommand(),
 	} {
 		sub.SilenceErrors, sub.SilenceUsage = true, true
 		cmd.AddCommand(sub)
@@ -260,6 +262,8 @@ type createFlags struct {
 	env, labels                      []string
 	memoryMB                         int64
 	cpus                             float64
+	egress                           string
+	allow                            []string
 }
 
 func (c *cli) createCommand() *cobra.Command {
@@ -280,6 +284,8 @@ func (c *cli) createCommand() *cobra.Command {
 	fl.StringVar(&f.idleStop, "idle-stop", "", "stop after this long idle, like 30m (0: never)")
 	fl.StringVar(&f.maxLifetime, "max-lifetime", "", "remove the container this long after creation (0: never)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
+	fl.StringVar(&f.egress, "egress", "", "egress policy: public (the internet only) or none (default: the gateway's)")
+	fl.StringArrayVar(&f.allow, "allow", nil, "open this destination on top of the policy: addr[/bits][:port][/tcp|/udp] (repeatable)")
 	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		body, err := f.body(cmd, args)
 		if err != nil {
@@ -311,6 +317,9 @@ func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequ
 	}
 	if len(f.ports) == 0 {
 		return b, errors.New("create: --port is required")
+	}
+	if f.egress != "" || len(f.allow) > 0 {
+		b.Egress = &client.Egress{Policy: f.egress, Allow: f.allow}
 	}
 	var err error
 	if b.Env, err = keyValues("env", f.env); err != nil {

@@ -1,12 +1,18 @@
 package caddymodule
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"log"
+	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/netip"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/cluster"
 )
@@ -16,22 +22,16 @@ import (
 const hostRetryAfter = 5
 
 // serveCluster routes a preview request in cluster mode and reports whether
-// it answered it. A request signed by another node is served here and never
-// forwarded again (no loops); one claiming to be forwarded without a valid
-// signature is refused. A request for a sandbox the catalog puts on another
-// node goes to that node's preview listener through reverse_proxy (the same
-// Host, so the owner routes it; websockets and streams pass through), and
-// the owner does the wake, the warming page and the hold.
-func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, id string, port int) (bool, error) {
+// it answered it. A request another node forwarded (it came through the
+// peer listener, which verified the node) is served here and never
+// forwarded again (no loops); one claiming to be forwarded anywhere else
+// is refused. A request for a sandbox the catalog puts on another node
+// goes to that node's peer listener (the same Host, so the owner routes
+// it; websockets and streams pass through), and the owner does the wake,
+// the warming page and the hold.
+func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s *settings, id string, port int) (bool, error) {
 	c := e.cluster.c
-	if _, claimed := r.Header[cluster.ForwardHeader]; claimed {
-		from, _, err := c.Verify(r)
-		if err != nil {
-			countRequest(outcomeUnsignedForward)
-			writeJSONError(w, http.StatusForbidden, "unsigned_forward", err.Error(), 0)
-			return true, nil
-		}
-		r.Header.Del(cluster.ForwardHeader) // the app never sees it
+	if from := peerOf(r); from != "" {
 		trustForwarder(r)
 		if en, ok := c.Lookup(id); ok && en.Node != c.Self() {
 			if _, err := e.routes.get(id); err != nil {
@@ -45,29 +45,95 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return false, nil
 	}
+	if _, claimed := r.Header[cluster.ForwardHeader]; claimed {
+		countRequest(outcomeUnsignedForward)
+		writeJSONError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
+		return true, nil
+	}
 	en, ok := c.Lookup(id)
 	if !ok || en.Node == c.Self() {
 		return false, nil
 	}
-	return true, g.forwardPreview(w, r, next, e, s, en, port)
+	return true, g.forwardPreview(w, r, e, s, en, port)
 }
 
-// forwardPreview sends r to the owner node of entry en, signed.
-func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, en cluster.Entry, port int) error {
-	node, ok := e.cluster.c.Node(en.Node)
+// errOutsidePeerListener answers a request claiming to come from another
+// node anywhere but the peer listener.
+const errOutsidePeerListener = "node-to-node requests are accepted only on the cluster's peer listener (peer_listen), over mutual TLS"
+
+// forwardPreview sends r to the owner node of entry en, over mutual TLS to
+// its peer listener, signed. Nothing is sent unless the node is live with
+// a registration its certificate covers and the listener at its address
+// proves to be that node: else the visitor gets 503 host_unavailable.
+func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, e *engine, s *settings, en cluster.Entry, port int) error {
+	cs := e.cluster
+	node, ok := cs.c.Node(en.Node)
 	if !ok || !node.Live || node.Advertise == "" {
 		return g.hostUnavailable(w, r, s, en, port)
 	}
-	signForward(e.cluster.c, r)
 	metricForwardedPreview.Inc()
-	caddyhttp.SetVar(r.Context(), varUpstream, e.cluster.upstream(node.Advertise))
-	err := next.ServeHTTP(w, r)
-	if isUpstreamFailure(err) {
-		// No answer from the node (reverse_proxy wrote nothing): it went
-		// down before its lease ran out.
+	var failed error
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", node.Advertise
+			setForwardedHeaders(pr)
+			signForward(cs.c, pr.Out)
+		},
+		Transport:     cs.transport(node.Name, node.Advertise),
+		FlushInterval: -1, // streams pass through as they come
+		ErrorLog:      forwardErrorLog,
+		ErrorHandler: func(_ http.ResponseWriter, _ *http.Request, err error) {
+			failed = err
+		},
+	}
+	rp.ServeHTTP(w, r)
+	if failed != nil {
+		// No answer from the node (nothing was written): it went down
+		// before its lease ran out, or the listener at its address is not
+		// that node.
+		if errors.Is(failed, cluster.ErrPeerIdentity) {
+			g.logger.Warn("refused to forward: the peer at the node's address is not that node",
+				zap.String("id", en.ID), zap.String("node", en.Node), zap.String("addr", node.Advertise), zap.Error(failed))
+		}
 		return g.hostUnavailable(w, r, s, en, port)
 	}
-	return err
+	return nil
+}
+
+// forwardErrorLog takes the forwarding proxies' own log lines, which say
+// what the caller handles (a visitor gone, an owner lost).
+var forwardErrorLog = log.New(io.Discard, "", 0)
+
+// setForwardedHeaders sets the X-Forwarded-For, -Proto and -Host of a
+// forwarded request as Caddy's reverse_proxy does: the visitor's address
+// and scheme, or, from a trusted proxy in front of this gateway, what that
+// proxy said with its address added.
+func setForwardedHeaders(pr *httputil.ProxyRequest) {
+	in, out := pr.In, pr.Out.Header
+	trusted, _ := caddyhttp.GetVar(in.Context(), caddyhttp.TrustedProxyVarKey).(bool)
+	clientIP, _, err := net.SplitHostPort(in.RemoteAddr)
+	if err != nil {
+		return
+	}
+	clientIP, _, _ = strings.Cut(clientIP, "%")
+	if prior := strings.Join(in.Header.Values("X-Forwarded-For"), ", "); trusted && prior != "" {
+		out.Set("X-Forwarded-For", prior+", "+clientIP)
+	} else {
+		out.Set("X-Forwarded-For", clientIP)
+	}
+	proto := "http"
+	if in.TLS != nil {
+		proto = "https"
+	}
+	if prior := in.Header.Get("X-Forwarded-Proto"); trusted && prior != "" {
+		proto = prior
+	}
+	out.Set("X-Forwarded-Proto", proto)
+	host := in.Host
+	if prior := in.Header.Get("X-Forwarded-Host"); trusted && prior != "" {
+		host = prior
+	}
+	out.Set("X-Forwarded-Host", host)
 }
 
 // signForward signs r for the owner node. The signature covers the request
@@ -82,13 +148,13 @@ func signForward(c *cluster.Cluster, r *http.Request) {
 	r.RequestURI = uri
 }
 
-// trustForwarder treats the node that signed r as a trusted proxy: the
-// X-Forwarded-For, -Proto and -Host it set are kept by reverse_proxy (the
-// app sees the visitor's address and scheme, not the forwarding node's),
-// and the client, for the event-stream caps, is the visitor that node saw
-// (the first X-Forwarded-For address, as Caddy takes it from a trusted
-// proxy), not the node, which would make every visitor it forwards one
-// client.
+// trustForwarder treats the node that forwarded r (verified by the peer
+// listener) as a trusted proxy: the X-Forwarded-For, -Proto and -Host it
+// set are kept by reverse_proxy (the app sees the visitor's address and
+// scheme, not the forwarding node's), and the client, for the event-stream
+// caps, is the visitor that node saw (the first X-Forwarded-For address,
+// as Caddy takes it from a trusted proxy), not the node, which would make
+// every visitor it forwards one client.
 func trustForwarder(r *http.Request) {
 	caddyhttp.SetVar(r.Context(), caddyhttp.TrustedProxyVarKey, true)
 	first, _, _ := strings.Cut(r.Header.Get("X-Forwarded-For"), ",")
@@ -109,14 +175,4 @@ func (g *Gate) hostUnavailable(w http.ResponseWriter, r *http.Request, s *settin
 		Message: msg + " This page retries by itself.", SandboxID: en.ID, Port: port, RetryAfter: hostRetryAfter},
 		"host_unavailable", msg+" Retry later.", hostRetryAfter)
 	return nil
-}
-
-// upstream is the upstream value for a node's advertised address, shared by
-// every request forwarded there.
-func (cs *clusterState) upstream(addr string) *upstreamSet {
-	if v, ok := cs.upstreams.Load(addr); ok {
-		return v.(*upstreamSet)
-	}
-	v, _ := cs.upstreams.LoadOrStore(addr, &upstreamSet{dial: addr})
-	return v.(*upstreamSet)
 }

@@ -190,7 +190,7 @@ func FuzzAppCaddyfile(f *testing.F) {
 		"upstream_mode bridge",
 		"expired_wake refuse\norphans remove\nmin_free_memory 10%",
 		"max_resident 200\nwake_rate 20\nwake_burst 40",
-		"cluster {\netcd http://127.0.0.1:2379 http://127.0.0.1:2380\nnode n1\nadvertise 127.0.0.1:80\nadvertise_api 127.0.0.1:81\nsecret 0123456789abcdef\nlease_ttl 2s\n}",
+		"cluster {\netcd https://127.0.0.1:2379 https://127.0.0.1:2380\nnode n1\npeer_listen 127.0.0.1:7443\nadvertise 127.0.0.1:7443\npeer_ca_file /etc/ca.crt\npeer_cert_file /etc/n1.crt\npeer_key_file /etc/n1.key\nsecret 0123456789abcdef\nlease_ttl 2s\n}",
 		"cluster {\nlease_ttl -1s\n}",
 		"cluster x",
 		"max_resident -1",

@@ -61,6 +61,9 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 		return err
 	}
 	g.app = app
+	// In a cluster, requests other nodes forward go through this
+	// gate's server, as a visitor's would.
+	app.Cluster.registerPreview(ctx)
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 
@@ -76,7 +79,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		return g.notFound(w, r, "", 0, "This is not a preview address. Preview addresses look like s-<id>-<port>.preview."+s.domain+".")
 	}
 	if e.cluster != nil {
-		if done, err := g.serveCluster(w, r, next, e, s, id, port); done {
+		if done, err := g.serveCluster(w, r, e, s, id, port); done {
 			return err
 		}
 	}

@@ -88,12 +88,19 @@ func newHarnessWithCaddyfile(t testing.TB, render func(h *harness) string) *harn
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	caddyMu.Lock()
+	var instance string
 	t.Cleanup(func() {
 		caddy.Stop()
 		caddyMu.Unlock()
+		// Once the gateway is gone (its reconcile would make the network
+		// again): each instance has a network of its own.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		testenv.RemoveInstance(ctx, h.cli, instance)
 	})
 	h.loadText(render(h))
 	h.waitReady()
+	instance = h.instance()
 	return h
 }
 
@@ -108,7 +115,6 @@ func (h *harness) caddyfile(extra string) string {
 		storage %s
 		preview_url http://*.preview.localhost:%d
 		label %s %s
-		sandbox_network %s
 		stop_timeout 5s
 		%s
 	}
@@ -124,7 +130,7 @@ http://127.0.0.1:%d {
 	}
 }
 `, filepath.Join(h.dir, "caddy"), filepath.Join(h.dir, "sandwake"), h.previewPort,
-		testenv.LabelRun, testenv.RunID(), testenv.Network(), extra, h.previewPort, h.apiPort, testToken)
+		testenv.LabelRun, testenv.RunID(), extra, h.previewPort, h.apiPort, testToken)
 }
 
 // load adapts the harness's Caddyfile with extra global options and loads
@@ -289,4 +295,17 @@ func (h *harness) startEvents(id string, since time.Time) int {
 			return n
 		}
 	}
+}
+
+// instance is the gateway's instance name, as readyz tells it.
+func (h *harness) instance() string {
+	h.t.Helper()
+	var ready struct {
+		Instance string `json:"instance"`
+	}
+	h.api("GET", "/v1/readyz", nil, &ready)
+	if ready.Instance == "" {
+		h.t.Fatal("readyz names no instance")
+	}
+	return ready.Instance
 }

@@ -18,7 +18,7 @@ func TestOwnershipOptions(t *testing.T) {
 		check   func(t *testing.T, a *App)
 	}{
 		{"defaults", "", "", func(t *testing.T, a *App) {
-			if a.Instance != "" || a.SandboxNetwork != "sandwake" || a.Pull != "missing" || a.defaultMemMB != 512 || a.AllowedImages != nil {
+			if a.Instance != "" || a.SandboxNetwork != "" || a.Pull != "missing" || a.defaultMemMB != 512 || a.AllowedImages != nil {
 				t.Fatalf("defaults: instance %q network %q pull %q default memory %d MiB allowed %v", a.Instance, a.SandboxNetwork, a.Pull, a.defaultMemMB, a.AllowedImages)
 			}
 		}},

@@ -42,7 +42,6 @@ func TestStoreDirNotWritable(t *testing.T) {
 	sandwake {
 		storage %s
 		label %s %s
-		sandbox_network %s
 	}
 }
 http://*.preview.localhost:%d {
@@ -55,7 +54,7 @@ http://127.0.0.1:%d {
 		token %s
 	}
 }
-`, filepath.Join(dir, "caddy"), storage, testenv.LabelRun, testenv.RunID(), testenv.Network(), previewPort, apiPort, testToken)
+`, filepath.Join(dir, "caddy"), storage, testenv.LabelRun, testenv.RunID(), previewPort, apiPort, testToken)
 		cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
 		if err != nil {
 			t.Fatalf("adapting Caddyfile: %v", err)

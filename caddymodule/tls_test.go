@@ -49,7 +49,6 @@ func tlsCaddyfile(dir, site string, httpsPort, apiPort int) string {
 		storage %s
 		preview_url https://*.preview.localhost:%d
 		label %s %s
-		sandbox_network %s
 		stop_timeout 5s
 	}
 }
@@ -67,7 +66,7 @@ http://127.0.0.1:%d {
 	}
 }
 `, filepath.Join(dir, "caddy"), filepath.Join(dir, "sandwake"), httpsPort,
-		testenv.LabelRun, testenv.RunID(), testenv.Network(), site, httpsPort, apiPort, testToken)
+		testenv.LabelRun, testenv.RunID(), site, httpsPort, apiPort, testToken)
 }
 
 // newTLSHarness starts a Caddy serving tlsCaddyfile. Its previewPort is the

@@ -16,10 +16,11 @@ type Capacity struct {
 
 // Node is one cluster node as GET /v1/nodes shows it.
 type Node struct {
-	Name         string   `json:"name"`
-	Advertise    string   `json:"advertise"`
-	AdvertiseAPI string   `json:"advertise_api"`
-	Capacity     Capacity `json:"capacity"`
+	Name string `json:"name"`
+	// Advertise is the node's peer listener (host:port) as the other
+	// nodes dial it.
+	Advertise string   `json:"advertise"`
+	Capacity  Capacity `json:"capacity"`
 	// Draining nodes get no new sandboxes.
 	Draining bool `json:"draining"`
 	// Live is whether the node holds its lease (false: lost).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -39,6 +40,9 @@ type catalog struct {
 	// lost node still shows its addresses.
 	seen  map[string]NodeInfo
 	drain map[string]bool
+	// ignored are the node registrations routing and placement ignore,
+	// with why (each reason is logged once).
+	ignored map[string]string
 	// counts is how many entries name each node.
 	counts map[string]int
 }
@@ -48,17 +52,20 @@ func (cat *catalog) init() {
 	cat.live = map[string]NodeInfo{}
 	cat.seen = map[string]NodeInfo{}
 	cat.drain = map[string]bool{}
+	cat.ignored = map[string]string{}
 	cat.counts = map[string]int{}
 }
 
 // nodeRecord is what a node writes under nodes/<node>: NodeInfo without
 // what others derive (liveness, drain mark, sandbox count).
 type nodeRecord struct {
-	Name         string    `json:"name"`
-	Advertise    string    `json:"advertise"`
-	AdvertiseAPI string    `json:"advertise_api"`
-	Capacity     Capacity  `json:"capacity"`
-	UpdatedAt    time.Time `json:"updated_at"`
+	Name      string   `json:"name"`
+	Advertise string   `json:"advertise"`
+	Capacity  Capacity `json:"capacity"`
+	// Certs is the node's certificate chain (DER, leaf first), which
+	// others check before they count the registration.
+	Certs     [][]byte  `json:"certs"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func (c *Cluster) sandboxKey(id string) string { return c.cfg.Prefix + sandboxesDir + id }
@@ -186,7 +193,7 @@ func (c *Cluster) loadCatalog() (int64, error) {
 	for name, info := range fresh.live {
 		fresh.seen[name] = info
 	}
-	cat.entries, cat.live, cat.seen, cat.drain, cat.counts = fresh.entries, fresh.live, fresh.seen, fresh.drain, fresh.counts
+	cat.entries, cat.live, cat.seen, cat.drain, cat.counts, cat.ignored = fresh.entries, fresh.live, fresh.seen, fresh.drain, fresh.counts, fresh.ignored
 	for _, ch := range changes {
 		if ch.Deleted {
 			cat.index.Delete(ch.Entry.ID)
@@ -287,16 +294,23 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 		name := rest[len(nodesDir):]
 		if !put {
 			delete(cat.live, name)
+			delete(cat.ignored, name)
 			return Change{}, false
 		}
-		var rec nodeRecord
-		if err := json.Unmarshal(kv.Value, &rec); err != nil {
-			c.log.Warn("ignoring a malformed node registration", zap.String("node", name), zap.Error(err))
-			rec = nodeRecord{}
+		rec, err := c.checkRegistration(name, kv)
+		if err != nil {
+			// Routing and placement ignore it: nobody is sent there.
+			if cat.ignored[name] != err.Error() {
+				c.log.Warn("ignoring a node registration", zap.String("node", name), zap.Error(err))
+			}
+			cat.ignored[name] = err.Error()
+			delete(cat.live, name)
+			return Change{}, false
 		}
+		delete(cat.ignored, name)
 		info := NodeInfo{
-			Name: name, Advertise: rec.Advertise, AdvertiseAPI: rec.AdvertiseAPI,
-			Capacity: rec.Capacity, UpdatedAt: rec.UpdatedAt,
+			Name: name, Advertise: rec.Advertise,
+			Capacity: rec.Capacity.bounded(), UpdatedAt: rec.UpdatedAt,
 		}
 		cat.live[name] = info
 		cat.seen[name] = info
@@ -309,6 +323,30 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 		}
 	}
 	return Change{}, false
+}
+
+// checkRegistration decodes node name's registration and says why it must
+// be ignored, if it must. A node holds its key with its lease: one without
+// a lease was written by someone else (it would count as live for ever).
+// A node publishes its certificate with it: one that the cluster's CA did
+// not issue to that node for its advertised host was not written by that
+// node, or names an address where another could answer for it.
+func (c *Cluster) checkRegistration(name string, kv *mvccpb.KeyValue) (nodeRecord, error) {
+	if kv.Lease == 0 {
+		return nodeRecord{}, errors.New("no lease (not written by a node)")
+	}
+	var rec nodeRecord
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		return nodeRecord{}, fmt.Errorf("malformed: %w", err)
+	}
+	host, _, err := net.SplitHostPort(rec.Advertise)
+	if err != nil || host == "" {
+		return nodeRecord{}, fmt.Errorf("advertise %q is not host:port", rec.Advertise)
+	}
+	if err := c.cfg.Peers.verifyRegistration(rec.Certs, name, host); err != nil {
+		return nodeRecord{}, fmt.Errorf("its certificate: %w", err)
+	}
+	return rec, nil
 }
 
 func (cat *catalog) uncount(node string) {

@@ -7,10 +7,7 @@ import (
 
 func filledCatalog(tb testing.TB, n int) *Cluster {
 	tb.Helper()
-	c, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: "self", Secret: []byte("x")}, newMemSource())
-	if err != nil {
-		tb.Fatal(err)
-	}
+	c := offlineNode(tb, "self")
 	for i := range n {
 		id := fmt.Sprintf("sb-%d", i)
 		e := Entry{ID: id, Node: "node-a", Ports: []int{8080}}

@@ -8,8 +8,10 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -52,13 +54,17 @@ type Config struct {
 	Endpoints []string
 	// Node is this node's name; it is also the gateway's instance name.
 	Node string
-	// Advertise is host:port of this node's preview listener (plain HTTP),
-	// as other nodes dial it to forward preview requests.
+	// Advertise is host:port of this node's peer listener as other nodes
+	// dial it (mutual TLS) to forward preview requests and API calls.
+	// The node's certificate must cover its host.
 	Advertise string
-	// AdvertiseAPI is host:port of this node's management API listener,
-	// as other nodes dial it to forward API calls.
-	AdvertiseAPI string
-	// Secret signs node-to-node requests; every node has the same.
+	// Peers are the node's certificate and the cluster's CAs: the
+	// certificate is published with the registration, and other nodes'
+	// registrations count only with a certificate of the cluster's CA
+	// naming them and covering their advertised host. Required.
+	Peers *PeerTLS
+	// Secret signs node-to-node requests (inside the mutual TLS, as a
+	// second factor); every node has the same.
 	Secret []byte
 	// Prefix is the key prefix in etcd (DefaultPrefix when empty).
 	Prefix string
@@ -66,6 +72,12 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Logger receives the cluster's log lines (zap.NewNop when nil).
 	Logger *zap.Logger
+	// TLS is the client TLS configuration for https:// endpoints: the CA
+	// to verify etcd with and the client certificate. Nil: plaintext.
+	TLS *tls.Config
+	// Username and Password authenticate to etcd (its auth enabled);
+	// empty: none.
+	Username, Password string
 }
 
 // Capacity is what a node publishes about its room, refreshed with its
@@ -78,12 +90,28 @@ type Capacity struct {
 	MinFreeMemoryMB int64 `json:"min_free_memory_mb"`
 }
 
+// Bounds of what a node may publish of its room: a registration claiming
+// more (a forged one, to draw every create) is read as at most these.
+const (
+	MaxPublishedResident = 1 << 20
+	MaxPublishedMemoryMB = 1 << 24 // 16 TiB
+)
+
+// bounded clamps a published capacity to what a node can have.
+func (c Capacity) bounded() Capacity {
+	c.Resident = min(max(c.Resident, 0), MaxPublishedResident)
+	c.MaxResident = min(max(c.MaxResident, 0), MaxPublishedResident)
+	c.FreeMemoryMB = min(max(c.FreeMemoryMB, 0), MaxPublishedMemoryMB)
+	c.MinFreeMemoryMB = min(max(c.MinFreeMemoryMB, 0), MaxPublishedMemoryMB)
+	return c
+}
+
 // NodeInfo is one node as the registry knows it.
 type NodeInfo struct {
-	Name         string   `json:"name"`
-	Advertise    string   `json:"advertise"`
-	AdvertiseAPI string   `json:"advertise_api"`
-	Capacity     Capacity `json:"capacity"`
+	Name string `json:"name"`
+	// Advertise is the node's peer listener (host:port).
+	Advertise string   `json:"advertise"`
+	Capacity  Capacity `json:"capacity"`
 	// Draining nodes get no new sandboxes (kept apart from the lease, so
 	// it survives restarts).
 	Draining bool `json:"draining"`
@@ -198,6 +226,9 @@ func New(cfg Config, src Source) (*Cluster, error) {
 	if src == nil {
 		return nil, errors.New("cluster: no source of local records")
 	}
+	if err := checkIdentity(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
 	}
@@ -229,6 +260,26 @@ func New(cfg Config, src Source) (*Cluster, error) {
 	return c, nil
 }
 
+// checkIdentity refuses credentials that other nodes would refuse: a
+// certificate of another node, or one not covering the advertised host.
+func checkIdentity(cfg Config) error {
+	if cfg.Peers == nil || cfg.Peers.Current() == nil {
+		return errors.New("cluster: no peer credentials (the node's certificate and the cluster's CA)")
+	}
+	cr := cfg.Peers.Current()
+	if cr.Node != cfg.Node {
+		return fmt.Errorf("cluster: the node certificate names node %s, but this node is %s", cr.Node, cfg.Node)
+	}
+	host, _, err := net.SplitHostPort(cfg.Advertise)
+	if err != nil {
+		return fmt.Errorf("cluster: advertise %q is not host:port", cfg.Advertise)
+	}
+	if err := cr.Cert.Leaf.VerifyHostname(host); err != nil {
+		return fmt.Errorf("cluster: the node certificate does not cover the advertised host (other nodes would refuse it): %w", err)
+	}
+	return nil
+}
+
 // Start registers the node on a lease, loads the catalog and the node
 // registry, starts the watches, the publisher (republishing every local
 // record whenever it (re)connects) and the lease keeper. It returns once
@@ -243,6 +294,9 @@ func (c *Cluster) Start(ctx context.Context) error {
 func (c *Cluster) start(ctx context.Context) error {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            c.cfg.Endpoints,
+		TLS:                  c.cfg.TLS,
+		Username:             c.cfg.Username,
+		Password:             c.cfg.Password,
 		DialTimeout:          c.reqTimeout,
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: c.reqTimeout,

@@ -115,14 +115,15 @@ func startNode(t *testing.T, endpoints []string, prefix, name string, src Source
 func startNodeWith(t *testing.T, endpoints []string, prefix, name string, src Source, icpt *interceptor) *Cluster {
 	t.Helper()
 	c, err := New(Config{
-		Endpoints:    endpoints,
-		Node:         name,
-		Advertise:    name + ".test:8080",
-		AdvertiseAPI: name + ".test:2019",
-		Secret:       []byte("s3cret"),
-		Prefix:       prefix,
-		LeaseTTL:     testTTL,
-		Logger:       zaptest.NewLogger(t).Named(name),
+		Endpoints: endpoints,
+		Node:      name,
+		Advertise: name + ".test:8080",
+		Peers:     testPeers(t, name),
+		Secret:    []byte("s3cret"),
+		Prefix:    prefix,
+		LeaseTTL:  testTTL,
+		Logger:    zaptest.NewLogger(t).Named(name),
+		TLS:       etcdtest.ClientTLS(endpoints),
 	}, src)
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +194,7 @@ func rawEntry(t *testing.T, cli *clientv3.Client, prefix, id string) (Entry, boo
 }
 
 func newClient(t *testing.T, endpoints []string) *clientv3.Client {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, TLS: etcdtest.ClientTLS(endpoints)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +373,7 @@ func TestPublishFollowsLocalRecords(t *testing.T) {
 		t.Fatalf("y after node-a's restart: %+v (%v), want node-b's", e, ok)
 	}
 	waitLive(t, a2, "node-a", "node-b")
-	if n, ok := a2.Node("node-b"); !ok || n.Sandboxes != 1 || n.Advertise != "node-b.test:8080" || n.AdvertiseAPI != "node-b.test:2019" {
+	if n, ok := a2.Node("node-b"); !ok || n.Sandboxes != 1 || n.Advertise != "node-b.test:8080" {
 		t.Fatalf("node-b as node-a sees it: %+v (%v)", n, ok)
 	}
 }

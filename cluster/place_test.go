@@ -10,10 +10,7 @@ import (
 // withNodes is a cluster whose cache holds the given registrations.
 func withNodes(t *testing.T, live []NodeInfo, draining ...string) *Cluster {
 	t.Helper()
-	c, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: "self", Secret: []byte("x")}, newMemSource())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := offlineNode(t, "self")
 	for _, n := range live {
 		c.cache.live[n.Name] = n
 	}

@@ -56,11 +56,13 @@ func (c *Cluster) register() (clientv3.LeaseID, error) {
 // lease id.
 func (c *Cluster) putNode(id clientv3.LeaseID) error {
 	data, err := json.Marshal(nodeRecord{
-		Name:         c.cfg.Node,
-		Advertise:    c.cfg.Advertise,
-		AdvertiseAPI: c.cfg.AdvertiseAPI,
-		Capacity:     c.src.Capacity(),
-		UpdatedAt:    c.now().UTC(),
+		Name:      c.cfg.Node,
+		Advertise: c.cfg.Advertise,
+		Capacity:  c.src.Capacity(),
+		// The current certificate: a renewed one (a reload) is published
+		// with the next refresh.
+		Certs:     c.cfg.Peers.Current().Cert.Certificate,
+		UpdatedAt: c.now().UTC(),
 	})
 	if err != nil {
 		return fmt.Errorf("encoding the node's registration: %w", err)

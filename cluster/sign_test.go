@@ -17,7 +17,8 @@ import (
 
 func signer(t *testing.T, node, secret string, now time.Time) *Cluster {
 	t.Helper()
-	c, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: node, Secret: []byte(secret)}, newMemSource())
+	c, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: node, Advertise: node + ".test:8080", Peers: testPeers(t, node),
+		Secret: []byte(secret)}, newMemSource())
 	if err != nil {
 		t.Fatal(err)
 	}

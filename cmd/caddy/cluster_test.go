@@ -3,11 +3,17 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,11 +23,25 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/moby/moby/client"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
+	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/internal/etcdtest"
 	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
+
+// noRecords is the record source of a cluster client the test only signs
+// with.
+type noRecords struct{}
+
+func (noRecords) Get(id string) (lifecycle.Record, error) {
+	return lifecycle.Record{}, lifecycle.ErrNotFound
+}
+func (noRecords) List(lifecycle.State) ([]lifecycle.Record, error) { return nil, nil }
+func (noRecords) Capacity() cluster.Capacity                       { return cluster.Capacity{} }
 
 // clusterTTL is the nodes' lease TTL in the cluster tests.
 const clusterTTL = 2 * time.Second
@@ -41,6 +61,47 @@ type testCluster struct {
 	cli     *client.Client
 	image   string
 	bin     string
+	// caDir holds the cluster CA; peerPorts and certs are each node's
+	// peer listener and credentials.
+	caDir     string
+	peerPorts []int
+	certs     []nodeCert
+}
+
+// nodeCert is a node's certificate and key files.
+type nodeCert struct{ cert, key string }
+
+// clusterCA makes a cluster CA with the built binary's CLI (`caddy
+// sandwake cluster ca`) and answers its directory.
+func clusterCA(t *testing.T, bin string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "ca")
+	runBinary(t, bin, "sandwake", "cluster", "ca", "--out", dir)
+	return dir
+}
+
+// issueNodeCert issues node's certificate for 127.0.0.1 with the built
+// binary's CLI (`caddy sandwake cluster cert`).
+func issueNodeCert(t *testing.T, bin, caDir, node string) nodeCert {
+	t.Helper()
+	dir := t.TempDir()
+	runBinary(t, bin, "sandwake", "cluster", "cert", "--node", node, "--addr", "127.0.0.1", "--ca", caDir, "--out", dir)
+	return nodeCert{cert: filepath.Join(dir, node+".crt"), key: filepath.Join(dir, node+".key")}
+}
+
+func runBinary(t *testing.T, bin string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("caddy %v: %v\n%s", args, err, out)
+	}
+}
+
+// peerBlock is the peer part of node's cluster block.
+func peerBlock(caDir string, port int, c nodeCert) string {
+	return fmt.Sprintf(`peer_listen 127.0.0.1:%d
+			peer_ca_file %s
+			peer_cert_file %s
+			peer_key_file %s`, port, filepath.Join(caDir, "ca.crt"), c.cert, c.key)
 }
 
 // clusterSandbox is a sandbox as the cluster API lists it.
@@ -54,22 +115,28 @@ func startTestCluster(t *testing.T) *testCluster {
 	cli := testenv.Docker(t)
 	image := testenv.TestAppImage(t)
 	bin := buildCaddy(t)
-	tc := &testCluster{t: t, root: t, etcd: etcdtest.Start(t, 3), cli: cli, image: image, bin: bin}
+	tc := &testCluster{t: t, root: t, etcd: etcdtest.Start(t, 3), cli: cli, image: image, bin: bin, caDir: clusterCA(t, bin)}
 	prefix := "/sandwake-" + testenv.RunID() + "/"
 	for i := range 3 {
 		g := newGateway(t, bin, "")
 		name := fmt.Sprintf("n%d-%s", i+1, testenv.RunID())
+		port, cert := freePort(t), issueNodeCert(t, bin, tc.caDir, name)
 		g.configure(fmt.Sprintf(`cluster {
 			etcd %s
+			etcd_ca_file %s
+			etcd_cert_file %s
+			etcd_key_file %s
 			node %s
-			advertise 127.0.0.1:%d
-			advertise_api 127.0.0.1:%d
+			%s
 			secret %s
 			prefix %s
 			lease_ttl %s
-		}`, strings.Join(tc.etcd.Endpoints(), " "), name, g.previewPort, g.apiPort, clusterSecret, prefix, clusterTTL))
+		}`, strings.Join(tc.etcd.Endpoints(), " "), tc.etcd.Certs.CAFile, tc.etcd.Certs.ClientCertFile, tc.etcd.Certs.ClientKey, name,
+			peerBlock(tc.caDir, port, cert), clusterSecret, prefix, clusterTTL))
 		tc.nodes = append(tc.nodes, g)
 		tc.names = append(tc.names, name)
+		tc.peerPorts = append(tc.peerPorts, port)
+		tc.certs = append(tc.certs, cert)
 	}
 	for _, g := range tc.nodes {
 		g.start()
@@ -472,6 +539,185 @@ func TestCluster(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != 403 || !strings.Contains(string(b), "unsigned_forward") {
 			t.Fatalf("forged API request: %d %s", resp.StatusCode, b)
+		}
+	})
+
+	t.Run("peer listener takes verified nodes only", func(t *testing.T) {
+		tc.t = t
+		owner := 1
+		id := home[owner]
+		tc.waitEverywhere(id, "running", tc.names[owner])
+		pool := x509.NewCertPool()
+		if pem, err := os.ReadFile(filepath.Join(tc.caDir, "ca.crt")); err != nil || !pool.AppendCertsFromPEM(pem) {
+			t.Fatalf("reading the cluster CA: %v", err)
+		}
+		load := func(c nodeCert) *tls.Certificate {
+			cert, err := tls.LoadX509KeyPair(c.cert, c.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &cert
+		}
+		// The test signs as node 1 (it knows the cluster's secret).
+		n1, err := cluster.LoadCredentials(filepath.Join(tc.caDir, "ca.crt"), tc.certs[0].cert, tc.certs[0].key, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		signer, err := cluster.New(cluster.Config{Endpoints: []string{"https://127.0.0.1:1"}, Node: tc.names[0],
+			Advertise: fmt.Sprintf("127.0.0.1:%d", tc.peerPorts[0]), Peers: cluster.NewPeerTLS(n1), Secret: []byte(clusterSecret)}, noRecords{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// send sends a preview request (or, api, an API call) for the
+		// owner's sandbox to its peer listener.
+		send := func(cert *tls.Certificate, signed, api bool) (int, string, error) {
+			cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}
+			if cert != nil {
+				cfg.Certificates = []tls.Certificate{*cert}
+			}
+			c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+			defer c.CloseIdleConnections()
+			req, _ := http.NewRequest("GET", fmt.Sprintf("https://127.0.0.1:%d/healthz", tc.peerPorts[owner]), nil)
+			req.Host = fmt.Sprintf("s-%s-8080.preview.localhost", id)
+			if api {
+				req.URL.Path, req.Host = "/v1/sandboxes/"+id, "api.sandwake.invalid"
+			}
+			if signed {
+				signer.Sign(req)
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				return 0, "", err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b), nil
+		}
+		strangerCA := clusterCA(t, tc.bin)
+		stranger := load(issueNodeCert(t, tc.bin, strangerCA, tc.names[0])) // node 1's name, another CA
+		intruder := load(issueNodeCert(t, tc.bin, tc.caDir, "intruder"))    // the cluster's CA, without the secret
+		for _, api := range []bool{false, true} {
+			for _, c := range []struct {
+				name   string
+				cert   *tls.Certificate
+				signed bool
+			}{{"no client certificate", nil, true}, {"a certificate of another CA", stranger, true}} {
+				if code, body, err := send(c.cert, c.signed, api); err == nil {
+					t.Fatalf("api=%v, %s: %d %.200s, want the TLS handshake refused", api, c.name, code, body)
+				}
+			}
+			if code, body, err := send(intruder, false, api); err != nil || code != 403 || !strings.Contains(body, "unsigned_forward") {
+				t.Fatalf("api=%v, a node certificate without a signature: %d %.200s %v, want 403 unsigned_forward", api, code, body, err)
+			}
+			if code, body, err := send(intruder, true, api); err != nil || code != 403 || !strings.Contains(body, "unsigned_forward") {
+				t.Fatalf("api=%v, node 1's signature on another node's certificate: %d %.200s %v, want 403 unsigned_forward", api, code, body, err)
+			}
+			// Node 1's certificate and signature: served, the API call
+			// without a token.
+			code, body, err := send(load(tc.certs[0]), true, api)
+			if want := "ok\n"; api {
+				var got clusterSandbox
+				if err != nil || code != 200 || json.Unmarshal([]byte(body), &got) != nil || got.ID != id {
+					t.Fatalf("API call from node 1: %d %.200s %v, want the sandbox", code, body, err)
+				}
+			} else if err != nil || code != 200 || body != want {
+				t.Fatalf("preview request from node 1: %d %q %v, want %q", code, body, err, want)
+			}
+		}
+	})
+
+	t.Run("forged catalog entry reaches nobody", func(t *testing.T) {
+		tc.t = t
+		// A listener of the test, which a forged registration names.
+		trap, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var accepted atomic.Int32
+		trapDone := make(chan struct{})
+		go func() {
+			defer close(trapDone)
+			for {
+				c, err := trap.Accept()
+				if err != nil {
+					return
+				}
+				accepted.Add(1)
+				c.Close()
+			}
+		}()
+		defer func() { trap.Close(); <-trapDone }()
+		cli, err := clientv3.New(clientv3.Config{Endpoints: tc.etcd.Endpoints(), TLS: etcdtest.ClientTLS(tc.etcd.Endpoints()), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		lease, err := cli.Grant(ctx, 120)
+		if err != nil {
+			t.Fatal(err)
+		}
+		prefix := "/sandwake-" + testenv.RunID() + "/"
+		evil, ghost := "evil-"+testenv.RunID(), "ghost-"+testenv.RunID()
+		viaEvil, viaGhost := testenv.UniqueID("fe"), testenv.UniqueID("fg")
+		defer func() {
+			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer ccancel()
+			cli.Revoke(cctx, lease.ID)
+			cli.Delete(cctx, prefix+"sandboxes/"+viaEvil)
+			cli.Delete(cctx, prefix+"sandboxes/"+viaGhost)
+		}()
+		// The registration is leased and carries a real node's certificate
+		// (certificates are public), with room to draw every create.
+		certPEM, err := os.ReadFile(tc.certs[0].cert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk, _ := pem.Decode(certPEM)
+		reg, _ := json.Marshal(map[string]any{"name": evil, "advertise": trap.Addr().String(), "certs": [][]byte{blk.Bytes},
+			"capacity": map[string]any{"max_resident": 1000000, "free_memory_mb": 1000000}})
+		entry := func(id, node string) string {
+			b, _ := json.Marshal(map[string]any{"id": id, "node": node, "state": "running", "ports": []int{8080}, "access": "public"})
+			return string(b)
+		}
+		for k, v := range map[string]string{"sandboxes/" + viaEvil: entry(viaEvil, evil), "sandboxes/" + viaGhost: entry(viaGhost, ghost)} {
+			if _, err := cli.Put(ctx, prefix+k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := cli.Put(ctx, prefix+"nodes/"+evil, string(reg), clientv3.WithLease(lease.ID)); err != nil {
+			t.Fatal(err)
+		}
+		for i, g := range tc.nodes {
+			for _, id := range []string{viaEvil, viaGhost} {
+				testenv.Eventually(t, 20*time.Second, func() (bool, string) {
+					code, ecode, err := previewCode(g.previewClient(), g, id, http.Header{"Authorization": {"Bearer a-preview-token"}})
+					return code == 503 && ecode == "host_unavailable", fmt.Sprintf("forged sandbox %s via node %d: %d %s %v, want 503 host_unavailable", id, i+1, code, ecode, err)
+				})
+			}
+			for _, call := range [][2]string{{"GET", "/v1/sandboxes/" + viaEvil}, {"POST", "/v1/sandboxes/" + viaEvil + "/tokens"}} {
+				if code, body := g.api(call[0], call[1], nil, nil); code != 503 || !strings.Contains(body, "host_unavailable") {
+					t.Fatalf("%s %s via node %d: %d %s, want 503 host_unavailable", call[0], call[1], i+1, code, body)
+				}
+			}
+			live := tc.liveNodes(g)
+			if slices.Contains(live, evil) {
+				t.Fatalf("node %d lists the forged registration as live: %v", i+1, live)
+			}
+		}
+		// Creates are placed on the real nodes only.
+		for range 3 {
+			id := testenv.UniqueID("fc")
+			if node := tc.createVia(0, id); !slices.Contains(tc.names, node) {
+				t.Fatalf("create placed on %s", node)
+			}
+			if code, body := tc.nodes[0].api("DELETE", "/v1/sandboxes/"+id, nil, nil); code != 204 {
+				t.Fatalf("destroy %s: %d %s", id, code, body)
+			}
+		}
+		if n := accepted.Load(); n != 0 {
+			t.Fatalf("the forged registration's address got %d connections, want none", n)
 		}
 	})
 
@@ -890,5 +1136,54 @@ func dockerStarts(t *testing.T, cli *client.Client, id string, since time.Time) 
 			}
 			return n
 		}
+	}
+}
+
+// TestClusterPlaintextEtcd: a node refuses to start on plaintext (http://)
+// etcd unless its cluster block says insecure_plaintext; with it, the node
+// joins, warns at start and flags it in readyz without being unready.
+func TestClusterPlaintextEtcd(t *testing.T) {
+	testenv.Docker(t)
+	bin := buildCaddy(t)
+	ec := etcdtest.StartPlaintext(t, 1)
+	g := newGateway(t, bin, "")
+	caDir, name := clusterCA(t, bin), "p1-"+testenv.RunID()
+	peers := peerBlock(caDir, freePort(t), issueNodeCert(t, bin, caDir, name))
+	block := func(extra string) string {
+		return fmt.Sprintf(`cluster {
+			etcd %s
+			node %s
+			%s
+			secret %s
+			prefix /sandwake-plain-%s/
+			lease_ttl %s
+			%s
+		}`, ec.Endpoints()[0], name, peers, clusterSecret, testenv.RunID(), clusterTTL, extra)
+	}
+
+	g.configure(block(""))
+	g.launch()
+	exited := make(chan struct{})
+	go func() { g.cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("caddy kept running on plaintext etcd without insecure_plaintext:\n%s", g.log.String())
+	}
+	if out := g.log.String(); !strings.Contains(out, "is plaintext http") || !strings.Contains(out, "insecure_plaintext") {
+		t.Fatalf("caddy exited without saying why plaintext etcd is refused:\n%s", out)
+	}
+
+	g.configure(block("insecure_plaintext"))
+	g.start()
+	var ready struct {
+		Ready  bool              `json:"ready"`
+		Checks map[string]string `json:"checks"`
+	}
+	if code, body := g.api("GET", "/v1/readyz", nil, &ready); code != 200 || !ready.Ready || !strings.Contains(ready.Checks["cluster"], "etcd is plaintext") {
+		t.Fatalf("readyz with insecure_plaintext: %d %s, want ready with the cluster check flagging plaintext etcd", code, body)
+	}
+	if out := g.log.String(); !strings.Contains(out, "etcd over plaintext http (insecure_plaintext)") {
+		t.Fatalf("no start-up warning about plaintext etcd:\n%s", out)
 	}
 }

@@ -33,6 +33,7 @@ type gateway struct {
 	apiPort     int
 	cmd         *exec.Cmd
 	log         *syncBuffer
+	instance    string // as readyz told it, for the cleanup of its network
 }
 
 const crashToken = "crash-test-token"
@@ -59,7 +60,17 @@ func (b *syncBuffer) String() string {
 func newGateway(t *testing.T, bin, extra string) *gateway {
 	g := &gateway{t: t, bin: bin, dir: t.TempDir(), previewPort: freePort(t), apiPort: freePort(t)}
 	g.configure(extra)
-	t.Cleanup(g.kill)
+	t.Cleanup(func() {
+		g.kill()
+		// Each instance has a sandbox network of its own: removed with
+		// the gateway, not left for the end of the run.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if cli, err := client.New(client.FromEnv); err == nil {
+			testenv.RemoveInstance(ctx, cli, g.instance)
+			cli.Close()
+		}
+	})
 	return g
 }
 
@@ -73,7 +84,6 @@ func (g *gateway) configure(extra string) {
 	sandwake {
 		storage %s
 		label %s %s
-		sandbox_network %s
 		stop_timeout 2s
 		%s
 	}
@@ -88,7 +98,7 @@ http://127.0.0.1:%d {
 		token %s
 	}
 }
-`, filepath.Join(g.dir, "caddy"), filepath.Join(g.dir, "sandwake"), testenv.LabelRun, testenv.RunID(), testenv.Network(), extra,
+`, filepath.Join(g.dir, "caddy"), filepath.Join(g.dir, "sandwake"), testenv.LabelRun, testenv.RunID(), extra,
 		g.previewPort, g.apiPort, crashToken)
 	if err := os.WriteFile(filepath.Join(g.dir, "Caddyfile"), []byte(cfg), 0o600); err != nil {
 		g.t.Fatal(err)
@@ -102,7 +112,13 @@ func (g *gateway) start() {
 		if g.cmd.ProcessState != nil {
 			return false, "caddy exited: " + g.log.String()
 		}
-		code, _ := g.api("GET", "/v1/readyz", nil, nil)
+		var ready struct {
+			Instance string `json:"instance"`
+		}
+		code, _ := g.api("GET", "/v1/readyz", nil, &ready)
+		if code == 200 {
+			g.instance = ready.Instance
+		}
 		return code == 200, fmt.Sprintf("readyz %d", code)
 	})
 }

@@ -51,7 +51,7 @@ func TestAdaptMatchesREADME(t *testing.T) {
 	cmd := exec.Command(bin, "adapt", "--config", filepath.Join(root, "Caddyfile.example"), "--pretty")
 	// The example's defaults, whatever this shell sets.
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "SANDWAKE_PREVIEW_PORT=") && !strings.HasPrefix(kv, "SANDWAKE_API_PORT=") {
+		if !strings.HasPrefix(kv, "SANDWAKE_PREVIEW_PORT=") && !strings.HasPrefix(kv, "SANDWAKE_API_PORT=") && !strings.HasPrefix(kv, "SANDWAKE_EGRESS=") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
@@ -126,19 +126,21 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 		}
 		return res.Items
 	}
-	// make run uses the default sandbox network; one this test made is
-	// removed with the rest (one that was there stays, and one another
-	// gateway uses cannot be removed anyway).
-	_, netErr := cli.NetworkInspect(context.Background(), "sandwake", client.NetworkInspectOptions{})
-	madeNetwork := netErr != nil
+	// make run's gateway (a new instance: the clone's store is new) makes
+	// its own sandbox network, sandwake-<instance>, and firewall table;
+	// both go with the demo sandbox.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		cli.ContainerRemove(ctx, "s-"+demo, client.ContainerRemoveOptions{Force: true})
-		cli.VolumeRemove(ctx, "s-"+demo+"-data", client.VolumeRemoveOptions{Force: true})
-		if madeNetwork {
-			cli.NetworkRemove(ctx, "sandwake", client.NetworkRemoveOptions{})
+		if ci, err := cli.ContainerInspect(ctx, "s-"+demo, client.ContainerInspectOptions{}); err == nil && ci.Container.Config != nil {
+			network := "sandwake-" + ci.Container.Config.Labels["sandwake.instance"]
+			cli.ContainerRemove(ctx, "s-"+demo, client.ContainerRemoveOptions{Force: true})
+			if nw, err := cli.NetworkInspect(ctx, network, client.NetworkInspectOptions{}); err == nil {
+				testenv.RemoveFirewall(nw.Network.Options)
+				cli.NetworkRemove(ctx, nw.Network.ID, client.NetworkRemoveOptions{})
+			}
 		}
+		cli.VolumeRemove(ctx, "s-"+demo+"-data", client.VolumeRemoveOptions{Force: true})
 		for _, im := range demoImages() {
 			cli.ImageRemove(ctx, im.ID, client.ImageRemoveOptions{Force: true})
 		}

@@ -208,11 +208,13 @@ func TestSandboxIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	ci := res.Container
-	if got := string(ci.HostConfig.NetworkMode); got != testenv.Network() {
-		t.Errorf("network mode %q, want %q (not Docker's default bridge)", got, testenv.Network())
+	// Each instance has a sandbox network of its own.
+	network := "sandwake-" + ci.Config.Labels["sandwake.instance"]
+	if got := string(ci.HostConfig.NetworkMode); got != network {
+		t.Errorf("network mode %q, want %q (not Docker's default bridge)", got, network)
 	}
 	if _, onDefault := ci.NetworkSettings.Networks["bridge"]; onDefault || len(ci.NetworkSettings.Networks) != 1 {
-		t.Errorf("networks %v: want only %s", keys(ci.NetworkSettings.Networks), testenv.Network())
+		t.Errorf("networks %v: want only %s", keys(ci.NetworkSettings.Networks), network)
 	}
 	if !containsFold(ci.HostConfig.CapDrop, "NET_RAW") {
 		t.Errorf("CapDrop %v: want NET_RAW", ci.HostConfig.CapDrop)
@@ -230,12 +232,12 @@ func TestSandboxIsolation(t *testing.T) {
 			}
 		}
 	}
-	nw, err := cli.NetworkInspect(ctx, testenv.Network(), client.NetworkInspectOptions{})
+	nw, err := cli.NetworkInspect(ctx, network, client.NetworkInspectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if nw.Network.Driver != "bridge" || nw.Network.Options["com.docker.network.bridge.enable_icc"] != "false" {
-		t.Errorf("network %s: driver %q options %v; want a bridge with enable_icc=false", testenv.Network(), nw.Network.Driver, nw.Network.Options)
+		t.Errorf("network %s: driver %q options %v; want a bridge with enable_icc=false", network, nw.Network.Driver, nw.Network.Options)
 	}
 	if nw.Network.Labels["sandwake.managed"] != "true" {
 		t.Errorf("network labels %v: want sandwake.managed", nw.Network.Labels)

@@ -6,12 +6,14 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/moby/moby/client"
 
+	swcluster "github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/internal/etcdtest"
 	"github.com/sandwake/sandwake/internal/testenv"
 )
@@ -50,20 +52,44 @@ func (b *bench) clusterScenario(ctx context.Context, cfg clusterConfig) error {
 	b.etcd = etcd
 	c := &cluster{}
 	prefix := "/sandwake-bench-" + testenv.RunID() + "/"
+	caCert, caKey, err := swcluster.NewCA("sandwake bench CA", time.Now(), 24*time.Hour)
+	if err != nil {
+		return err
+	}
 	for i := range 3 {
 		g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, fmt.Sprintf("node%d", i+1)), false)
 		if err != nil {
 			return err
 		}
 		name := fmt.Sprintf("n%d-%s", i+1, testenv.RunID())
+		peerPort, err := freePort()
+		if err != nil {
+			return err
+		}
+		certPEM, keyPEM, err := swcluster.IssueNodeCert(caCert, caKey, swcluster.NodeCertRequest{Node: name, Hosts: []string{"127.0.0.1"}}, time.Now())
+		if err != nil {
+			return err
+		}
+		files := map[string][]byte{"ca.crt": caCert, "node.crt": certPEM, "node.key": keyPEM}
+		for f, data := range files {
+			if err := os.WriteFile(filepath.Join(g.dir, f), data, 0o600); err != nil {
+				return err
+			}
+		}
 		g.extra = fmt.Sprintf(`cluster {
 			etcd %s
+			etcd_ca_file %s
+			etcd_cert_file %s
+			etcd_key_file %s
 			node %s
-			advertise 127.0.0.1:%d
-			advertise_api 127.0.0.1:%d
+			peer_listen 127.0.0.1:%d
+			peer_ca_file %s
+			peer_cert_file %s
+			peer_key_file %s
 			secret %s
 			prefix %s
-		}`, strings.Join(etcd.Endpoints(), " "), name, g.previewPort, g.apiPort, clusterSecret, prefix)
+		}`, strings.Join(etcd.Endpoints(), " "), etcd.Certs.CAFile, etcd.Certs.ClientCertFile, etcd.Certs.ClientKey, name, peerPort,
+			filepath.Join(g.dir, "ca.crt"), filepath.Join(g.dir, "node.crt"), filepath.Join(g.dir, "node.key"), clusterSecret, prefix)
 		c.nodes = append(c.nodes, g)
 		c.names = append(c.names, name)
 		b.gateways = append(b.gateways, g)
@@ -270,7 +296,7 @@ func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (
 	t := &table{
 		title: clusterForwardTitle,
 		sides: [2]string{"direct", "forwarded"},
-		note: fmt.Sprintf("3 nodes, 3-member etcd; sandbox on node 1, GET sent to node 1 vs to node 2 (which proxies it, signed, to node 1); %s per side per cell after %s warm-up, alternated in %d slices; CPU = all three Caddy processes; ratio = forwarded / direct",
+		note: fmt.Sprintf("3 nodes, 3-member etcd; sandbox on node 1, GET sent to node 1 vs to node 2 (which proxies it over mutual TLS, signed, to node 1's peer listener); %s per side per cell after %s warm-up, alternated in %d slices; CPU = all three Caddy processes; ratio = forwarded / direct",
 			cfg.perSide, cfg.warmup, cfg.rounds),
 	}
 	slice := cfg.perSide / time.Duration(cfg.rounds)

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -41,6 +42,26 @@ type Cluster struct {
 	token   string
 	initial string // --initial-cluster
 	members []*member
+	// Certs are the cluster's CA and certificates; nil for a plaintext
+	// cluster (StartPlaintext).
+	Certs *Certs
+	tls   *tls.Config // the client TLS of Certs
+}
+
+// clusters maps each client URL of a running TLS cluster to its client
+// TLS, so that helpers given only endpoints can dial them (ClientTLS).
+var clusters sync.Map
+
+// ClientTLS is the client TLS configuration (CA and client certificate) of
+// the cluster serving endpoints, nil for a plaintext one.
+func ClientTLS(endpoints []string) *tls.Config {
+	if len(endpoints) == 0 {
+		return nil
+	}
+	if v, ok := clusters.Load(endpoints[0]); ok {
+		return v.(*tls.Config)
+	}
+	return nil
 }
 
 // member is one etcd process; its ports and data dir survive restarts.
@@ -49,6 +70,7 @@ type member struct {
 	dir       string
 	clientURL string
 	peerURL   string
+	certs     *Certs // nil: plaintext
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -56,9 +78,23 @@ type member struct {
 	out  *tailBuffer
 }
 
-// Start launches an n-member cluster and waits until every member reports
-// healthy. Everything is stopped and removed when t ends.
+// Start launches an n-member cluster over TLS, with client certificates
+// required (Certs; ClientTLS gives a client's configuration), and waits
+// until every member reports healthy. Everything is stopped and removed
+// when t ends.
 func Start(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return start(t, n, true)
+}
+
+// StartPlaintext is Start without TLS: plain http:// endpoints, no client
+// authentication.
+func StartPlaintext(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return start(t, n, false)
+}
+
+func start(t testing.TB, n int, withTLS bool) *Cluster {
 	t.Helper()
 	if _, err := os.Stat(Binary); err != nil {
 		if os.Getenv("SANDWAKE_REQUIRE_DOCKER") == "1" {
@@ -66,7 +102,14 @@ func Start(t testing.TB, n int) *Cluster {
 		}
 		t.Skipf("etcd not installed (%v); set SANDWAKE_REQUIRE_DOCKER=1 to fail instead", err)
 	}
-	c, err := launchRetrying(n, func(int) (string, error) { return t.TempDir(), nil })
+	var certs *Certs
+	if withTLS {
+		var err error
+		if certs, err = NewCerts(t.TempDir()); err != nil {
+			t.Fatalf("etcd certificates: %v", err)
+		}
+	}
+	c, err := launchRetrying(n, certs, func(int) (string, error) { return t.TempDir(), nil })
 	if err != nil {
 		t.Fatalf("starting a %d-member etcd cluster: %v", n, err)
 	}
@@ -91,7 +134,15 @@ func Launch(n int, dir string) (*Cluster, error) {
 	if _, err := os.Stat(Binary); err != nil {
 		return nil, fmt.Errorf("etcd not installed (make tools installs etcd-server): %w", err)
 	}
-	c, err := launchRetrying(n, func(int) (string, error) { return os.MkdirTemp(dir, "etcd-") })
+	certDir, err := os.MkdirTemp(dir, "etcd-certs-")
+	if err != nil {
+		return nil, err
+	}
+	certs, err := NewCerts(certDir)
+	if err != nil {
+		return nil, fmt.Errorf("etcd certificates: %w", err)
+	}
+	c, err := launchRetrying(n, certs, func(int) (string, error) { return os.MkdirTemp(dir, "etcd-") })
 	if err != nil {
 		return nil, fmt.Errorf("starting a %d-member etcd cluster: %w", n, err)
 	}
@@ -103,6 +154,7 @@ func Launch(n int, dir string) (*Cluster, error) {
 func (c *Cluster) Close() {
 	for _, m := range c.members {
 		m.kill()
+		clusters.Delete(m.clientURL)
 	}
 }
 
@@ -113,10 +165,10 @@ func (c *Cluster) Output(i int) string {
 
 // launchRetrying launches a cluster, again on new ports when one of those
 // it picked was taken meanwhile.
-func launchRetrying(n int, dataDir func(i int) (string, error)) (*Cluster, error) {
+func launchRetrying(n int, certs *Certs, dataDir func(i int) (string, error)) (*Cluster, error) {
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		c, err := launch(n, dataDir)
+		c, err := launch(n, certs, dataDir)
 		if err == nil {
 			return c, nil
 		}
@@ -132,8 +184,16 @@ var errAddrInUse = errors.New("address already in use")
 
 // launch starts n fresh members on new ports and waits for health; on
 // failure it stops what it started.
-func launch(n int, dataDir func(i int) (string, error)) (*Cluster, error) {
-	c := &Cluster{token: "sw-etcd-" + randomHex(6)}
+func launch(n int, certs *Certs, dataDir func(i int) (string, error)) (*Cluster, error) {
+	c := &Cluster{token: "sw-etcd-" + randomHex(6), Certs: certs}
+	scheme := "http"
+	if certs != nil {
+		scheme = "https"
+		var err error
+		if c.tls, err = certs.ClientTLS(); err != nil {
+			return nil, err
+		}
+	}
 	var initial []string
 	for i := range n {
 		cport, err := freePort()
@@ -151,8 +211,9 @@ func launch(n int, dataDir func(i int) (string, error)) (*Cluster, error) {
 		m := &member{
 			name:      fmt.Sprintf("m%d", i),
 			dir:       dir,
-			clientURL: fmt.Sprintf("http://127.0.0.1:%d", cport),
-			peerURL:   fmt.Sprintf("http://127.0.0.1:%d", pport),
+			clientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, cport),
+			peerURL:   fmt.Sprintf("%s://127.0.0.1:%d", scheme, pport),
+			certs:     certs,
 		}
 		c.members = append(c.members, m)
 		initial = append(initial, m.name+"="+m.peerURL)
@@ -176,6 +237,11 @@ func launch(n int, dataDir func(i int) (string, error)) (*Cluster, error) {
 			return nil, fmt.Errorf("%w: %v", errAddrInUse, err)
 		}
 		return nil, err
+	}
+	if c.tls != nil {
+		for _, m := range c.members {
+			clusters.Store(m.clientURL, c.tls)
+		}
 	}
 	return c, nil
 }
@@ -251,7 +317,7 @@ func (c *Cluster) Leader() int {
 		if !running {
 			continue
 		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.clientURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop(), TLS: c.tls})
 		if err != nil {
 			continue
 		}
@@ -278,7 +344,7 @@ func (c *Cluster) WaitHealthy() {
 
 func (c *Cluster) waitHealthy(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	hc := &http.Client{Timeout: time.Second}
+	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: c.tls}}
 	for _, m := range c.members {
 		m.mu.Lock()
 		running, done := m.cmd != nil, m.done
@@ -322,7 +388,7 @@ func (m *member) waitListening(timeout time.Duration) error {
 	m.mu.Unlock()
 	deadline := time.Now().Add(timeout)
 	for _, u := range []string{m.peerURL, m.clientURL} {
-		addr := strings.TrimPrefix(u, "http://")
+		addr := u[strings.Index(u, "://")+3:]
 		for {
 			select {
 			case <-done:
@@ -368,6 +434,13 @@ func (m *member) start(token, cluster string) error {
 		"--election-timeout", "500",
 		"--logger", "zap",
 		"--log-level", "warn",
+	}
+	if c := m.certs; c != nil {
+		args = append(args,
+			"--cert-file", c.ServerCertFile, "--key-file", c.ServerKey,
+			"--client-cert-auth", "--trusted-ca-file", c.CAFile,
+			"--peer-cert-file", c.ServerCertFile, "--peer-key-file", c.ServerKey,
+			"--peer-client-cert-auth", "--peer-trusted-ca-file", c.CAFile)
 	}
 	args = append(args, "--initial-cluster", cluster)
 	cmd := exec.Command(Binary, args...)

@@ -16,7 +16,7 @@ func TestClusterSurvivesMemberLossAndRestart(t *testing.T) {
 	if got := len(c.Endpoints()); got != 3 {
 		t.Fatalf("endpoints: %d, want 3", got)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 2 * time.Second, TLS: ClientTLS(c.Endpoints())})
 	if err != nil {
 		t.Fatal(err)
 	}
