@@ -121,16 +121,10 @@ func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http
 	return func(w http.ResponseWriter, r *http.Request) {
 		// A call another node forwarded (its certificate verified on the
 		// peer listener) carries the node's identity, not a token.
-		if !api.InsecureNoAuth && peerOf(r) == "" {
-			given, ok := bearerCredentials(r.Header.Get("Authorization"))
-			// Comparing hashes keeps the comparison constant-time in the
-			// token's length as well as its content.
-			gh := sha256.Sum256([]byte(given))
-			if !ok || subtle.ConstantTimeCompare(gh[:], api.tokenHash[:]) != 1 {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
-				writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
-				return
-			}
+		if !api.InsecureNoAuth && peerOf(r) == "" && !api.tokenOK(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
+			writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
+			return
 		}
 		e := api.app.engine()
 		if e == nil || !e.ready.Load() {
@@ -144,48 +138,75 @@ func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http
 	}
 }
 
+// tokenOK reports whether r carries the API's bearer token.
+func (api *API) tokenOK(r *http.Request) bool {
+	given, ok := bearerCredentials(r.Header.Get("Authorization"))
+	// Comparing hashes keeps the comparison constant-time in the token's
+	// length as well as its content.
+	gh := sha256.Sum256([]byte(given))
+	return ok && subtle.ConstantTimeCompare(gh[:], api.tokenHash[:]) == 1
+}
+
 func (api *API) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// readyz answers whether the gateway can serve. To a caller without a
+// token (of any scope) it names each check with ok or fail only: the
+// details (storage path, etcd addresses, Docker's error texts) are for the
+// operator.
 func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{"store": "ok", "docker": "ok", "boot_reconcile": "ok"}
-	ok := true
+	failed := map[string]bool{}
+	fail := func(name, detail string) { checks[name], failed[name] = detail, true }
 	e := api.app.engine()
 	if e == nil || !e.ready.Load() {
-		checks["store"], checks["docker"], checks["boot_reconcile"], ok = "not started", "not started", "not done", false
+		fail("store", "not started")
+		fail("docker", "not started")
+		fail("boot_reconcile", "not done")
 	} else {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := e.mgr.Ping(ctx); err != nil {
-			checks["docker"], ok = err.Error(), false
+			fail("docker", err.Error())
 		} else if open, until := e.mgr.BreakerOpen(); open {
-			checks["docker"], ok = "circuit open until "+until.UTC().Format(time.RFC3339), false
+			fail("docker", "circuit open until "+until.UTC().Format(time.RFC3339))
 		}
 		if e.mgr.LastReconcile().IsZero() {
-			checks["boot_reconcile"], ok = "not done (docker unreachable at start?)", false
+			fail("boot_reconcile", "not done (docker unreachable at start?)")
 		}
 		if err := e.mgr.CheckStore(); err != nil {
-			checks["store"], ok = err.Error(), false
+			fail("store", err.Error())
 		} else if e.storeWarning != "" {
-			checks["store"], ok = e.storeWarning, false
+			fail("store", e.storeWarning)
 		}
 		if e.cluster != nil {
-			var cok bool
-			if checks["cluster"], cok = clusterCheck(e); !cok {
-				ok = false
+			detail, ok := clusterCheck(e)
+			if checks["cluster"] = detail; !ok {
+				fail("cluster", detail)
 			}
 		}
-		var eok bool
-		if checks["egress"], eok = egressCheck(ctx, e); !eok {
-			ok = false
+		detail, ok := egressCheck(ctx, e)
+		if checks["egress"] = detail; !ok {
+			fail("egress", detail)
 		}
+		checks["isolation"] = e.isolation.check()
 	}
 	status := http.StatusOK
-	if !ok {
+	if len(failed) > 0 {
 		status = http.StatusServiceUnavailable
 	}
-	out := map[string]any{"ready": ok, "checks": checks}
+	if !api.InsecureNoAuth && peerOf(r) == "" && !api.tokenOK(r) {
+		for name := range checks {
+			checks[name] = "ok"
+			if failed[name] {
+				checks[name] = "fail"
+			}
+		}
+		writeJSON(w, status, map[string]any{"ready": len(failed) == 0, "checks": checks})
+		return
+	}
+	out := map[string]any{"ready": len(failed) == 0, "checks": checks}
 	if e != nil {
 		out["instance"] = e.instance
 		out["node"] = e.nodeName()
@@ -246,6 +267,7 @@ func (b *createBody) spec() (lifecycle.Spec, error) {
 	spec := lifecycle.Spec{
 		Image: b.Image, Cmd: b.Cmd, Env: b.Env, Ports: b.Ports, MemoryMB: b.MemoryMB, CPUs: b.CPUs,
 		WorkspacePath: b.WorkspacePath, ReadyPath: b.ReadyPath, ReadyMode: b.ReadyMode, Labels: b.Labels, Access: b.Access,
+		User: b.User, ReadonlyRootfs: b.ReadonlyRootfs, CapAdd: b.CapAdd, Runtime: b.Runtime,
 	}
 	if b.Egress != nil {
 		spec.Egress = lifecycle.Egress{Policy: b.Egress.Policy, Allow: b.Egress.Allow}
@@ -631,6 +653,8 @@ func (e *engine) view(r *lifecycle.Record) recordView {
 	if eg := r.Spec.Egress; eg.Policy != "" {
 		v.Egress = &client.Egress{Policy: eg.Policy, Allow: eg.Allow}
 	}
+	v.User, v.CapAdd, v.Runtime = r.Spec.User, r.Spec.CapAdd, r.Spec.Runtime
+	v.ReadonlyRootfs = r.Spec.ReadonlyRootfs != nil && *r.Spec.ReadonlyRootfs
 	if r.Address.IsValid() {
 		v.Address = r.Address.String()
 		v.EgressDenied = e.mgr.EgressDenied(r.ID, egressCountersMaxAge)

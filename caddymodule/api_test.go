@@ -345,6 +345,29 @@ func TestAPIAuth(t *testing.T) {
 			t.Errorf("GET %s without token: %d %s", path, a.status, a.body)
 		}
 	}
+	// readyz without a token names its checks with ok or fail only: no
+	// storage path, instance or engine detail; with the token, all of it.
+	var bare map[string]any
+	if a := h.apiRaw("GET", "/v1/readyz", "", nil); json.Unmarshal(a.body, &bare) != nil {
+		t.Fatalf("readyz without token: %s", a.body)
+	} else {
+		checks, _ := bare["checks"].(map[string]any)
+		for name, v := range checks {
+			if v != "ok" && v != "fail" {
+				t.Errorf("readyz without token: check %s = %q, want ok or fail", name, v)
+			}
+		}
+		if len(bare) != 2 || len(checks) < 5 || strings.Contains(string(a.body), h.instance()) || strings.Contains(string(a.body), "seccomp") {
+			t.Errorf("readyz without token tells more than each check's state: %s", a.body)
+		}
+	}
+	var full struct {
+		Instance string            `json:"instance"`
+		Checks   map[string]string `json:"checks"`
+	}
+	if status := h.api("GET", "/v1/readyz", nil, &full); status != 200 || full.Instance == "" || !strings.HasPrefix(full.Checks["isolation"], "ok: seccomp") {
+		t.Errorf("readyz with the token: %d %+v, want the instance and the isolation detail", status, full)
+	}
 	// None of the refused requests did anything.
 	if ids := h.listIDs(""); len(ids) != 0 {
 		t.Fatalf("unauthenticated requests made sandboxes: %v", ids)

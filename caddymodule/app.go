@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -193,6 +194,28 @@ type App struct {
 	// DefaultMemory is the memory limit of a sandbox whose spec gives none,
 	// as a size ("512MiB"); "0" leaves them unlimited. Default: 512MiB.
 	DefaultMemory string `json:"default_memory,omitempty"`
+	// User is the user sandboxes run as when their spec names none:
+	// uid[:gid] or a user name the images know. Default: each image's own
+	// USER (root for most images: set this for images that run as
+	// another user).
+	User string `json:"user,omitempty"`
+	// ReadonlyRootfs makes every sandbox's root filesystem read-only unless
+	// its spec says otherwise: the workspace and a tmpfs /tmp of TmpMB
+	// stay writable. Default: false.
+	ReadonlyRootfs bool `json:"readonly_rootfs,omitempty"`
+	// TmpMB bounds the tmpfs /tmp of a read-only sandbox, in MiB. Default:
+	// 64. Changing it needs a restart.
+	TmpMB int64 `json:"tmp_mb,omitempty"`
+	// DefaultCPUs is the CPU limit, in cores, of a sandbox whose spec gives
+	// none. Default: 0 (unlimited).
+	DefaultCPUs float64 `json:"default_cpus,omitempty"`
+	// Nofile is each sandbox's open-file limit (soft and hard). Default:
+	// 4096. Changing it needs a restart.
+	Nofile int64 `json:"nofile,omitempty"`
+	// Runtime is the OCI runtime of a sandbox whose spec names none (runsc
+	// for gVisor, kata-runtime, …); the engine must have it, or the
+	// gateway does not start. Default: the engine's default (runc).
+	Runtime string `json:"runtime,omitempty"`
 	// Pull is the image pull policy for creates: "missing" pulls an image
 	// the engine lacks, "never" refuses it (422 image_missing). Default:
 	// missing.
@@ -230,7 +253,10 @@ type App struct {
 
 // WebhookConfig is one webhook receiver.
 type WebhookConfig struct {
-	// URL receives one POST per event.
+	// URL receives one POST per event; placeholders such as
+	// {env.SANDWAKE_WEBHOOK_URL} are replaced, for URLs that carry a
+	// secret. Logs show only its scheme and host. Redirects are not
+	// followed.
 	URL string `json:"url"`
 	// Secret signs deliveries (Sandwake-Signature); placeholders such as
 	// {env.SANDWAKE_WEBHOOK_SECRET} are replaced. Required.
@@ -351,12 +377,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	a.hooks = a.hooks[:0]
 	for _, w := range a.Webhooks {
+		target := repl.ReplaceKnown(w.URL, "")
+		if target == "" {
+			return fmt.Errorf("sandwake: webhook %s: the URL is empty once placeholders are replaced (is the variable set?)", w.URL)
+		}
 		secret := repl.ReplaceKnown(w.Secret, "")
 		if secret == "" {
-			return fmt.Errorf("sandwake: webhook %s: secret is empty (set it; placeholders must resolve)", w.URL)
+			return fmt.Errorf("sandwake: webhook %s: secret is empty (set it; placeholders must resolve)", webhookName(w.URL, target))
 		}
 		a.hooks = append(a.hooks, lifecycle.Webhook{
-			URL: w.URL, Secret: []byte(secret), Events: w.Events,
+			URL: target, Secret: []byte(secret), Events: w.Events,
 			RetryMin: time.Duration(w.RetryMin), MaxAge: time.Duration(a.WebhookMaxAge),
 		})
 	}
@@ -441,6 +471,9 @@ func setDuration(d *caddy.Duration, def time.Duration) {
 
 // Validate checks the settings.
 func (a *App) Validate() error {
+	if err := a.validateIsolation(); err != nil {
+		return err
+	}
 	if !validDomain(a.Domain) {
 		return fmt.Errorf("sandwake: domain %q is not a DNS name", a.Domain)
 	}
@@ -497,22 +530,33 @@ func (a *App) Validate() error {
 		}
 	}
 	seen := map[string]bool{}
-	for _, w := range a.Webhooks {
+	for i, w := range a.hooks {
+		name := webhookName(a.Webhooks[i].URL, w.URL)
 		u, err := url.Parse(w.URL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("sandwake: webhook %q is not an http(s) URL", w.URL)
+			return fmt.Errorf("sandwake: webhook %s is not an http(s) URL", name)
 		}
 		if seen[w.URL] {
-			return fmt.Errorf("sandwake: webhook %s is configured twice", w.URL)
+			return fmt.Errorf("sandwake: webhook %s is configured twice", name)
 		}
 		seen[w.URL] = true
 		for _, typ := range w.Events {
 			if !validEventType(typ) {
-				return fmt.Errorf("sandwake: webhook %s: %q is not an event type (sandbox.<state>, sandbox.destroyed, sandbox.purged)", w.URL, typ)
+				return fmt.Errorf("sandwake: webhook %s: %q is not an event type (sandbox.<state>, sandbox.destroyed, sandbox.purged)", name, typ)
 			}
 		}
 	}
 	return nil
+}
+
+// webhookName is how messages name a webhook: as configured when that is a
+// placeholder, else its URL cut to scheme and host (a receiver's secret is
+// often in the path).
+func webhookName(configured, resolved string) string {
+	if configured != resolved {
+		return configured
+	}
+	return lifecycle.RedactURL(resolved)
 }
 
 // validInstance reports whether name can be an instance (or network) name:
@@ -554,6 +598,12 @@ func (a *App) Start() error {
 			a.logger.Error("releasing the engine", zap.Error(err))
 		}
 		return fmt.Errorf("sandwake: %s: cluster membership is set when sandwake starts; restart Caddy to apply it (the running config is kept)", diff)
+	}
+	if h, ok := e.core.Host(); loaded && ok && a.Runtime != "" && !slices.Contains(h.Runtimes, a.Runtime) {
+		if _, err := engines.Delete(a.storageDir); err != nil {
+			a.logger.Error("releasing the engine", zap.Error(err))
+		}
+		return fmt.Errorf("sandwake: runtime %q is not installed on the Docker engine (it has: %s); the running config is kept", a.Runtime, strings.Join(h.Runtimes, ", "))
 	}
 	a.started = true
 	if loaded && (e.dockerHost != a.DockerHost || e.upstreamMode != a.UpstreamMode || e.network != a.Network) {
@@ -640,6 +690,8 @@ type engine struct {
 	storeWarning string
 	// egressUnenforced: the operator turned the egress firewall off.
 	egressUnenforced bool
+	// isolation is what the engine applies to sandboxes (readyz shows it).
+	isolation isolationState
 
 	// cluster is the node's part in a cluster, nil on a single host;
 	// clusterCfg the cluster block it was joined with.
@@ -714,6 +766,8 @@ func openEngine(a *App) (*engine, error) {
 		SandboxNetwork: a.SandboxNetwork,
 		SandboxSubnet:  a.egress.subnet,
 		Pull:           a.Pull,
+		Nofile:         a.Nofile,
+		TmpMB:          a.TmpMB,
 		Logger:         log,
 		Manager:        mcfg,
 	})
@@ -756,6 +810,10 @@ func openEngine(a *App) (*engine, error) {
 		}
 	}
 	e.egressUnenforced = a.EgressUnenforced
+	e.isolation = isolationReport(c)
+	if !e.isolation.ok {
+		log.Warn("sandbox isolation: " + e.isolation.detail)
+	}
 	e.reportEgress(a)
 	if !a.EgressUnenforced {
 		// Entries lost with the host's tables (a reboot) are back before
@@ -812,6 +870,7 @@ func (a *App) managerSettings() lifecycle.Settings {
 		ExpiredWake:    a.ExpiredWake,
 		MinFreeMemory:  a.minFreeBytes,
 		EventRetention: time.Duration(a.EventRetention),
+		Isolation:      lifecycle.Isolation{User: a.User, ReadonlyRootfs: a.ReadonlyRootfs, Runtime: a.Runtime, CPUs: a.DefaultCPUs},
 	}
 }
 

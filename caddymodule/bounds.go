@@ -55,7 +55,7 @@ func (a *App) checkBounds() error {
 	}
 	for _, w := range a.Webhooks {
 		if w.RetryMin < 0 {
-			return fmt.Errorf("webhook %s: retry_min must not be negative (got %s)", w.URL, time.Duration(w.RetryMin))
+			return fmt.Errorf("webhook %s: retry_min must not be negative (got %s)", webhookName(w.URL, caddy.NewReplacer().ReplaceKnown(w.URL, "")), time.Duration(w.RetryMin))
 		}
 	}
 	return nil

@@ -26,7 +26,7 @@ func TestBounds(t *testing.T) {
 		{"wake_rate -1", `{"wake_rate":-1}`, "wake_rate -1 is not a number of wakes per second >= 0"},
 		{"wake_rate +Inf", "", "wake_rate +Inf is not a number of wakes per second >= 0"},
 		{"", `{"wake_burst":-2}`, "wake_burst must not be negative (got -2)"},
-		{"", `{"webhooks":[{"url":"https://h.example/x","secret":"s","retry_min":"-1s"}]}`, "webhook https://h.example/x: retry_min must not be negative (got -1s)"},
+		{"", `{"webhooks":[{"url":"https://h.example/x","secret":"s","retry_min":"-1s"}]}`, "webhook https://h.example/…: retry_min must not be negative (got -1s)"},
 	} {
 		t.Run(tc.want, func(t *testing.T) {
 			if tc.caddyfile != "" {

@@ -315,6 +315,49 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Labels = map[string]string{}
 			}
 			a.Labels[k] = v
+		case "user", "runtime":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if opt == "user" {
+				a.User = v
+			} else {
+				a.Runtime = v
+			}
+		case "readonly_rootfs":
+			switch args := d.RemainingArgs(); {
+			case len(args) == 0 || (len(args) == 1 && args[0] == "on"):
+				a.ReadonlyRootfs = true
+			case len(args) == 1 && args[0] == "off":
+				a.ReadonlyRootfs = false
+			default:
+				return d.Errf("readonly_rootfs: want no argument, on or off")
+			}
+		case "default_cpus":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return d.Errf("default_cpus %q: want a number of cores such as 1 or 0.5", v)
+			}
+			a.DefaultCPUs = f
+		case "nofile", "tmp_mb":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 1 {
+				return d.Errf("%s %q: want a whole number >= 1", opt, v)
+			}
+			if opt == "nofile" {
+				a.Nofile = n
+			} else {
+				a.TmpMB = n
+			}
 		case "max_resident", "max_event_streams", "max_event_streams_per_client":
 			var v string
 			if !d.AllArgs(&v) {

@@ -308,7 +308,8 @@ func (c *Client) RevokeTokens(ctx context.Context, id string, co ...CallOption) 
 	return c.call(ctx, http.MethodDelete, sandboxPath(id)+"/tokens", nil, nil, co)
 }
 
-// Ready answers the gateway's readiness. A gateway that is up but not
+// Ready answers the gateway's readiness, with each check's detail when the
+// client has a token (of any scope). A gateway that is up but not
 // ready answers 503 with its checks: that is a Readiness with Ready false
 // and no error.
 func (c *Client) Ready(ctx context.Context) (Readiness, error) {
@@ -316,6 +317,11 @@ func (c *Client) Ready(ctx context.Context) (Readiness, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/v1/readyz", nil)
 	if err != nil {
 		return out, fmt.Errorf("GET /v1/readyz: %w", err)
+	}
+	if c.token != "" {
+		// Without a token the gateway names its checks with ok or fail
+		// only.
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {

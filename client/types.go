@@ -51,6 +51,14 @@ type Sandbox struct {
 	// EgressDenied counts the packets its egress policy refused (read from
 	// the firewall's counters, at most a few seconds old).
 	EgressDenied uint64 `json:"egress_denied"`
+	// User is the user the sandbox's processes run as ("": the image's).
+	User string `json:"user,omitempty"`
+	// ReadonlyRootfs tells a read-only root filesystem.
+	ReadonlyRootfs bool `json:"readonly_rootfs"`
+	// CapAdd are the capabilities given back on top of the sandbox minimum.
+	CapAdd []string `json:"cap_add,omitempty"`
+	// Runtime is the container's OCI runtime ("": the engine's default).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Egress is a sandbox's egress policy: "public" (the internet but not the
@@ -102,6 +110,19 @@ type CreateRequest struct {
 	Labels        map[string]string `json:"labels"`
 	Access        string            `json:"access"`
 	Egress        *Egress           `json:"egress,omitempty"`
+	// User runs the sandbox as uid[:gid] or a user name of the image;
+	// "" follows the gateway's user option, then the image.
+	User string `json:"user,omitempty"`
+	// ReadonlyRootfs makes the root filesystem read-only (nil: the
+	// gateway's readonly_rootfs).
+	ReadonlyRootfs *bool `json:"readonly_rootfs,omitempty"`
+	// CapAdd gives back capabilities of Docker's default set that
+	// sandboxes drop: AUDIT_WRITE, MKNOD, NET_RAW, SETFCAP, SETPCAP,
+	// SYS_CHROOT.
+	CapAdd []string `json:"cap_add,omitempty"`
+	// Runtime is the engine's OCI runtime, e.g. runsc ("": the gateway's
+	// runtime option, then the engine's default).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Patch is the body of PATCH /v1/sandboxes/{id}: the fields to change, nil

@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -66,6 +68,10 @@ type Options struct {
 	// SandboxSubnet is the sandbox network's subnet when it is made.
 	// Default: one the engine picks.
 	SandboxSubnet netip.Prefix
+	// Nofile is each sandbox's open-file limit. Default: 4096.
+	Nofile int64
+	// TmpMB bounds a read-only sandbox's tmpfs /tmp, in MiB. Default: 64.
+	TmpMB int64
 
 	// Runtime, when set, is the container engine instead of Docker (unit
 	// tests, benchmarks): the Docker settings above are then unused and the
@@ -96,6 +102,8 @@ type Engine struct {
 	docker   *docker.Runtime // nil with Options.Runtime
 	hostCPUs int
 	hostMem  int64
+	host     docker.HostInfo
+	hostOK   bool
 }
 
 // Open opens (creating when needed) the store, resolves the instance name,
@@ -131,6 +139,8 @@ func Open(opts Options) (*Engine, error) {
 			SandboxNetwork: opts.SandboxNetwork,
 			SandboxSubnet:  opts.SandboxSubnet,
 			Pull:           opts.Pull,
+			Nofile:         opts.Nofile,
+			TmpMB:          opts.TmpMB,
 			// A record without an incarnation was made before instance
 			// labels: its container and volume are this gateway's.
 			Legacy: func(id string) bool {
@@ -143,7 +153,7 @@ func Open(opts Options) (*Engine, error) {
 			return nil, err
 		}
 		rt = e.docker
-		e.hostCPUs, e.hostMem = e.readHostSize(log)
+		e.readHost(log)
 	}
 	cfg := opts.Manager
 	if cfg.HostCPUs == 0 {
@@ -151,6 +161,13 @@ func Open(opts Options) (*Engine, error) {
 	}
 	if cfg.HostMemoryMB == 0 {
 		cfg.HostMemoryMB = e.hostMem
+	}
+	if e.hostOK && cfg.Isolation.Runtimes == nil {
+		cfg.Isolation.Runtimes = e.host.Runtimes
+	}
+	if e.hostOK && cfg.Isolation.Runtime != "" && !slices.Contains(e.host.Runtimes, cfg.Isolation.Runtime) {
+		e.closeParts()
+		return nil, fmt.Errorf("runtime %q is not installed on the Docker engine (it has: %s); install it and register it in the engine's daemon.json, or remove the runtime option", cfg.Isolation.Runtime, strings.Join(e.host.Runtimes, ", "))
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = log
@@ -170,18 +187,24 @@ func Open(opts Options) (*Engine, error) {
 	return e, nil
 }
 
-// readHostSize reads the Docker host's CPUs and memory (MiB), so that specs
-// asking for more are refused; zeros when the engine cannot tell now.
-func (e *Engine) readHostSize(log *zap.Logger) (cpus int, memMB int64) {
+// readHost reads the Docker host's CPUs and memory (MiB), so that specs
+// asking for more are refused, and how the engine isolates containers;
+// zeros when the engine cannot tell now.
+func (e *Engine) readHost(log *zap.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), hostSizeTimeout)
 	defer cancel()
-	cpus, memMB, err := e.docker.HostSize(ctx)
+	h, err := e.docker.HostInfo(ctx)
 	if err != nil {
 		log.Warn("reading the docker host's size (specs are bounded by fixed limits until restart)", zap.Error(err))
-		return 0, 0
+		return
 	}
-	return cpus, memMB
+	e.host, e.hostOK = h, true
+	e.hostCPUs, e.hostMem = h.CPUs, h.MemoryMB
 }
+
+// Host is what the Docker engine told of itself at Open; false when it
+// could not be read (or the engine is not Docker).
+func (e *Engine) Host() (docker.HostInfo, bool) { return e.host, e.hostOK }
 
 // generateInstance draws a default instance name.
 func generateInstance() string {

@@ -135,6 +135,9 @@ func (m *Manager) checkSpec(spec *Spec) error {
 	if spec.MemoryMB == 0 {
 		spec.MemoryMB = cfg.DefaultMemoryMB
 	}
+	if err := normalizeIsolation(spec, cfg.Isolation); err != nil {
+		return err
+	}
 	if cfg.HostCPUs > 0 && spec.CPUs > float64(cfg.HostCPUs) {
 		return invalid("cpus: %g is more than the host's %d CPUs", spec.CPUs, cfg.HostCPUs)
 	}

@@ -110,6 +110,9 @@ type Config struct {
 	// (path.Match globs on the reference as given and as normalised, e.g.
 	// "registry.example.com/previews/*", "node:*").
 	AllowedImages []string
+	// Isolation holds the defaults of a sandbox's user, read-only root,
+	// runtime and CPU limit, and the engine's runtimes.
+	Isolation Isolation
 	// StoreRetry is how often a store that refused to record an engine
 	// change is checked again; once it takes writes, each such sandbox is
 	// reconciled. Default: 1s.
@@ -374,6 +377,9 @@ type Settings struct {
 	CapacityWait  time.Duration
 	// EventRetention: 0 keeps the current value.
 	EventRetention time.Duration
+	// Isolation: the defaults for new sandboxes; its Runtimes are the
+	// engine's and kept.
+	Isolation Isolation
 }
 
 // Apply copies the reloadable settings s into c; zero WakeTimeout,
@@ -399,6 +405,9 @@ func (c *Config) Apply(s Settings) {
 	if s.EventRetention > 0 {
 		c.EventRetention = s.EventRetention
 	}
+	runtimes := c.Isolation.Runtimes
+	c.Isolation = s.Isolation
+	c.Isolation.Runtimes = runtimes
 }
 
 // Reconfigure applies new settings (see Config.Apply).

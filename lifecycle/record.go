@@ -48,6 +48,21 @@ type Spec struct {
 	// Egress is the sandbox's outbound network policy; a zero value (a
 	// record made before egress policies) follows the gateway's default.
 	Egress Egress `json:"egress,omitzero"`
+	// User runs the sandbox's processes as uid[:gid] (or a user name the
+	// image knows); "" follows the gateway's default_user, and when that is
+	// empty too the image's own USER.
+	User string `json:"user,omitempty"`
+	// ReadonlyRootfs mounts the root filesystem read-only: the workspace
+	// and a size-bounded tmpfs /tmp stay writable. Nil (a record made
+	// before the option) follows the gateway's readonly_rootfs.
+	ReadonlyRootfs *bool `json:"readonly_rootfs,omitempty"`
+	// CapAdd gives back capabilities of Docker's default set that every
+	// sandbox drops (AddableCapabilities), for the apps that need one.
+	CapAdd []string `json:"cap_add,omitempty"`
+	// Runtime is the engine's OCI runtime for the container (runsc for
+	// gVisor, kata-runtime, …); "" follows the gateway's runtime, and when
+	// that is empty the engine's default.
+	Runtime string `json:"runtime,omitempty"`
 
 	// Address is the sandbox's fixed address on the sandbox network, set
 	// by the Manager from the record before the runtime creates the

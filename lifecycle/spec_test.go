@@ -189,3 +189,58 @@ func TestCheckSpecHostBounds(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckSpecIsolation: the gateway's isolation defaults fill what a spec
+// leaves out (and the record keeps them); a spec's own values win; cap_add
+// takes only the rest of Docker's default set; a runtime the engine lacks
+// is refused naming those it has.
+func TestCheckSpecIsolation(t *testing.T) {
+	iso := Isolation{User: "1000:1000", ReadonlyRootfs: true, Runtime: "runc", Runtimes: []string{"runc", "runsc"}, CPUs: 0.5}
+	m := &Manager{cfg: Config{HostCPUs: 2, Isolation: iso}}
+	tests := []struct {
+		name    string
+		mutate  func(s *Spec)
+		wantErr string
+		check   func(t *testing.T, s Spec)
+	}{
+		{"defaults filled", func(s *Spec) {}, "", func(t *testing.T, s Spec) {
+			if s.User != "1000:1000" || s.ReadonlyRootfs == nil || !*s.ReadonlyRootfs || s.Runtime != "runc" || s.CPUs != 0.5 || s.CapAdd != nil {
+				t.Fatalf("got user %q readonly %v runtime %q cpus %g cap_add %v", s.User, s.ReadonlyRootfs, s.Runtime, s.CPUs, s.CapAdd)
+			}
+		}},
+		{"own values kept", func(s *Spec) {
+			off := false
+			s.User, s.ReadonlyRootfs, s.Runtime, s.CPUs = "node", &off, "runsc", 1
+		}, "", func(t *testing.T, s Spec) {
+			if s.User != "node" || *s.ReadonlyRootfs || s.Runtime != "runsc" || s.CPUs != 1 {
+				t.Fatalf("got user %q readonly %v runtime %q cpus %g", s.User, *s.ReadonlyRootfs, s.Runtime, s.CPUs)
+			}
+		}},
+		{"cap_add normalised", func(s *Spec) { s.CapAdd = []string{"cap_net_raw", "SYS_CHROOT", "NET_RAW"} }, "", func(t *testing.T, s Spec) {
+			if strings.Join(s.CapAdd, ",") != "NET_RAW,SYS_CHROOT" {
+				t.Fatalf("cap_add %v, want [NET_RAW SYS_CHROOT]", s.CapAdd)
+			}
+		}},
+		{"cap_add beyond the defaults", func(s *Spec) { s.CapAdd = []string{"NET_ADMIN"} }, "cap_add", nil},
+		{"user with a space", func(s *Spec) { s.User = "a b" }, "user", nil},
+		{"user with three parts", func(s *Spec) { s.User = "1:2:3" }, "user", nil},
+		{"runtime not installed", func(s *Spec) { s.Runtime = "kata-runtime" }, "it has: runc, runsc", nil},
+		{"runtime name with a slash", func(s *Spec) { s.Runtime = "../runc" }, "runtime", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := testSpec()
+			s.Image = "sandwake-testapp:1"
+			tt.mutate(&s)
+			err := m.checkSpec(&s)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error %v", err)
+			case tt.wantErr != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("err = %v, want ErrInvalid naming %q", err, tt.wantErr)
+			case tt.check != nil:
+				tt.check(t, s)
+			}
+		})
+	}
+}

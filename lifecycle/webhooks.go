@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -122,17 +124,33 @@ func (m *Manager) nudgeWebhooks() {
 // webhookPoll is how often a worker looks at its outbox without a nudge.
 const webhookPoll = 5 * time.Second
 
-var webhookClient = &http.Client{Timeout: 10 * time.Second}
+// webhookClient never follows a redirect: a 307 would send the body and
+// its signature to wherever the receiver (or whoever took over its name)
+// points. A 3xx is a failed delivery, retried like any other.
+var webhookClient = &http.Client{
+	Timeout:       10 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+}
+
+// RedactURL is what logs and errors show of a webhook URL: its scheme and
+// host. Receivers such as Slack's carry their secret in the path.
+func RedactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "(webhook URL)"
+	}
+	return u.Scheme + "://" + u.Host + "/…"
+}
 
 func (m *Manager) deliverLoop(ctx context.Context, w *webhookWorker) {
 	defer m.wg.Done()
 	defer close(w.done)
-	url := w.hook.URL
+	target, shown := w.hook.URL, RedactURL(w.hook.URL)
 	attempt := 0
 	for ctx.Err() == nil {
-		pending, err := m.store.OutboxPending(url, 100)
+		pending, err := m.store.OutboxPending(target, 100)
 		if err != nil {
-			m.log.Warn("reading webhook outbox", zap.String("url", url), zap.Error(err))
+			m.log.Warn("reading webhook outbox", zap.String("url", shown), zap.Error(err))
 		}
 		progressed := false
 		for _, ev := range pending {
@@ -146,7 +164,7 @@ func (m *Manager) deliverLoop(ctx context.Context, w *webhookWorker) {
 			if res.Err != nil && !res.Dropped {
 				attempt++
 				delay := retryDelay(w.hook.RetryMin, w.hook.RetryMax, attempt)
-				m.log.Info("webhook delivery failed; retrying", zap.String("url", url), zap.Uint64("event", ev.ID),
+				m.log.Info("webhook delivery failed; retrying", zap.String("url", shown), zap.Uint64("event", ev.ID),
 					zap.Int("status", res.Status), zap.Error(res.Err), zap.Duration("in", delay))
 				if !sleepCtx(ctx, delay) {
 					return
@@ -155,8 +173,8 @@ func (m *Manager) deliverLoop(ctx context.Context, w *webhookWorker) {
 			}
 			attempt = 0
 			progressed = true
-			if err := m.store.OutboxAck(url, ev.ID); err != nil {
-				m.log.Warn("acknowledging webhook delivery", zap.String("url", url), zap.Error(err))
+			if err := m.store.OutboxAck(target, ev.ID); err != nil {
+				m.log.Warn("acknowledging webhook delivery", zap.String("url", shown), zap.Error(err))
 			}
 		}
 		if progressed || (len(pending) > 0 && attempt > 0) {
@@ -180,7 +198,7 @@ func (m *Manager) deliverOne(ctx context.Context, h *Webhook, ev Event) Delivery
 	if age := m.cfg.Now().Sub(ev.At); age > h.MaxAge {
 		res.Dropped = true
 		res.Err = fmt.Errorf("undelivered for %s (max age %s): dropped", age.Round(time.Second), h.MaxAge)
-		m.log.Warn("webhook event dropped", zap.String("url", h.URL), zap.Uint64("event", ev.ID), zap.Error(res.Err))
+		m.log.Warn("webhook event dropped", zap.String("url", RedactURL(h.URL)), zap.Uint64("event", ev.ID), zap.Error(res.Err))
 		return res
 	}
 	body, err := json.Marshal(ev)
@@ -199,13 +217,19 @@ func (m *Manager) deliverOne(ctx context.Context, h *Webhook, ev Event) Delivery
 	req.Header.Set(webhook.HeaderSignature, webhook.Sign(h.Secret, time.Now(), body))
 	resp, err := webhookClient.Do(req)
 	if err != nil {
+		if uerr, ok := errors.AsType[*url.Error](err); ok {
+			uerr.URL = RedactURL(h.URL) // the error is logged
+		}
 		res.Err = err
 		return res
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	res.Status = resp.StatusCode
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	switch {
+	case resp.StatusCode >= 300 && resp.StatusCode <= 399:
+		res.Err = fmt.Errorf("receiver answered %d (a redirect, not followed: configure the URL it points to)", resp.StatusCode)
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		res.Err = fmt.Errorf("receiver answered %d", resp.StatusCode)
 	}
 	return res

@@ -167,6 +167,9 @@ func Open(opts Options) (*Store, error) {
 		if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 			return nil, fmt.Errorf("opening store: creating %s: %w", opts.Dir, err)
 		}
+		if err := checkPrivate(opts.Dir); err != nil {
+			return nil, fmt.Errorf("opening store: %w", err)
+		}
 	}
 	if !opts.InMemory {
 		if err := checkIntact(opts.Dir); err != nil {
@@ -174,6 +177,13 @@ func Open(opts Options) (*Store, error) {
 		}
 	}
 	db, err := badger.Open(bopts)
+	if err == nil && !opts.InMemory {
+		// Badger made its lock and memtable files 0666 less the umask:
+		// private like the rest (the directory already keeps others out).
+		if err = tightenFiles(opts.Dir, nil); err != nil {
+			db.Close()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("opening store in %s: %w", opts.Dir, err)
 	}

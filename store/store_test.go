@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -213,6 +214,7 @@ func TestReopenGivesBackExactlyWhatWasWritten(t *testing.T) {
 
 func TestNewerSchemaRefused(t *testing.T) {
 	dir := t.TempDir()
+	os.Chmod(dir, 0o700) // a store directory must be private
 	db, err := badger.Open(badger.DefaultOptions(dir).WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,8 @@
 // (websocket echo), /sse (an event stream), /files/<name> (GET and PUT into the
 // workspace), /exit?code=N (the process exits), /oom (allocates until the
 // memory limit kills it), /dial?addr=host:port (an outbound connection from
-// the sandbox; see dialHandler).
+// the sandbox; see dialHandler), /self (the process's user, capabilities
+// and limits, as JSON; see selfHandler).
 package main
 
 import (
@@ -181,6 +182,7 @@ func newMux(workspace string) *http.ServeMux {
 		}
 	})
 	mux.HandleFunc("/dial", dialHandler)
+	mux.HandleFunc("/self", selfHandler)
 	mux.HandleFunc("/startdial", startDialHandler)
 	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) {
 		code, _ := strconv.Atoi(r.URL.Query().Get("code"))

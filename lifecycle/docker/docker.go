@@ -2,6 +2,7 @@
 package docker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -93,7 +94,20 @@ type Options struct {
 	SandboxSubnet netip.Prefix
 	// Pull is the image pull policy: PullMissing (default) or PullNever.
 	Pull string
+	// Nofile is each sandbox's open-file limit (soft and hard). Default:
+	// DefaultNofile.
+	Nofile int64
+	// TmpMB bounds the tmpfs /tmp of a sandbox with a read-only root
+	// filesystem, in MiB. Default: DefaultTmpMB.
+	TmpMB int64
 }
+
+// DefaultNofile is a sandbox's open-file limit when Options.Nofile is 0.
+const DefaultNofile = 4096
+
+// DefaultTmpMB is the size of a read-only sandbox's /tmp when Options.TmpMB
+// is 0.
+const DefaultTmpMB = 64
 
 // Runtime is a lifecycle.Runtime on a Docker Engine.
 type Runtime struct {
@@ -130,6 +144,12 @@ func New(opts Options) (*Runtime, error) {
 	}
 	if opts.SandboxNetwork == "" {
 		opts.SandboxNetwork = DefaultSandboxNetwork + "-" + opts.Instance
+	}
+	if opts.Nofile <= 0 {
+		opts.Nofile = DefaultNofile
+	}
+	if opts.TmpMB <= 0 {
+		opts.TmpMB = DefaultTmpMB
 	}
 	switch opts.Pull {
 	case "":
@@ -326,6 +346,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		ExposedPorts: exposed,
 		Labels:       labels,
 		Hostname:     ContainerName(id),
+		User:         spec.User,
 	}
 	hc := &container.HostConfig{
 		PortBindings: bindings,
@@ -334,10 +355,18 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 			Source: VolumeName(id),
 			Target: spec.WorkspacePath,
 		}},
+		// The engine's default seccomp profile (and AppArmor profile,
+		// where the host has AppArmor) applies to every container not
+		// given another: none is ever turned off here. HostInfo reports
+		// what the engine has.
 		SecurityOpt: []string{"no-new-privileges"},
-		// NET_RAW lets a process forge packets and sniff its network:
-		// nothing a preview app needs.
-		CapDrop: []string{"NET_RAW"},
+		// Every capability goes, then the documented minimum comes back
+		// (lifecycle.SandboxCapabilities), and what the spec asked of the
+		// rest of Docker's default set.
+		CapDrop:        []string{"ALL"},
+		CapAdd:         append(slices.Clone(lifecycle.SandboxCapabilities), spec.CapAdd...),
+		ReadonlyRootfs: spec.ReadonlyRootfs != nil && *spec.ReadonlyRootfs,
+		Runtime:        spec.Runtime,
 		// Bounded logs: thousands of sandboxes must not fill the disk.
 		LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "10m", "max-file": "2"}},
 	}
@@ -351,6 +380,10 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	if spec.PidsLimit > 0 {
 		pids := spec.PidsLimit
 		hc.PidsLimit = &pids
+	}
+	hc.Ulimits = []*container.Ulimit{{Name: "nofile", Soft: r.opts.Nofile, Hard: r.opts.Nofile}}
+	if hc.ReadonlyRootfs {
+		hc.Tmpfs = map[string]string{"/tmp": fmt.Sprintf("rw,nosuid,nodev,size=%dm,mode=1777", r.opts.TmpMB)}
 	}
 	if r.opts.UpstreamMode == UpstreamNetwork {
 		hc.NetworkMode = container.NetworkMode(r.opts.Network)
@@ -643,11 +676,68 @@ func (r *Runtime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-
 
 // HostSize reports the engine host's CPU count and memory in MiB.
 func (r *Runtime) HostSize(ctx context.Context) (cpus int, memMB int64, err error) {
-	info, err := r.cli.Info(ctx, client.InfoOptions{})
+	h, err := r.HostInfo(ctx)
+	return h.CPUs, h.MemoryMB, err
+}
+
+// HostInfo is what the engine tells of its host and of how it isolates
+// containers.
+type HostInfo struct {
+	// CPUs and MemoryMB are the host's size.
+	CPUs     int
+	MemoryMB int64
+	// Runtimes are the OCI runtimes the engine has (runc, runsc, …);
+	// DefaultRuntime the one it uses when none is named.
+	Runtimes       []string
+	DefaultRuntime string
+	// Seccomp is the engine's default seccomp profile ("default", a
+	// custom path, "unconfined"), "" when the engine has no seccomp.
+	Seccomp string
+	// AppArmor, SELinux, Rootless and UserNS tell the engine's other
+	// security options.
+	AppArmor, SELinux, Rootless, UserNS bool
+	// StorageDriver is the engine's storage driver (overlay2, …).
+	StorageDriver string
+}
+
+// HostInfo reads the engine's HostInfo.
+func (r *Runtime) HostInfo(ctx context.Context) (HostInfo, error) {
+	res, err := r.cli.Info(ctx, client.InfoOptions{})
 	if err != nil {
-		return 0, 0, classify("reading docker info", err, lifecycle.ErrUnavailable)
+		return HostInfo{}, classify("reading docker info", err, lifecycle.ErrUnavailable)
 	}
-	return info.Info.NCPU, info.Info.MemTotal >> 20, nil
+	info := res.Info
+	h := HostInfo{CPUs: info.NCPU, MemoryMB: info.MemTotal >> 20, DefaultRuntime: info.DefaultRuntime, StorageDriver: info.Driver}
+	for name := range info.Runtimes {
+		h.Runtimes = append(h.Runtimes, name)
+	}
+	slices.Sort(h.Runtimes)
+	for _, opt := range info.SecurityOptions {
+		// "name=seccomp,profile=default", "name=apparmor", …
+		var name, profile string
+		for kv := range strings.SplitSeq(opt, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "name":
+				name = v
+			case "profile":
+				profile = v
+			}
+		}
+		switch name {
+		case "seccomp":
+			h.Seccomp = cmp.Or(profile, "default")
+		case "apparmor":
+			h.AppArmor = true
+		case "selinux":
+			h.SELinux = true
+		case "rootless":
+			h.Rootless = true
+		case "userns":
+			h.UserNS = true
+		}
+	}
+	return h, nil
 }
 
 // Ping implements lifecycle.Runtime.

@@ -1,0 +1,132 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/moby/moby/client"
+
+	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+// TestIsolationOptions: user, readonly_rootfs, tmp_mb, default_cpus, nofile
+// and runtime are parsed into the app and the manager's defaults, and bad
+// values are refused naming the option.
+func TestIsolationOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		input   string
+		wantErr string
+		check   func(t *testing.T, a *App)
+	}{
+		{"defaults", "", "", func(t *testing.T, a *App) {
+			iso := a.managerSettings().Isolation
+			if iso.User != "" || iso.ReadonlyRootfs || iso.Runtime != "" || iso.CPUs != 0 || a.Nofile != 0 || a.TmpMB != 0 {
+				t.Fatalf("defaults: %+v nofile %d tmp_mb %d", iso, a.Nofile, a.TmpMB)
+			}
+		}},
+		{"all set", "user 1000:1000\nreadonly_rootfs\ntmp_mb 128\ndefault_cpus 0.5\nnofile 1024\nruntime runsc", "", func(t *testing.T, a *App) {
+			iso := a.managerSettings().Isolation
+			if iso.User != "1000:1000" || !iso.ReadonlyRootfs || iso.Runtime != "runsc" || iso.CPUs != 0.5 || a.Nofile != 1024 || a.TmpMB != 128 {
+				t.Fatalf("got %+v nofile %d tmp_mb %d", iso, a.Nofile, a.TmpMB)
+			}
+		}},
+		{"readonly_rootfs off", "readonly_rootfs off", "", func(t *testing.T, a *App) {
+			if a.ReadonlyRootfs {
+				t.Fatal("readonly_rootfs off left it on")
+			}
+		}},
+		{"readonly_rootfs maybe", "readonly_rootfs maybe", "readonly_rootfs", nil},
+		{"user with a space", `user "a b"`, "user", nil},
+		{"runtime path", "runtime /usr/bin/runsc", "runtime", nil},
+		{"cpus not a number", "default_cpus many", "default_cpus", nil},
+		{"cpus negative", "default_cpus -1", "default_cpus", nil},
+		{"nofile zero", "nofile 0", "nofile", nil},
+		{"nofile huge", "nofile 99999999", "nofile", nil},
+		{"tmp_mb not a number", "tmp_mb 1G", "tmp_mb", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { checkOption(t, tt.input, tt.wantErr, tt.check) })
+	}
+}
+
+// TestIsolationThroughTheAPI: on the real engine, a create's user,
+// readonly_rootfs and cap_add come back in the record and are what the app
+// sees from inside; the gateway's readonly_rootfs applies to creates that
+// say nothing; a runtime the engine lacks is a 400 naming the runtimes it
+// has, and a reload naming one is refused with the running config kept.
+func TestIsolationThroughTheAPI(t *testing.T) {
+	h := newHarness(t, "readonly_rootfs\nnofile 2048")
+	create := func(body map[string]any) (int, recordView, string) {
+		t.Helper()
+		id := testenv.UniqueID("g")
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			h.cli.ContainerRemove(ctx, docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
+			h.cli.VolumeRemove(ctx, docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
+		})
+		body["id"], body["image"], body["ports"] = id, h.image, []int{8080}
+		var rec recordView
+		status := h.api("POST", "/v1/sandboxes", body, &rec)
+		return status, rec, id
+	}
+	self := func(id string) map[string]any {
+		t.Helper()
+		resp, body := h.preview("GET", h.host(id, 8080), "/self", nil, apiHeader())
+		var v map[string]any
+		if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &v) != nil {
+			t.Fatalf("/self: %d %q", resp.StatusCode, body)
+		}
+		return v
+	}
+
+	status, rec, id := create(map[string]any{})
+	if status != 201 || !rec.ReadonlyRootfs || rec.User != "" {
+		t.Fatalf("create with the gateway's defaults: %d %+v, want a read-only root", status, rec)
+	}
+	if v := self(id); !strings.Contains(fmt.Sprint(v["root_write"]), "read-only") || v["nofile_soft"] != float64(2048) || v["uid"] != float64(0) {
+		t.Fatalf("inside a default sandbox: %v, want a read-only root, nofile 2048, uid 0", v)
+	}
+
+	status, rec, id = create(map[string]any{"user": "1000:1000", "readonly_rootfs": false, "cap_add": []string{"net_raw"}})
+	if status != 201 || rec.User != "1000:1000" || rec.ReadonlyRootfs || len(rec.CapAdd) != 1 || rec.CapAdd[0] != "NET_RAW" {
+		t.Fatalf("create with its own isolation: %d %+v", status, rec)
+	}
+	if v := self(id); v["uid"] != float64(1000) || v["gid"] != float64(1000) || v["cap_eff"] != "0000000000000000" || v["root_write"] == "" {
+		// A non-root user cannot write / even when it is writable: the
+		// root directory is root's.
+		t.Fatalf("inside a sandbox of user 1000: %v, want uid/gid 1000, no capabilities", v)
+	}
+
+	var apiErr struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if status := h.api("POST", "/v1/sandboxes", map[string]any{"id": testenv.UniqueID("g"), "image": h.image, "ports": []int{8080}, "runtime": "sandwake-no-such-runtime"}, &apiErr); status != 400 || !strings.Contains(apiErr.Error.Message, "not installed") || !strings.Contains(apiErr.Error.Message, "runc") {
+		t.Fatalf("create with a runtime the engine lacks: %d %+v, want 400 naming the installed runtimes", status, apiErr)
+	}
+	if status := h.api("POST", "/v1/sandboxes", map[string]any{"id": testenv.UniqueID("g"), "image": h.image, "ports": []int{8080}, "cap_add": []string{"SYS_ADMIN"}}, &apiErr); status != 400 || !strings.Contains(apiErr.Error.Message, "cap_add") {
+		t.Fatalf("create asking for SYS_ADMIN: %d %+v, want 400 naming cap_add", status, apiErr)
+	}
+
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(h.caddyfile("runtime sandwake-no-such-runtime")), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := caddy.Load(cfg, true); err == nil || !strings.Contains(err.Error(), "sandwake-no-such-runtime") || !strings.Contains(err.Error(), "not installed") {
+		t.Fatalf("reload naming a runtime the engine lacks: %v, want it refused", err)
+	}
+	if status, _, _ := create(map[string]any{}); status != 201 {
+		t.Fatalf("create after the refused reload: %d, want the running config serving", status)
+	}
+}
