@@ -3,8 +3,6 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,14 +37,18 @@ type API struct {
 	// {env.SANDWAKE_API_TOKEN} are replaced at provision. Required unless
 	// InsecureNoAuth is set.
 	Token string `json:"token,omitempty"`
+	// Tokens are more tokens, each with a scope (read, operate, admin)
+	// and optionally labels binding it to one tenant's sandboxes. Token,
+	// when set, is one more of scope admin.
+	Tokens []TokenConfig `json:"tokens,omitempty"`
 	// InsecureNoAuth serves the API without a token. Only for an API bound
 	// to a trusted address.
 	InsecureNoAuth bool `json:"insecure_no_auth,omitempty"`
 
-	app       *App
-	tokenHash [32]byte
-	mux       *http.ServeMux
-	logger    *zap.Logger
+	app    *App
+	tokens []apiToken
+	mux    *http.ServeMux
+	logger *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -66,32 +68,32 @@ func (api *API) Provision(ctx caddy.Context) error {
 	}
 	api.app = app
 	app.Cluster.registerAPI(api) // in a cluster, it serves the API calls other nodes forward
-	token := caddy.NewReplacer().ReplaceKnown(api.Token, "")
-	if api.Token != "" && token == "" {
-		return fmt.Errorf("sandwake_api: token %q is empty once placeholders are replaced (is the variable set?)", api.Token)
+	if err := api.provisionTokens(); err != nil {
+		return err
 	}
-	api.tokenHash = sha256.Sum256([]byte(token))
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/healthz", api.healthz)
 	mux.HandleFunc("GET /v1/readyz", api.readyz)
-	mux.HandleFunc("POST /v1/sandboxes", api.authed(api.create))
-	mux.HandleFunc("GET /v1/sandboxes", api.authed(api.list))
-	mux.HandleFunc("GET /v1/sandboxes/{id}", api.authed(api.routed(api.get)))
-	mux.HandleFunc("DELETE /v1/sandboxes/{id}", api.authed(api.routed(api.destroy)))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/wake", api.authed(api.routed(api.wake)))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", api.authed(api.routed(api.pause)))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/stop", api.authed(api.routed(api.stop)))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", api.authed(api.routed(api.keepalive)))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/purge", api.authed(api.routed(api.purge)))
-	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(api.routed(api.history)))
-	mux.HandleFunc("GET /v1/events", api.authed(api.events))
-	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(api.routed(api.patch)))
-	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(api.routed(api.createToken)))
-	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(api.routed(api.revokeTokens)))
-	mux.HandleFunc("GET /v1/nodes", api.authed(api.nodes))
-	mux.HandleFunc("POST /v1/nodes/{name}/drain", api.authed(api.drainNode))
-	mux.HandleFunc("DELETE /v1/nodes/{name}", api.authed(api.removeNode))
+	read, operate, admin := ScopeRead, ScopeOperate, ScopeAdmin
+	mux.HandleFunc("GET /v1/whoami", api.authed(read, api.whoami))
+	mux.HandleFunc("POST /v1/sandboxes", api.authed(admin, api.create))
+	mux.HandleFunc("GET /v1/sandboxes", api.authed(read, api.list))
+	mux.HandleFunc("GET /v1/sandboxes/{id}", api.authed(read, api.routed(api.get)))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}", api.authed(admin, api.routed(api.destroy)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/wake", api.authed(operate, api.routed(api.wake)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/pause", api.authed(operate, api.routed(api.pause)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/stop", api.authed(operate, api.routed(api.stop)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/keepalive", api.authed(operate, api.routed(api.keepalive)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/purge", api.authed(admin, api.routed(api.purge)))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(read, api.routed(api.history)))
+	mux.HandleFunc("GET /v1/events", api.authed(read, api.events))
+	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(admin, api.routed(api.patch)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(operate, api.routed(api.createToken)))
+	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(operate, api.routed(api.revokeTokens)))
+	mux.HandleFunc("GET /v1/nodes", api.authed(read, api.nodes))
+	mux.HandleFunc("POST /v1/nodes/{name}/drain", api.authed(admin, api.unbound(api.drainNode)))
+	mux.HandleFunc("DELETE /v1/nodes/{name}", api.authed(admin, api.unbound(api.removeNode)))
 	mux.HandleFunc("GET /{$}", serveDashboard)
 	mux.HandleFunc("GET /index.html", serveDashboard)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -103,7 +105,7 @@ func (api *API) Provision(ctx caddy.Context) error {
 
 // Validate refuses an API without authentication unless that is explicit.
 func (api *API) Validate() error {
-	if api.Token == "" && !api.InsecureNoAuth {
+	if api.Token == "" && len(api.Tokens) == 0 && !api.InsecureNoAuth {
 		return errors.New("sandwake_api: set a token, or write insecure_no_auth to serve the API without one")
 	}
 	return nil
@@ -116,15 +118,26 @@ func (api *API) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Ha
 	return nil
 }
 
-// authed wraps a handler with the bearer-token check and the engine lookup.
-func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http.HandlerFunc {
+// authed wraps a handler with the bearer-token check (a token of scope
+// need at least), the engine lookup, and, for a token bound to labels, the
+// check that the sandbox in the path is one it sees.
+func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *engine)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		// A call another node forwarded (its certificate verified on the
-		// peer listener) carries the node's identity, not a token.
-		if !api.InsecureNoAuth && peerOf(r) == "" && !api.tokenOK(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
-			writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
-			return
+		// peer listener) carries the node's identity, not a token: the
+		// forwarding node checked the caller's token.
+		who := everyone
+		if !api.InsecureNoAuth && peerOf(r) == "" {
+			if who = api.caller(r); who == nil {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
+				writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
+				return
+			}
+			if who.scope < need {
+				writeForbidden(w, r, who, need)
+				return
+			}
+			r = withPrincipal(r, who)
 		}
 		e := api.app.engine()
 		if e == nil || !e.ready.Load() {
@@ -134,18 +147,17 @@ func (api *API) authed(h func(http.ResponseWriter, *http.Request, *engine)) http
 		if !checkForward(w, r, e) {
 			return
 		}
+		if id := strings.ToLower(r.PathValue("id")); id != "" && who.bound() && !e.visible(id, who) {
+			// Another tenant's sandbox is answered as an unknown one.
+			writeEngineError(w, fmt.Errorf("sandbox %s: %w", id, lifecycle.ErrNotFound))
+			return
+		}
 		h(w, r, e)
 	}
 }
 
-// tokenOK reports whether r carries the API's bearer token.
-func (api *API) tokenOK(r *http.Request) bool {
-	given, ok := bearerCredentials(r.Header.Get("Authorization"))
-	// Comparing hashes keeps the comparison constant-time in the token's
-	// length as well as its content.
-	gh := sha256.Sum256([]byte(given))
-	return ok && subtle.ConstantTimeCompare(gh[:], api.tokenHash[:]) == 1
-}
+// tokenOK reports whether r carries one of the API's tokens (any scope).
+func (api *API) tokenOK(r *http.Request) bool { return api.caller(r) != nil }
 
 func (api *API) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -290,6 +302,21 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 	if !decodeBody(w, r, &body) {
 		return
 	}
+	if who := principalOf(r); who.bound() {
+		// A tenant's token stamps its labels on what it creates; it may
+		// not claim other values for them.
+		for k, v := range who.labels {
+			if got, ok := body.Labels[k]; ok && got != v {
+				writeJSONError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("labels: %s=%s is not this token's (%s): it creates sandboxes labelled %s only", k, got, who.name, labelList(who.labels)), 0)
+				return
+			}
+		}
+		body.Labels = maps.Clone(body.Labels)
+		if body.Labels == nil {
+			body.Labels = map[string]string{}
+		}
+		maps.Copy(body.Labels, who.labels)
+	}
 	spec, err := body.spec()
 	if err != nil {
 		writeEngineError(w, err)
@@ -317,9 +344,12 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 		writeEngineError(w, err)
 		return
 	}
-	out := make([]recordView, len(recs))
+	who := principalOf(r)
+	out := make([]recordView, 0, len(recs))
 	for i := range recs {
-		out[i] = e.view(&recs[i])
+		if who.sees(recs[i].Spec.Labels) {
+			out = append(out, e.view(&recs[i]))
+		}
 	}
 	writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out})
 }
@@ -551,9 +581,10 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 	if stream.comment("sandwake events") != nil {
 		return
 	}
+	seen := newVisibility(e, principalOf(r))
 	send := func(ev lifecycle.Event) error {
 		last = ev.ID
-		if filter != "" && ev.SandboxID != filter {
+		if (filter != "" && ev.SandboxID != filter) || !seen.event(ev.SandboxID) {
 			return nil
 		}
 		return stream.event(ev)
@@ -606,7 +637,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 					remoteC = remote.C
 					continue
 				}
-				if filter != "" && ev.SandboxID != filter {
+				if (filter != "" && ev.SandboxID != filter) || !seen.event(ev.SandboxID) {
 					continue
 				}
 				if writeRemoteSSE(stream.w, ev) != nil || stream.flush() != nil {

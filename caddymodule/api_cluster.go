@@ -225,15 +225,18 @@ func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine,
 		writeEngineError(w, err)
 		return
 	}
+	who := principalOf(r)
 	out := make([]recordView, 0, len(recs))
 	local := make(map[string]bool, len(recs))
 	for i := range recs {
-		out = append(out, e.view(&recs[i]))
 		local[recs[i].ID] = true
+		if who.sees(recs[i].Spec.Labels) {
+			out = append(out, e.view(&recs[i]))
+		}
 	}
 	self := e.cluster.c.Self()
 	for _, en := range e.cluster.c.Entries() {
-		if en.Node == self || local[en.ID] || (state != "" && en.State != state) {
+		if en.Node == self || local[en.ID] || (state != "" && en.State != state) || !who.sees(en.Labels) {
 			continue
 		}
 		out = append(out, e.entryView(&en))

@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -451,8 +452,49 @@ func (api *API) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "token":
-			if !d.AllArgs(&api.Token) {
+			// token <secret> [{ scope read|operate|admin; labels k=v … }]
+			var tc TokenConfig
+			if !d.NextArg() {
 				return d.ArgErr()
+			}
+			tc.Secret = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			block := false
+			for nesting := d.Nesting(); d.NextBlock(nesting); {
+				block = true
+				switch d.Val() {
+				case "scope":
+					if !d.AllArgs(&tc.Scope) {
+						return d.ArgErr()
+					}
+					if _, err := parseScope(tc.Scope); err != nil || tc.Scope == "" {
+						return d.Errf("token scope %q: want read, operate or admin", tc.Scope)
+					}
+				case "labels":
+					args := d.RemainingArgs()
+					if len(args) == 0 {
+						return d.ArgErr()
+					}
+					if tc.Labels == nil {
+						tc.Labels = map[string]string{}
+					}
+					for _, kv := range args {
+						k, v, ok := strings.Cut(kv, "=")
+						if !ok || k == "" {
+							return d.Errf("token labels %q: want key=value", kv)
+						}
+						tc.Labels[k] = v
+					}
+				default:
+					return d.Errf("unknown token option %q (scope, labels)", d.Val())
+				}
+			}
+			if !block && api.Token == "" && len(api.Tokens) == 0 {
+				api.Token = tc.Secret // one plain token: admin, as before scopes
+			} else {
+				api.Tokens = append(api.Tokens, tc)
 			}
 		case "insecure_no_auth":
 			if d.NextArg() {

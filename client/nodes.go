@@ -60,3 +60,10 @@ func (c *Client) RemoveNode(ctx context.Context, name string, co ...CallOption) 
 	err := c.call(ctx, "DELETE", "/v1/nodes/"+url.PathEscape(name), nil, &out, co)
 	return out.Killed, err
 }
+
+// WhoAmI answers what the client's token may do (GET /v1/whoami).
+func (c *Client) WhoAmI(ctx context.Context, co ...CallOption) (Identity, error) {
+	var out Identity
+	err := c.call(ctx, "GET", "/v1/whoami", nil, &out, co)
+	return out, err
+}

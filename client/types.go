@@ -137,6 +137,15 @@ type Patch struct {
 	Egress *Egress `json:"egress,omitempty"`
 }
 
+// Identity is the answer of GET /v1/whoami: what the caller's token may do.
+type Identity struct {
+	// Scope is read, operate or admin.
+	Scope string `json:"scope"`
+	// Labels, when set, are the only sandboxes the token sees (those
+	// carrying every one of them) and the labels it stamps on creates.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
 // KeepaliveRequest is the body of POST /v1/sandboxes/{id}/keepalive.
 type KeepaliveRequest struct {
 	// For is how long to keep the sandbox from the idle tiers, a duration

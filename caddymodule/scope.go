@@ -1,0 +1,262 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// Scope is what an API token may do. Each scope includes the ones below it.
+type Scope int
+
+// Scopes of API tokens.
+const (
+	// ScopeRead lists and reads sandboxes, their history and events, and
+	// the nodes.
+	ScopeRead Scope = iota + 1
+	// ScopeOperate also wakes, stops, pauses, keeps alive and mints or
+	// revokes preview tokens.
+	ScopeOperate
+	// ScopeAdmin does everything: create, destroy, purge, patch, drain and
+	// remove nodes.
+	ScopeAdmin
+)
+
+// String is the scope's name as the Caddyfile and the API write it.
+func (s Scope) String() string {
+	switch s {
+	case ScopeRead:
+		return "read"
+	case ScopeOperate:
+		return "operate"
+	case ScopeAdmin:
+		return "admin"
+	}
+	return fmt.Sprintf("scope(%d)", int(s))
+}
+
+// parseScope reads a scope name.
+func parseScope(name string) (Scope, error) {
+	switch name {
+	case "read":
+		return ScopeRead, nil
+	case "operate":
+		return ScopeOperate, nil
+	case "admin", "":
+		return ScopeAdmin, nil
+	}
+	return 0, fmt.Errorf("scope %q is not read, operate or admin", name)
+}
+
+// TokenConfig is one API token and what it may do.
+type TokenConfig struct {
+	// Secret is the bearer token; placeholders such as {env.DASH_TOKEN}
+	// are replaced. Required.
+	Secret string `json:"secret"`
+	// Scope is read, operate or admin. Default: admin.
+	Scope string `json:"scope,omitempty"`
+	// Labels bind the token to a tenant: it sees and touches only
+	// sandboxes carrying every one of these labels, and stamps them on the
+	// sandboxes it creates.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// principal is who made an API call: a token's scope and labels, a
+// verified cluster node, or anyone when the API has no auth.
+type principal struct {
+	scope  Scope
+	labels map[string]string // nil: every sandbox
+	name   string            // for messages: "token 2", "node n1"
+}
+
+// everyone is the principal of an API without auth, and of a verified
+// node (which forwards only calls its own API authorised).
+var everyone = &principal{scope: ScopeAdmin, name: "admin"}
+
+// apiToken is a provisioned token: its hash, for constant-time comparison.
+type apiToken struct {
+	hash [32]byte
+	who  *principal
+}
+
+type principalKey struct{}
+
+// principalOf is the caller of an authorised API request (set by authed).
+func principalOf(r *http.Request) *principal {
+	if p, ok := r.Context().Value(principalKey{}).(*principal); ok {
+		return p
+	}
+	return everyone
+}
+
+// sees reports whether p may see a sandbox with labels.
+func (p *principal) sees(labels map[string]string) bool {
+	for k, v := range p.labels {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// bound reports whether p is limited to some sandboxes.
+func (p *principal) bound() bool { return len(p.labels) > 0 }
+
+// provisionTokens builds the token table from Token (an admin token) and
+// Tokens.
+func (api *API) provisionTokens() error {
+	repl := caddy.NewReplacer()
+	api.tokens = api.tokens[:0]
+	seen := map[[32]byte]bool{}
+	add := func(i int, tc TokenConfig) error {
+		name := fmt.Sprintf("token %d", i+1)
+		secret := repl.ReplaceKnown(tc.Secret, "")
+		if secret == "" {
+			return fmt.Errorf("sandwake_api: %s (%s) is empty once placeholders are replaced (is the variable set?)", name, tc.Secret)
+		}
+		scope, err := parseScope(tc.Scope)
+		if err != nil {
+			return fmt.Errorf("sandwake_api: %s: %w", name, err)
+		}
+		for k, v := range tc.Labels {
+			if k == "" || len(k)+len(v) > lifecycle.MaxLabelBytes {
+				return fmt.Errorf("sandwake_api: %s: label %q must be a non-empty key, key and value at most %d bytes", name, k, lifecycle.MaxLabelBytes)
+			}
+		}
+		h := sha256.Sum256([]byte(secret))
+		if seen[h] {
+			return fmt.Errorf("sandwake_api: %s is the same secret as another token", name)
+		}
+		seen[h] = true
+		if len(tc.Labels) > 0 {
+			name += " (" + labelList(tc.Labels) + ")"
+		}
+		api.tokens = append(api.tokens, apiToken{hash: h, who: &principal{scope: scope, labels: maps.Clone(tc.Labels), name: name}})
+		return nil
+	}
+	all := slices.Clone(api.Tokens)
+	if api.Token != "" {
+		all = append([]TokenConfig{{Secret: api.Token, Scope: "admin"}}, all...)
+	}
+	for i, tc := range all {
+		if err := add(i, tc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// labelList writes labels as k=v,k=v in key order.
+func labelList(labels map[string]string) string {
+	var b strings.Builder
+	for i, k := range slices.Sorted(maps.Keys(labels)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k + "=" + labels[k])
+	}
+	return b.String()
+}
+
+// caller is the principal of r's bearer token, nil when it carries none
+// of the API's tokens. Every token is compared, in constant time.
+func (api *API) caller(r *http.Request) *principal {
+	given, ok := bearerCredentials(r.Header.Get("Authorization"))
+	if !ok {
+		return nil
+	}
+	gh := sha256.Sum256([]byte(given))
+	var who *principal
+	for i := range api.tokens {
+		if subtle.ConstantTimeCompare(gh[:], api.tokens[i].hash[:]) == 1 {
+			who = api.tokens[i].who
+		}
+	}
+	return who
+}
+
+// withPrincipal is r carrying p.
+func withPrincipal(r *http.Request, p *principal) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
+}
+
+// writeForbidden answers a call beyond the caller's scope.
+func writeForbidden(w http.ResponseWriter, r *http.Request, p *principal, need Scope) {
+	writeJSONError(w, http.StatusForbidden, "forbidden",
+		fmt.Sprintf("%s %s needs a token of scope %s; this one (%s) is %s", r.Method, r.URL.Path, need, p.name, p.scope), 0)
+}
+
+// visible reports whether who may see sandbox id: its labels, from this
+// node's record or, for another node's sandbox, the catalog. An unknown id
+// is not visible.
+func (e *engine) visible(id string, who *principal) bool {
+	if !who.bound() {
+		return true
+	}
+	if rec, err := e.mgr.Get(id); err == nil {
+		return who.sees(rec.Spec.Labels)
+	}
+	if e.cluster != nil {
+		if en, ok := e.cluster.c.Lookup(id); ok {
+			return who.sees(en.Labels)
+		}
+	}
+	return false
+}
+
+// visibility filters an event stream for a principal, remembering each
+// sandbox's answer: a sandbox's labels never change, and a destroyed
+// sandbox's last events must still reach the tenant that saw it.
+type visibility struct {
+	e   *engine
+	who *principal
+	ids map[string]bool
+}
+
+func newVisibility(e *engine, who *principal) *visibility {
+	return &visibility{e: e, who: who, ids: map[string]bool{}}
+}
+
+// event reports whether the stream's principal may see an event of id. An
+// event of a sandbox that is gone and was never seen is withheld.
+func (v *visibility) event(id string) bool {
+	if !v.who.bound() {
+		return true
+	}
+	ok, known := v.ids[id]
+	if !known {
+		ok = v.e.visible(id, v.who)
+		v.ids[id] = ok
+	}
+	return ok
+}
+
+// unbound wraps a handler that acts on the whole gateway or cluster (the
+// nodes): a token bound to labels may not call it.
+func (api *API) unbound(h func(http.ResponseWriter, *http.Request, *engine)) func(http.ResponseWriter, *http.Request, *engine) {
+	return func(w http.ResponseWriter, r *http.Request, e *engine) {
+		if who := principalOf(r); who.bound() {
+			writeJSONError(w, http.StatusForbidden, "forbidden",
+				fmt.Sprintf("%s %s acts on every tenant's sandboxes; this token (%s) is limited to its own", r.Method, r.URL.Path, who.name), 0)
+			return
+		}
+		h(w, r, e)
+	}
+}
+
+// whoami answers GET /v1/whoami: the caller's scope and labels, so that
+// the dashboard and the CLI show only what the token may do.
+func (api *API) whoami(w http.ResponseWriter, r *http.Request, _ *engine) {
+	who := principalOf(r)
+	writeJSON(w, http.StatusOK, client.Identity{Scope: who.scope.String(), Labels: who.labels})
+}
