@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"golang.org/x/time/rate"
 )
 
@@ -35,6 +36,11 @@ const (
 	tokenPrefix     = "swt_"
 	tokenQueryParam = "sandwake_token"
 	tokenCookie     = "sandwake_token"
+	// tokenCookieHost is the cookie's name for a visitor on https: the
+	// __Host- prefix makes browsers refuse it unless it is Secure, for
+	// this host only (no Domain) and for every path, so that a sibling
+	// preview cannot plant or shadow it.
+	tokenCookieHost = "__Host-" + tokenCookie
 	tokenVersion    = "v2"
 )
 
@@ -155,8 +161,10 @@ func presentedToken(r *http.Request) (token string, fromQuery bool) {
 			return b, false
 		}
 	}
-	if c, err := r.Cookie(tokenCookie); err == nil {
-		return c.Value, false
+	for _, name := range []string{tokenCookieHost, tokenCookie} {
+		if c, err := r.Cookie(name); err == nil {
+			return c.Value, false
+		}
 	}
 	return "", false
 }
@@ -185,7 +193,8 @@ func stripToken(r *http.Request) {
 	changed := false
 	for _, v := range cookies {
 		nv, removed := withoutCookie(v, tokenCookie)
-		changed = changed || removed
+		nv, removedHost := withoutCookie(nv, tokenCookieHost)
+		changed = changed || removed || removedHost
 		if nv != "" {
 			kept = append(kept, nv)
 		}
@@ -270,13 +279,33 @@ func localPath(target string) string {
 }
 
 // setTokenCookie turns a valid first-visit token into a cookie for this
-// preview host only (no Domain attribute), HttpOnly, SameSite=Lax, Secure on
-// https, living as long as the token.
+// preview host only (no Domain attribute), HttpOnly, SameSite=Lax, living as
+// long as the token; for a visitor on https (visitorHTTPS), Secure and named
+// with the __Host- prefix.
 func setTokenCookie(w http.ResponseWriter, r *http.Request, token string, exp time.Time) {
+	name, secure := tokenCookie, visitorHTTPS(r)
+	if secure {
+		name = tokenCookieHost
+	}
 	http.SetCookie(w, &http.Cookie{
-		Name: tokenCookie, Value: token, Path: "/", Expires: exp,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode,
+		Name: name, Value: token, Path: "/", Expires: exp,
+		HttpOnly: true, Secure: secure, SameSite: http.SameSiteLaxMode,
 	})
+}
+
+// visitorHTTPS reports whether the visitor reached the preview over https:
+// this server's TLS, or the scheme a trusted proxy (Caddy's
+// trusted_proxies) or a verified cluster node said in X-Forwarded-Proto.
+// The header of anyone else is ignored.
+func visitorHTTPS(r *http.Request) bool {
+	if r.TLS != nil {
+		return true
+	}
+	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted {
+		return false
+	}
+	proto, _, _ := strings.Cut(r.Header.Get("X-Forwarded-Proto"), ",")
+	return strings.EqualFold(strings.TrimSpace(proto), "https")
 }
 
 // tokenExpiry reads the expiry of an already verified token.
