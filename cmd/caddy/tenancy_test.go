@@ -216,8 +216,8 @@ func TestSandboxIsolation(t *testing.T) {
 	if _, onDefault := ci.NetworkSettings.Networks["bridge"]; onDefault || len(ci.NetworkSettings.Networks) != 1 {
 		t.Errorf("networks %v: want only %s", keys(ci.NetworkSettings.Networks), network)
 	}
-	if !containsFold(ci.HostConfig.CapDrop, "NET_RAW") {
-		t.Errorf("CapDrop %v: want NET_RAW", ci.HostConfig.CapDrop)
+	if !containsFold(ci.HostConfig.CapDrop, "ALL") || containsFold(ci.HostConfig.CapAdd, "NET_RAW") || containsFold(ci.HostConfig.CapAdd, "MKNOD") {
+		t.Errorf("CapDrop %v CapAdd %v: want ALL dropped and neither NET_RAW nor MKNOD given back", ci.HostConfig.CapDrop, ci.HostConfig.CapAdd)
 	}
 	if ci.HostConfig.Memory != 96<<20 || ci.HostConfig.MemorySwap != 96<<20 {
 		t.Errorf("memory %d swap %d, want %d (default_memory)", ci.HostConfig.Memory, ci.HostConfig.MemorySwap, 96<<20)
