@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/distribution/reference"
 	"github.com/dustin/go-humanize"
 	"go.uber.org/zap"
 
@@ -217,9 +218,16 @@ type App struct {
 	// gateway does not start. Default: the engine's default (runc).
 	Runtime string `json:"runtime,omitempty"`
 	// Pull is the image pull policy for creates: "missing" pulls an image
-	// the engine lacks, "never" refuses it (422 image_missing). Default:
-	// missing.
+	// the engine lacks, "never" refuses it (422 image_missing), "always"
+	// pulls at every create. Pulls come only from AllowedRegistries.
+	// Default: missing.
 	Pull string `json:"pull,omitempty"`
+	// AllowedRegistries are the registries images may be pulled from, as
+	// image references name them (ghcr.io, registry.example.com:5000,
+	// docker.io for Docker Hub). Default: none, so that a create cannot
+	// make the engine pull from wherever an image name points (internal
+	// hosts included): only images already on the engine are used.
+	AllowedRegistries []string `json:"allowed_registries,omitempty"`
 	// AllowedImages, when set, are the only images creates may use: globs
 	// (path.Match) on the image reference as given or normalised, e.g.
 	// "registry.example.com/previews/*" or "node:*". Default: any.
@@ -520,9 +528,14 @@ func (a *App) Validate() error {
 		return fmt.Errorf("sandwake: sandbox_network %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.SandboxNetwork)
 	}
 	switch a.Pull {
-	case core.PullMissing, core.PullNever:
+	case core.PullMissing, core.PullNever, core.PullAlways:
 	default:
-		return fmt.Errorf("sandwake: pull %q is not missing or never", a.Pull)
+		return fmt.Errorf("sandwake: pull %q is not missing, never or always", a.Pull)
+	}
+	for _, r := range a.AllowedRegistries {
+		if !validRegistry(r) {
+			return fmt.Errorf("sandwake: allowed_registries %q is not a registry host (such as ghcr.io, registry.example.com:5000 or docker.io)", r)
+		}
 	}
 	for _, p := range a.AllowedImages {
 		if _, err := path.Match(p, ""); err != nil || p == "" {
@@ -557,6 +570,13 @@ func webhookName(configured, resolved string) string {
 		return configured
 	}
 	return lifecycle.RedactURL(resolved)
+}
+
+// validRegistry reports whether r is a registry host as image references
+// name it: a DNS name or address, optionally :port.
+func validRegistry(r string) bool {
+	named, err := reference.ParseNormalizedNamed(r + "/x")
+	return err == nil && reference.Domain(named) == r
 }
 
 // validInstance reports whether name can be an instance (or network) name:
@@ -756,20 +776,21 @@ func openEngine(a *App) (*engine, error) {
 	mcfg.Egress, mcfg.Firewall = a.egress.config, a.egress.firewall(log)
 	mcfg.Apply(a.managerSettings())
 	c, err := core.Open(core.Options{
-		Dir:            a.storageDir,
-		Instance:       a.Instance,
-		DockerHost:     a.DockerHost,
-		UpstreamMode:   a.UpstreamMode,
-		Network:        a.Network,
-		StopTimeout:    time.Duration(a.StopTimeout),
-		Labels:         a.Labels,
-		SandboxNetwork: a.SandboxNetwork,
-		SandboxSubnet:  a.egress.subnet,
-		Pull:           a.Pull,
-		Nofile:         a.Nofile,
-		TmpMB:          a.TmpMB,
-		Logger:         log,
-		Manager:        mcfg,
+		Dir:               a.storageDir,
+		Instance:          a.Instance,
+		DockerHost:        a.DockerHost,
+		UpstreamMode:      a.UpstreamMode,
+		Network:           a.Network,
+		StopTimeout:       time.Duration(a.StopTimeout),
+		Labels:            a.Labels,
+		SandboxNetwork:    a.SandboxNetwork,
+		SandboxSubnet:     a.egress.subnet,
+		Pull:              a.Pull,
+		AllowedRegistries: a.AllowedRegistries,
+		Nofile:            a.Nofile,
+		TmpMB:             a.TmpMB,
+		Logger:            log,
+		Manager:           mcfg,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sandwake: %w", err)

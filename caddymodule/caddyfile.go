@@ -92,7 +92,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 }
 
 // repeatableOptions are the sandwake options whose lines add up.
-var repeatableOptions = map[string]bool{"webhook": true, "label": true, "allowed_images": true}
+var repeatableOptions = map[string]bool{"webhook": true, "label": true, "allowed_images": true, "allowed_registries": true}
 
 // UnmarshalCaddyfile sets up the app from Caddyfile tokens (see
 // parseGlobalOption for the syntax).
@@ -301,6 +301,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 			a.Webhooks = append(a.Webhooks, w)
+		case "allowed_registries":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			a.AllowedRegistries = append(a.AllowedRegistries, args...)
 		case "allowed_images":
 			args := d.RemainingArgs()
 			if len(args) == 0 {

@@ -39,6 +39,13 @@ func TestOwnershipOptions(t *testing.T) {
 		{"instance too long", "instance " + strings.Repeat("a", 64), "instance", nil},
 		{"network with space", `sandbox_network "a b"`, "sandbox_network", nil},
 		{"pull sometimes", "pull sometimes", "pull", nil},
+		{"pull always with registries", "pull always\nallowed_registries ghcr.io registry.example.com:5000\nallowed_registries docker.io", "", func(t *testing.T, a *App) {
+			if a.Pull != "always" || !reflect.DeepEqual(a.AllowedRegistries, []string{"ghcr.io", "registry.example.com:5000", "docker.io"}) {
+				t.Fatalf("pull %q allowed registries %v", a.Pull, a.AllowedRegistries)
+			}
+		}},
+		{"registry with a path", "allowed_registries ghcr.io/acme", "allowed_registries", nil},
+		{"registry with a scheme", "allowed_registries https://ghcr.io", "allowed_registries", nil},
 		{"default memory share", "default_memory 10%", "default_memory", nil},
 		{"default memory tiny", "default_memory 1MiB", "default_memory", nil},
 		{"allowed image bad pattern", "allowed_images [", "allowed_images", nil},

@@ -107,7 +107,7 @@ func (g *pullGate) held() int {
 func TestFailedSandboxShowsOnlyItsReason(t *testing.T) {
 	proxy := newDockerAPIProxy(t)
 	pulls := newPullGate(t, proxy)
-	h := newHarness(t, fmt.Sprintf("docker_host unix://%s\n\t\twake_timeout 30s", pulls.path))
+	h := newHarness(t, fmt.Sprintf("docker_host unix://%s\n\t\twake_timeout 30s\n\t\tallowed_registries localhost:1", pulls.path))
 
 	// A create whose image is missing leaves nothing (422), so the sandbox
 	// is made with the image under that name (a local tag), which is then

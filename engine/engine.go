@@ -30,6 +30,7 @@ const (
 	UpstreamNetwork       = docker.UpstreamNetwork
 	PullMissing           = docker.PullMissing
 	PullNever             = docker.PullNever
+	PullAlways            = docker.PullAlways
 	DefaultSandboxNetwork = docker.DefaultSandboxNetwork
 	// DefaultStopTimeout is a container stop's grace period when unset.
 	DefaultStopTimeout = docker.DefaultStopTimeout
@@ -63,8 +64,12 @@ type Options struct {
 	// SandboxNetwork is the network sandboxes join in published mode.
 	// Default: DefaultSandboxNetwork-<instance>.
 	SandboxNetwork string
-	// Pull is the image pull policy: PullMissing (default) or PullNever.
+	// Pull is the image pull policy: PullMissing (default), PullNever or
+	// PullAlways.
 	Pull string
+	// AllowedRegistries are the registries images may be pulled from
+	// (none: only images already on the engine).
+	AllowedRegistries []string
 	// SandboxSubnet is the sandbox network's subnet when it is made.
 	// Default: one the engine picks.
 	SandboxSubnet netip.Prefix
@@ -130,17 +135,18 @@ func Open(opts Options) (*Engine, error) {
 	rt := opts.Runtime
 	if rt == nil {
 		e.docker, err = docker.New(docker.Options{
-			Host:           opts.DockerHost,
-			UpstreamMode:   opts.UpstreamMode,
-			Network:        opts.Network,
-			StopTimeout:    opts.StopTimeout,
-			Labels:         opts.Labels,
-			Instance:       instance,
-			SandboxNetwork: opts.SandboxNetwork,
-			SandboxSubnet:  opts.SandboxSubnet,
-			Pull:           opts.Pull,
-			Nofile:         opts.Nofile,
-			TmpMB:          opts.TmpMB,
+			Host:              opts.DockerHost,
+			UpstreamMode:      opts.UpstreamMode,
+			Network:           opts.Network,
+			StopTimeout:       opts.StopTimeout,
+			Labels:            opts.Labels,
+			Instance:          instance,
+			SandboxNetwork:    opts.SandboxNetwork,
+			SandboxSubnet:     opts.SandboxSubnet,
+			Pull:              opts.Pull,
+			AllowedRegistries: opts.AllowedRegistries,
+			Nofile:            opts.Nofile,
+			TmpMB:             opts.TmpMB,
 			// A record without an incarnation was made before instance
 			// labels: its container and volume are this gateway's.
 			Legacy: func(id string) bool {

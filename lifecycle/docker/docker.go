@@ -15,6 +15,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/distribution/reference"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/api/types/network"
@@ -38,6 +39,9 @@ const (
 	PullMissing = "missing"
 	// PullNever refuses an image the engine does not have.
 	PullNever = "never"
+	// PullAlways pulls the image at every create, so that a moving tag
+	// (latest) is the registry's current one.
+	PullAlways = "always"
 )
 
 // DefaultSandboxNetwork is the prefix of the network sandboxes join in
@@ -92,8 +96,13 @@ type Options struct {
 	// SandboxSubnet is the sandbox network's subnet when sandwake creates
 	// it. Default: one the engine picks from its address pools.
 	SandboxSubnet netip.Prefix
-	// Pull is the image pull policy: PullMissing (default) or PullNever.
+	// Pull is the image pull policy: PullMissing (default), PullNever or
+	// PullAlways.
 	Pull string
+	// AllowedRegistries are the registries (host[:port] as in the image
+	// reference; "docker.io" for Docker Hub) images may be pulled from.
+	// Empty: none, so only images already on the engine are used.
+	AllowedRegistries []string
 	// Nofile is each sandbox's open-file limit (soft and hard). Default:
 	// DefaultNofile.
 	Nofile int64
@@ -154,9 +163,9 @@ func New(opts Options) (*Runtime, error) {
 	switch opts.Pull {
 	case "":
 		opts.Pull = PullMissing
-	case PullMissing, PullNever:
+	case PullMissing, PullNever, PullAlways:
 	default:
-		return nil, fmt.Errorf("docker runtime: unknown pull policy %q (missing or never)", opts.Pull)
+		return nil, fmt.Errorf("docker runtime: unknown pull policy %q (missing, never or always)", opts.Pull)
 	}
 	clientOpts := []client.Opt{client.FromEnv}
 	if opts.Host != "" {
@@ -413,17 +422,31 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	return lifecycle.Container{ID: res.ID, SandboxID: id, State: lifecycle.ContainerCreated}, nil
 }
 
-// ensureImage pulls image when the engine does not have it.
+// ensureImage pulls image when the engine does not have it (or, with
+// PullAlways, at every create), from an allowed registry only.
 func (r *Runtime) ensureImage(ctx context.Context, image string) error {
-	_, err := r.cli.ImageInspect(ctx, image)
-	if err == nil {
-		return nil
+	if r.opts.Pull != PullAlways {
+		_, err := r.cli.ImageInspect(ctx, image)
+		if err == nil {
+			return nil
+		}
+		if !cerrdefs.IsNotFound(err) {
+			return classify("inspecting image "+image, err, lifecycle.ErrImageNotFound)
+		}
+		if r.opts.Pull == PullNever {
+			return fmt.Errorf("%w: image %q is not on the engine and the pull policy is never", lifecycle.ErrImageNotFound, image)
+		}
 	}
-	if !cerrdefs.IsNotFound(err) {
-		return classify("inspecting image "+image, err, lifecycle.ErrImageNotFound)
-	}
-	if r.opts.Pull == PullNever {
-		return fmt.Errorf("%w: image %q is not on the engine and the pull policy is never", lifecycle.ErrImageNotFound, image)
+	if registry, ok := r.registryAllowed(image); !ok {
+		allowed := "none: only images already on the engine are used"
+		if len(r.opts.AllowedRegistries) > 0 {
+			allowed = strings.Join(r.opts.AllowedRegistries, " ")
+		}
+		what := "is not on the engine and"
+		if r.opts.Pull == PullAlways {
+			what = "must be pulled (pull always), but"
+		}
+		return fmt.Errorf("%w: image %q %s its registry %s is not one sandwake may pull from (allowed_registries: %s)", lifecycle.ErrImageNotFound, image, what, registry, allowed)
 	}
 	pull, err := r.cli.ImagePull(ctx, image, client.ImagePullOptions{})
 	if err == nil {
@@ -436,6 +459,22 @@ func (r *Runtime) ensureImage(ctx context.Context, image string) error {
 		return fmt.Errorf("%w: image %q is not on the engine and pulling it failed: %v", lifecycle.ErrImageNotFound, image, err)
 	}
 	return nil
+}
+
+// registryAllowed answers image's registry and whether AllowedRegistries
+// names it (case-insensitive).
+func (r *Runtime) registryAllowed(image string) (string, bool) {
+	named, err := reference.ParseNormalizedNamed(image)
+	if err != nil {
+		return "(not a reference)", false
+	}
+	registry := reference.Domain(named)
+	for _, a := range r.opts.AllowedRegistries {
+		if strings.EqualFold(a, registry) {
+			return registry, true
+		}
+	}
+	return registry, false
 }
 
 // Start implements lifecycle.Runtime.

@@ -76,6 +76,12 @@ func (f *fixture) event(ev lifecycle.Event) {
 
 func newFixture(t testing.TB, cfg lifecycle.Config) *fixture {
 	t.Helper()
+	return newFixtureWith(t, cfg, nil)
+}
+
+// newFixtureWith is newFixture with the runtime's options changed by opt.
+func newFixtureWith(t testing.TB, cfg lifecycle.Config, opt func(*docker.Options)) *fixture {
+	t.Helper()
 	cli := testenv.Docker(t)
 	image := testenv.TestAppImage(t)
 	st, err := store.Open(store.Options{Dir: t.TempDir()})
@@ -83,13 +89,17 @@ func newFixture(t testing.TB, cfg lifecycle.Config) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	real, err := docker.New(docker.Options{
+	opts := docker.Options{
 		Labels: testenv.Labels(), StopTimeout: 5 * time.Second, Instance: "t" + testenv.RunID(), SandboxNetwork: testenv.Network(),
 		Legacy: func(id string) bool {
 			rec, err := st.Get(id)
 			return err == nil && rec.Incarnation == ""
 		},
-	})
+	}
+	if opt != nil {
+		opt(&opts)
+	}
+	real, err := docker.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,13 +492,40 @@ func TestUnreachableDaemonLeavesRecord(t *testing.T) {
 	}
 }
 
+// TestMissingImageIsClearError: an image the engine lacks is pulled only
+// from a registry allowed_registries names: by default none (the message
+// names the registry), from an allowed one the pull is tried (a registry
+// on a closed loopback port: the pull fails, said plainly); with pull
+// always, even an image on the engine is refused when its registry is not
+// allowed. Each leaves nothing behind.
 func TestMissingImageIsClearError(t *testing.T) {
-	f := newFixture(t, lifecycle.Config{WakeTimeout: 30 * time.Second})
+	for _, tc := range []struct {
+		name    string
+		opt     func(*docker.Options)
+		image   string // "" : the test app's (on the engine)
+		wantErr string
+	}{
+		{"no registry allowed", nil, "sandwake-no-such-image-" + testenv.RunID() + ":none",
+			"its registry docker.io is not one sandwake may pull from (allowed_registries: none"},
+		{"allowed registry, pull fails", func(o *docker.Options) { o.AllowedRegistries = []string{"127.0.0.1:1"} },
+			"127.0.0.1:1/sandwake-no-such-image-" + testenv.RunID() + ":none", "pulling it failed"},
+		{"pull always from a registry not allowed", func(o *docker.Options) { o.Pull = docker.PullAlways }, "",
+			"must be pulled (pull always), but its registry docker.io is not one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			missingImage(t, newFixtureWith(t, lifecycle.Config{WakeTimeout: 30 * time.Second}, tc.opt), tc.image, tc.wantErr)
+		})
+	}
+}
+
+func missingImage(t *testing.T, f *fixture, image, wantErr string) {
+	if image == "" {
+		image = f.image
+	}
 	id := testenv.UniqueID("t")
-	image := "sandwake-no-such-image-" + testenv.RunID() + ":none"
 	_, err := f.m.Create(context.Background(), lifecycle.CreateRequest{ID: id, Spec: lifecycle.Spec{Image: image, Ports: []int{8080}}})
-	if !errors.Is(err, lifecycle.ErrImageNotFound) || !strings.Contains(err.Error(), "pulling it failed") {
-		t.Fatalf("err = %v", err)
+	if !errors.Is(err, lifecycle.ErrImageNotFound) || !strings.Contains(err.Error(), wantErr) {
+		t.Fatalf("err = %v, want ErrImageNotFound saying %q", err, wantErr)
 	}
 	// Nothing is left of a sandbox that could never run: no record, no
 	// volume, no container, and the id stays free.
