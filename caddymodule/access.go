@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -433,17 +434,29 @@ func (g *wakeGuard) reset(id string) {
 	delete(g.admitted, id)
 }
 
-// allowWake takes a token from the global wake rate for a wake of id,
-// reporting false when wakes come faster than configured. Requests for a
-// wake already let through take nothing.
-func (g *wakeGuard) allowWake(id string, now time.Time) bool {
+// Answers of wakeGuard.allowWake.
+const (
+	wakeAllowed       = iota
+	wakeRefusedClient // the client's own wake budget is spent
+	wakeRefusedGlobal // wakes come faster than wake_rate
+)
+
+// allowWake takes a wake of id from client's budget (clients) and from the
+// global wake rate, answering wakeAllowed or which budget is spent.
+// Requests for a wake already let through take nothing.
+func (g *wakeGuard) allowWake(id string, clients *clientLimits, client netip.Prefix, now time.Time) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if t, ok := g.admitted[id]; ok && now.Sub(t) < admittedFor {
-		return true
+		return wakeAllowed
+	}
+	ok, giveBack := clients.reserveWake(client, now)
+	if !ok {
+		return wakeRefusedClient
 	}
 	if g.limiter != nil && !g.limiter.AllowN(now, 1) {
-		return false
+		giveBack()
+		return wakeRefusedGlobal
 	}
 	if len(g.admitted) > 10000 { // bounded: forget old entries
 		for k, t := range g.admitted {
@@ -453,5 +466,5 @@ func (g *wakeGuard) allowWake(id string, now time.Time) bool {
 		}
 	}
 	g.admitted[id] = now
-	return true
+	return wakeAllowed
 }

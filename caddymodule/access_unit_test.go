@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,23 +20,26 @@ import (
 // waking per second; any number of requests joining one wake take nothing.
 func TestWakeRateCountsWakesNotRequests(t *testing.T) {
 	g := newWakeGuard()
-	g.configure(nil, 1, 3) // 1 wake/s, burst 3
+	g.configure(nil, 1, 3)       // 1 wake/s, burst 3
+	clients := newClientLimits() // no per-client cap
+	one := netip.MustParsePrefix("127.0.0.1/32")
+	allowWake := func(id string, now time.Time) bool { return g.allowWake(id, clients, one, now) == wakeAllowed }
 	now := time.Unix(1_800_000_000, 0)
 	for i := range 500 {
-		if !g.allowWake("storm", now) {
+		if !allowWake("storm", now) {
 			t.Fatalf("request %d for a wake already admitted was refused", i)
 		}
 	}
 	allowed := 0
 	for i := range 10 {
-		if g.allowWake(fmt.Sprintf("other%d", i), now) {
+		if allowWake(fmt.Sprintf("other%d", i), now) {
 			allowed++
 		}
 	}
 	if allowed != 2 { // burst 3, one taken by "storm"
 		t.Fatalf("%d other wakes allowed at once, want 2", allowed)
 	}
-	if !g.allowWake("late", now.Add(time.Second)) {
+	if !allowWake("late", now.Add(time.Second)) {
 		t.Fatal("a wake one second later was refused (the rate refills)")
 	}
 	// A failure ends the admission: the next try counts again.
@@ -294,5 +298,67 @@ func TestRedirectTargets(t *testing.T) {
 		if loc := w.Header().Get("Location"); localPath(loc) != loc || loc == "" {
 			t.Errorf("%s: Location %q leaves the host", tt.name, loc)
 		}
+	}
+}
+
+// TestClientBudgetsAreSeparate: each client address has its own wake
+// budget and its own held-request cap; a wake the global rate refuses
+// gives the client's token back; a release frees its place once.
+func TestClientBudgetsAreSeparate(t *testing.T) {
+	g := newWakeGuard()
+	g.configure(nil, 100, 100)
+	clients := newClientLimits()
+	clients.configure(1, 2, 2) // 1 wake/s per client, burst 2; 2 held
+	a, b := netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("127.0.0.2/32")
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 2 {
+		if got := g.allowWake(fmt.Sprintf("a%d", i), clients, a, now); got != wakeAllowed {
+			t.Fatalf("client a's wake %d: %d, want allowed", i, got)
+		}
+	}
+	if got := g.allowWake("a2", clients, a, now); got != wakeRefusedClient {
+		t.Fatalf("client a's third wake at once: %d, want refused by its own budget", got)
+	}
+	if got := g.allowWake("b0", clients, b, now); got != wakeAllowed {
+		t.Fatalf("client b's first wake: %d, want allowed (a's budget is a's)", got)
+	}
+	// The global rate refusing a wake gives the client's token back.
+	g.configure(nil, 0.001, 1)
+	g.limiter.AllowN(now, 1) // spend the global burst
+	c := netip.MustParsePrefix("127.0.0.3/32")
+	clients.configure(1, 1, 2)
+	if got := g.allowWake("c0", clients, c, now); got != wakeRefusedGlobal {
+		t.Fatalf("c's wake with the global budget spent: %d, want refused globally", got)
+	}
+	g.configure(nil, 100, 100)
+	if got := g.allowWake("c1", clients, c, now); got != wakeAllowed {
+		t.Fatalf("c's wake after a global refusal: %d, want allowed (its token was given back)", got)
+	}
+
+	var releases []func()
+	for i := range 2 {
+		ok, release := clients.hold(a)
+		if !ok {
+			t.Fatalf("client a's held request %d refused", i)
+		}
+		releases = append(releases, release)
+	}
+	if ok, _ := clients.hold(a); ok {
+		t.Fatal("client a's third held request was let in")
+	}
+	if ok, release := clients.hold(b); !ok {
+		t.Fatal("client b's held request refused because of a's")
+	} else {
+		release()
+	}
+	releases[0]()
+	releases[0]() // twice: frees one place only
+	if ok, release := clients.hold(a); !ok {
+		t.Fatal("client a's place was not freed")
+	} else {
+		defer release()
+	}
+	if ok, _ := clients.hold(a); ok {
+		t.Fatal("a double release freed two places")
 	}
 }

@@ -120,6 +120,14 @@ type App struct {
 	// WakeBurst is how many wakes may start at once above WakeRate.
 	// Default: 2×WakeRate.
 	WakeBurst int `json:"wake_burst,omitempty"`
+	// WakeRatePerClient caps the wakes one client address (an IPv6 /64;
+	// behind trusted_proxies, the real client) may cause per second, with
+	// a burst of twice that; past it, 429 + Retry-After. 0 means no cap.
+	// Default: 5.
+	WakeRatePerClient *float64 `json:"wake_rate_per_client,omitempty"`
+	// MaxHeldPerClient caps the requests of one client held through wakes
+	// at once; past it, 429 too_many_held. 0 means no cap. Default: 1000.
+	MaxHeldPerClient *int `json:"max_held_per_client,omitempty"`
 	// WakeTimeout bounds one wake: start plus readiness. Default: 60s.
 	WakeTimeout caddy.Duration `json:"wake_timeout,omitempty"`
 	// HoldTimeout is how long a non-browser request to a sleeping sandbox is
@@ -296,6 +304,8 @@ const (
 	DefaultWebhookMaxAge     = lifecycle.DefaultWebhookMaxAge
 	DefaultEventRetention    = 7 * 24 * time.Hour
 	DefaultWakeRate          = 20.0
+	DefaultWakeRatePerClient = 5.0
+	DefaultMaxHeldPerClient  = 1000
 	DefaultMemory            = "512MiB"
 )
 
@@ -374,6 +384,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.WakeBurst == 0 {
 		a.WakeBurst = max(1, int(2**a.WakeRate))
+	}
+	if a.WakeRatePerClient == nil {
+		r := DefaultWakeRatePerClient
+		a.WakeRatePerClient = &r
+	}
+	if a.MaxHeldPerClient == nil {
+		n := DefaultMaxHeldPerClient
+		a.MaxHeldPerClient = &n
 	}
 	a.previewSecret = caddy.NewReplacer().ReplaceKnown(a.PreviewSecret, "")
 	if a.PreviewSecret != "" && len(a.previewSecret) < 16 {
@@ -710,6 +728,8 @@ type engine struct {
 	storeWarning string
 	// egressUnenforced: the operator turned the egress firewall off.
 	egressUnenforced bool
+	// clients are the per-client wake and hold budgets of the preview path.
+	clients *clientLimits
 	// isolation is what the engine applies to sandboxes (readyz shows it).
 	isolation isolationState
 
@@ -756,7 +776,7 @@ func openEngine(a *App) (*engine, error) {
 	// change, the loops start after).
 	e := &engine{
 		log: log, dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
-		guard: newWakeGuard(), streams: newStreamLimiter(),
+		guard: newWakeGuard(), streams: newStreamLimiter(), clients: newClientLimits(),
 	}
 	mcfg := lifecycle.Config{
 		OnChange:          e.changed,
@@ -870,6 +890,7 @@ func (e *engine) apply(a *App) {
 		previewSecret: secret, robotsTxt: *a.RobotsTxt, xRobotsTag: xrt,
 	})
 	e.guard.configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)
+	e.clients.configure(*a.WakeRatePerClient, max(1, int(2**a.WakeRatePerClient)), *a.MaxHeldPerClient)
 	e.streams.configure(*a.MaxEventStreams, *a.MaxEventStreamsPerClient)
 	e.mgr.Reconfigure(a.managerSettings())
 	e.mgr.SetWebhooks(a.hooks)

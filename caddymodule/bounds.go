@@ -53,6 +53,12 @@ func (a *App) checkBounds() error {
 	if a.WakeBurst < 0 {
 		return fmt.Errorf("wake_burst must not be negative (got %d)", a.WakeBurst)
 	}
+	if r := a.WakeRatePerClient; r != nil && (!(*r >= 0) || math.IsInf(*r, 0) || *r > 1e6) {
+		return fmt.Errorf("wake_rate_per_client %v is not a number of wakes per second from 0 to 1e6", *r)
+	}
+	if n := a.MaxHeldPerClient; n != nil && *n < 0 {
+		return fmt.Errorf("max_held_per_client must not be negative (got %d)", *n)
+	}
 	for _, w := range a.Webhooks {
 		if w.RetryMin < 0 {
 			return fmt.Errorf("webhook %s: retry_min must not be negative (got %s)", webhookName(w.URL, caddy.NewReplacer().ReplaceKnown(w.URL, "")), time.Duration(w.RetryMin))

@@ -133,6 +133,26 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("wake_rate %q: want wakes per second >= 0", v)
 			}
 			a.WakeRate = &f
+		case "wake_rate_per_client":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return d.Errf("wake_rate_per_client %q: want wakes per second >= 0", v)
+			}
+			a.WakeRatePerClient = &f
+		case "max_held_per_client":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return d.Errf("max_held_per_client %q: want a whole number >= 0", v)
+			}
+			a.MaxHeldPerClient = &n
 		case "wake_burst":
 			var v string
 			if !d.AllArgs(&v) {

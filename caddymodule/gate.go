@@ -225,11 +225,18 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 			fmt.Sprintf("sandbox %s failed to start; next attempt in %ds", rt.id, retry), retry)
 		return true
 	}
-	if !e.guard.allowWake(rt.id, time.Now()) {
+	switch e.guard.allowWake(rt.id, e.clients, streamClient(r), time.Now()) {
+	case wakeRefusedGlobal:
 		countRequest(outcomeRateLimited)
 		answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageCapacity, Title: "Busy waking sandboxes", RetryAfter: 1,
 			Message: "Too many previews are waking at once. This page retries by itself.", StatusURL: pathStatus, EventsURL: pathEvents},
 			"wake_rate", "too many sandboxes are waking at once; retry", 1)
+		return true
+	case wakeRefusedClient:
+		countRequest(outcomeClientRateLimited)
+		answer(w, r, http.StatusTooManyRequests, pageData{Kind: pageCapacity, Title: "Too many wakes", RetryAfter: 2,
+			Message: "You have woken many previews in a short time. This page retries by itself.", StatusURL: pathStatus, EventsURL: pathEvents},
+			"wake_rate_client", "this client woke too many sandboxes in a short time (wake_rate_per_client); retry", 2)
 		return true
 	}
 	return false
@@ -375,6 +382,14 @@ func (g *Gate) writeAsleep(w http.ResponseWriter, rt *route) {
 // A failed wake is answered with its code and a plain sentence: the engine's
 // error text is for the management API and the logs, not for visitors.
 func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int, joinOnly bool) error {
+	ok, release := e.clients.hold(streamClient(r))
+	if !ok {
+		countRequest(outcomeClientHeldLimit)
+		writeJSONError(w, http.StatusTooManyRequests, "too_many_held",
+			"this client already has as many requests waiting for sandboxes as it may (max_held_per_client); retry once they are answered", 1)
+		return nil
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
 	defer cancel()
 	if _, waking := e.mgr.Waking(rt.id); waking {

@@ -73,6 +73,8 @@ func freePort() (int, error) {
 
 // caddyfile renders the gateway's configuration. Idle tiers are off so that
 // nothing sleeps in the middle of a measurement.
+// The bench's clients all come from 127.0.0.1, standing for many visitors:
+// the per-client budgets, which would count them as one, are off.
 func (g *gateway) caddyfile() string {
 	admin := "admin off"
 	if g.adminPort != 0 {
@@ -88,6 +90,8 @@ func (g *gateway) caddyfile() string {
 		storage %s
 		preview_url http://*.preview.localhost:%d
 		label %s %s
+		wake_rate_per_client 0
+		max_held_per_client 0
 		%s
 	}
 }
