@@ -279,7 +279,7 @@ func (b *createBody) spec() (lifecycle.Spec, error) {
 	spec := lifecycle.Spec{
 		Image: b.Image, Cmd: b.Cmd, Env: b.Env, Ports: b.Ports, MemoryMB: b.MemoryMB, CPUs: b.CPUs,
 		WorkspacePath: b.WorkspacePath, ReadyPath: b.ReadyPath, ReadyMode: b.ReadyMode, Labels: b.Labels, Access: b.Access,
-		User: b.User, ReadonlyRootfs: b.ReadonlyRootfs, CapAdd: b.CapAdd, Runtime: b.Runtime,
+		User: b.User, ReadonlyRootfs: b.ReadonlyRootfs, CapAdd: b.CapAdd, Runtime: b.Runtime, DiskMB: b.DiskMB,
 	}
 	if b.Egress != nil {
 		spec.Egress = lifecycle.Egress{Policy: b.Egress.Policy, Allow: b.Egress.Allow}
@@ -686,6 +686,11 @@ func (e *engine) view(r *lifecycle.Record) recordView {
 	}
 	v.User, v.CapAdd, v.Runtime = r.Spec.User, r.Spec.CapAdd, r.Spec.Runtime
 	v.ReadonlyRootfs = r.Spec.ReadonlyRootfs != nil && *r.Spec.ReadonlyRootfs
+	v.DiskMB = r.Spec.DiskMB
+	if used, ok := e.mgr.DiskUsed(r.ID); ok && (r.State == lifecycle.Running || r.State == lifecycle.Paused) {
+		mb := used >> 20
+		v.DiskUsedMB = &mb
+	}
 	if r.Address.IsValid() {
 		v.Address = r.Address.String()
 		v.EgressDenied = e.mgr.EgressDenied(r.ID, egressCountersMaxAge)

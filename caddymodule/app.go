@@ -218,6 +218,13 @@ type App struct {
 	// DefaultCPUs is the CPU limit, in cores, of a sandbox whose spec gives
 	// none. Default: 0 (unlimited).
 	DefaultCPUs float64 `json:"default_cpus,omitempty"`
+	// DefaultDisk is the disk quota (workspace and writable layer) of a
+	// sandbox whose spec gives no disk_mb, as a size ("10GiB"); "0" leaves
+	// them without one. Default: 10GiB.
+	DefaultDisk string `json:"default_disk,omitempty"`
+	// DiskCheckInterval is how often the disk watchdog measures running
+	// sandboxes with a quota. Default: 30s. Changing it needs a restart.
+	DiskCheckInterval caddy.Duration `json:"disk_check_interval,omitempty"`
 	// Nofile is each sandbox's open-file limit (soft and hard). Default:
 	// 4096. Changing it needs a restart.
 	Nofile int64 `json:"nofile,omitempty"`
@@ -257,6 +264,7 @@ type App struct {
 	storageDir    string
 	minFreeBytes  uint64
 	defaultMemMB  int64
+	defaultDiskMB int64
 	hooks         []lifecycle.Webhook
 	previewSecret string
 	egress        egressSettings
@@ -305,6 +313,8 @@ const (
 	DefaultEventRetention    = 7 * 24 * time.Hour
 	DefaultWakeRate          = 20.0
 	DefaultWakeRatePerClient = 5.0
+	DefaultDisk              = "10GiB"
+	DefaultDiskCheckInterval = lifecycle.DefaultDiskInterval
 	DefaultMaxHeldPerClient  = 1000
 	DefaultMemory            = "512MiB"
 )
@@ -469,6 +479,20 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("sandwake: default_memory: %w", err)
 	}
 	a.defaultMemMB = int64(defMem >> 20)
+	if a.DefaultDisk == "" {
+		a.DefaultDisk = DefaultDisk
+	}
+	if strings.HasSuffix(a.DefaultDisk, "%") {
+		return fmt.Errorf("sandwake: default_disk %q: want a size such as 10GiB", a.DefaultDisk)
+	}
+	defDisk, err := parseMemory(a.DefaultDisk)
+	if err != nil {
+		return fmt.Errorf("sandwake: default_disk: %w", err)
+	}
+	if a.defaultDiskMB = int64(defDisk >> 20); defDisk > 0 && (a.defaultDiskMB < 1 || a.defaultDiskMB > lifecycle.MaxDiskMB) {
+		return fmt.Errorf("sandwake: default_disk %s is outside 1 MiB to 16 TiB", a.DefaultDisk)
+	}
+	setDuration(&a.DiskCheckInterval, DefaultDiskCheckInterval)
 	if defMem > 0 && (a.defaultMemMB < lifecycle.MinMemoryMB || a.defaultMemMB > lifecycle.MaxMemoryMB) {
 		return fmt.Errorf("sandwake: default_memory %s is outside %d MiB to 1 TiB", a.DefaultMemory, lifecycle.MinMemoryMB)
 	}
@@ -784,6 +808,8 @@ func openEngine(a *App) (*engine, error) {
 		OnReap:            observeReap,
 		OnDelivery:        observeDelivery,
 		OnReconcile:       observeCorrection,
+		OnDiskQuota:       observeDiskQuota,
+		DiskInterval:      time.Duration(a.DiskCheckInterval),
 		ActivityFlush:     time.Duration(a.ActivityFlush),
 		ReapInterval:      time.Duration(a.ReapInterval),
 		ReconcileInterval: time.Duration(a.ReconcileInterval),
@@ -912,7 +938,7 @@ func (a *App) managerSettings() lifecycle.Settings {
 		ExpiredWake:    a.ExpiredWake,
 		MinFreeMemory:  a.minFreeBytes,
 		EventRetention: time.Duration(a.EventRetention),
-		Isolation:      lifecycle.Isolation{User: a.User, ReadonlyRootfs: a.ReadonlyRootfs, Runtime: a.Runtime, CPUs: a.DefaultCPUs},
+		Isolation:      lifecycle.Isolation{User: a.User, ReadonlyRootfs: a.ReadonlyRootfs, Runtime: a.Runtime, CPUs: a.DefaultCPUs, DiskMB: a.defaultDiskMB},
 	}
 }
 

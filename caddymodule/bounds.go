@@ -16,6 +16,7 @@ func (a *App) durationOptions() map[string]*caddy.Duration {
 		"activity_flush": &a.ActivityFlush, "stop_timeout": &a.StopTimeout,
 		"max_lifetime": &a.MaxLifetime, "reap_interval": &a.ReapInterval, "reconcile_interval": &a.ReconcileInterval,
 		"webhook_max_age": &a.WebhookMaxAge, "event_retention": &a.EventRetention,
+		"disk_check_interval": &a.DiskCheckInterval,
 	}
 }
 

@@ -276,7 +276,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 		case "wake_timeout", "hold_timeout", "keepalive_max", "activity_flush", "stop_timeout",
-			"max_lifetime", "reap_interval", "reconcile_interval", "webhook_max_age", "event_retention":
+			"max_lifetime", "reap_interval", "reconcile_interval", "webhook_max_age", "event_retention", "disk_check_interval":
 			var v string
 			if !d.AllArgs(&v) {
 				return d.ArgErr()
@@ -342,6 +342,10 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Labels = map[string]string{}
 			}
 			a.Labels[k] = v
+		case "default_disk":
+			if !d.AllArgs(&a.DefaultDisk) {
+				return d.ArgErr()
+			}
 		case "user", "runtime":
 			var v string
 			if !d.AllArgs(&v) {

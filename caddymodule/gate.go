@@ -208,6 +208,16 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 	if _, waking := e.mgr.Waking(rt.id); waking {
 		return false
 	}
+	if rt.state == lifecycle.Stopped && rt.reason == lifecycle.ReasonDiskQuota {
+		// Woken, it would write on past its quota: its owner decides
+		// (an API wake, a purge).
+		countRequest(outcomeDiskQuota)
+		d := g.page(rt, port, pageError, time.Time{})
+		d.Message = fmt.Sprintf("Sandbox %s was stopped: %s It is not woken by visits; its owner can free space and wake it.", rt.id, reasonSentence(lifecycle.ReasonDiskQuota))
+		answer(w, r, http.StatusInsufficientStorage, d, lifecycle.ReasonDiskQuota,
+			fmt.Sprintf("sandbox %s was stopped over its disk quota; it is not woken by requests", rt.id), 0)
+		return true
+	}
 	if e.guard.crawler(r.UserAgent()) {
 		countRequest(outcomeCrawler)
 		d := g.page(rt, port, pageAsleep, time.Time{})

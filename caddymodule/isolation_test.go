@@ -51,6 +51,23 @@ func TestIsolationOptions(t *testing.T) {
 		{"nofile zero", "nofile 0", "nofile", nil},
 		{"nofile huge", "nofile 99999999", "nofile", nil},
 		{"tmp_mb not a number", "tmp_mb 1G", "tmp_mb", nil},
+		{"default disk", "default_disk 2GiB\ndisk_check_interval 10s", "", func(t *testing.T, a *App) {
+			if a.managerSettings().Isolation.DiskMB != 2048 || a.DiskCheckInterval != caddy.Duration(10*time.Second) {
+				t.Fatalf("disk %d MiB, interval %s", a.managerSettings().Isolation.DiskMB, time.Duration(a.DiskCheckInterval))
+			}
+		}},
+		{"default disk off", "default_disk 0", "", func(t *testing.T, a *App) {
+			if a.managerSettings().Isolation.DiskMB != 0 {
+				t.Fatalf("disk %d MiB, want none", a.managerSettings().Isolation.DiskMB)
+			}
+		}},
+		{"default disk 10 GiB by default", "", "", func(t *testing.T, a *App) {
+			if a.managerSettings().Isolation.DiskMB != 10240 {
+				t.Fatalf("disk %d MiB, want 10240", a.managerSettings().Isolation.DiskMB)
+			}
+		}},
+		{"default disk share", "default_disk 10%", "default_disk", nil},
+		{"default disk nonsense", "default_disk lots", "default_disk", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { checkOption(t, tt.input, tt.wantErr, tt.check) })

@@ -17,6 +17,9 @@ const (
 	outcomeHeldProxied = "held_proxied" // held through a wake, then proxied
 	outcomeWarming     = "warming"      // browser shown the warming page
 	outcomeHoldTimeout = "hold_timeout" // held past hold_timeout: 503
+	// outcomeDiskQuota: the sandbox was stopped over its disk quota and
+	// requests do not wake it: 507.
+	outcomeDiskQuota = "disk_quota"
 	// outcomeClientRateLimited: the client's own wake budget
 	// (wake_rate_per_client) was spent: 429.
 	outcomeClientRateLimited = "client_rate_limited"
@@ -82,6 +85,10 @@ var (
 		Namespace: "caddy", Subsystem: "sandwake", Name: "webhook_deliveries_total",
 		Help: "Webhook delivery attempts, by result (ok, failed, dropped).",
 	}, []string{"result"})
+	metricDiskQuotaStops = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "disk_quota_stops_total",
+		Help: "Sandboxes the disk watchdog stopped for writing past their disk_mb.",
+	})
 	metricCorrections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sandwake", Name: "reconcile_corrections_total",
 		Help: "Changes reconcile made so the store follows Docker, by kind.",
@@ -139,8 +146,11 @@ func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 
 var collectors = []prometheus.Collector{
 	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, statesCollector{},
-	metricReaperActions, metricCorrections, metricDeliveries,
+	metricReaperActions, metricCorrections, metricDeliveries, metricDiskQuotaStops,
 }
+
+// observeDiskQuota counts a sandbox stopped over its disk quota.
+func observeDiskQuota(string, int64, int64) { metricDiskQuotaStops.Inc() }
 
 // registerMetrics registers the collectors on reg; a collector already there
 // (a second module of the same config) is fine.

@@ -25,6 +25,7 @@ var reasonSentences = map[string]string{
 	"timeout":            "It took too long to start.",
 	"failed":             "Its container could not be started.",
 	"conflict":           "It cannot be woken in its current state.",
+	"disk_quota":         "It wrote more to its disk than its quota allows.",
 }
 
 // reasonSentenceUnknown is the sentence of a code without one of its own.

@@ -59,6 +59,11 @@ type Sandbox struct {
 	CapAdd []string `json:"cap_add,omitempty"`
 	// Runtime is the container's OCI runtime ("": the engine's default).
 	Runtime string `json:"runtime,omitempty"`
+	// DiskMB is the sandbox's disk quota in MiB (0: none).
+	DiskMB int64 `json:"disk_mb,omitempty"`
+	// DiskUsedMB is what it had written at the disk watchdog's last
+	// measure (while running or paused, with a quota).
+	DiskUsedMB *int64 `json:"disk_used_mb,omitempty"`
 }
 
 // Egress is a sandbox's egress policy: "public" (the internet but not the
@@ -123,6 +128,9 @@ type CreateRequest struct {
 	// Runtime is the engine's OCI runtime, e.g. runsc ("": the gateway's
 	// runtime option, then the engine's default).
 	Runtime string `json:"runtime,omitempty"`
+	// DiskMB is the disk quota in MiB: past it the sandbox is stopped
+	// (reason disk_quota). 0: the gateway's default_disk.
+	DiskMB int64 `json:"disk_mb,omitempty"`
 }
 
 // Patch is the body of PATCH /v1/sandboxes/{id}: the fields to change, nil

@@ -19,4 +19,6 @@ const (
 	// DefaultWebhookMaxAge: an event still undelivered this long after it
 	// happened is dropped.
 	DefaultWebhookMaxAge = 24 * time.Hour
+	// DefaultDiskInterval is how often the disk watchdog measures.
+	DefaultDiskInterval = 30 * time.Second
 )

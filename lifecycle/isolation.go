@@ -34,7 +34,12 @@ type Isolation struct {
 	Runtimes []string
 	// CPUs is the CPU limit of a spec that gives none (0: unlimited).
 	CPUs float64
+	// DiskMB is the disk quota of a spec that gives none (0: none).
+	DiskMB int64
 }
+
+// MaxDiskMB bounds disk_mb (16 TiB).
+const MaxDiskMB = 1 << 24
 
 // userPattern is what a user may be: a name or uid, optionally :group or
 // :gid, as Docker takes them.
@@ -92,6 +97,12 @@ func normalizeIsolation(spec *Spec, iso Isolation) error {
 	}
 	if spec.CPUs == 0 {
 		spec.CPUs = iso.CPUs
+	}
+	if spec.DiskMB < 0 || spec.DiskMB > MaxDiskMB {
+		return invalid("disk_mb: %d is out of range (0-%d)", spec.DiskMB, MaxDiskMB)
+	}
+	if spec.DiskMB == 0 {
+		spec.DiskMB = iso.DiskMB
 	}
 	return nil
 }

@@ -111,8 +111,15 @@ type Config struct {
 	// "registry.example.com/previews/*", "node:*").
 	AllowedImages []string
 	// Isolation holds the defaults of a sandbox's user, read-only root,
-	// runtime and CPU limit, and the engine's runtimes.
+	// runtime, CPU limit and disk quota, and the engine's runtimes.
 	Isolation Isolation
+	// DiskInterval is how often the disk watchdog measures the running and
+	// paused sandboxes that have a disk quota (the runtime must be a
+	// DiskMeter). Default: 30s; negative turns it off.
+	DiskInterval time.Duration
+	// OnDiskQuota is called when the watchdog stops a sandbox over its
+	// quota, with what it used and its quota, in bytes.
+	OnDiskQuota func(id string, used, quota int64)
 	// StoreRetry is how often a store that refused to record an engine
 	// change is checked again; once it takes writes, each such sandbox is
 	// reconciled. Default: 1s.
@@ -149,6 +156,9 @@ func (c *Config) setDefaults() {
 	if c.StoreRetry <= 0 {
 		c.StoreRetry = DefaultStoreRetry
 	}
+	if c.DiskInterval == 0 {
+		c.DiskInterval = DefaultDiskInterval
+	}
 }
 
 // What a wake of an expired sandbox does.
@@ -165,6 +175,7 @@ type Manager struct {
 	runtime Runtime // the engine behind the circuit breaker
 	raw     Runtime // the engine as given
 	breaker *breaker
+	disk    diskUsage
 	cfg     Config
 	log     *zap.Logger
 
@@ -275,6 +286,9 @@ func (m *Manager) Start() error {
 	m.every(cfg.ActivityFlush, m.flushActivityLogged, true)
 	m.every(cfg.ReapInterval, m.reapPass, false)
 	m.every(cfg.ReconcileInterval, m.reconcilePass, false)
+	if _, ok := m.raw.(DiskMeter); ok {
+		m.every(cfg.DiskInterval, m.diskPass, false)
+	}
 	if src, ok := m.raw.(EventSource); ok && cfg.WatchEvents {
 		m.wg.Add(1 + eventWorkers)
 		go m.runEvents(src)

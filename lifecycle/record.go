@@ -59,6 +59,12 @@ type Spec struct {
 	// CapAdd gives back capabilities of Docker's default set that every
 	// sandbox drops (AddableCapabilities), for the apps that need one.
 	CapAdd []string `json:"cap_add,omitempty"`
+	// DiskMB bounds what the sandbox may write, its workspace and its
+	// container's writable layer together, in MiB (0: no quota). Over it
+	// the disk watchdog stops the sandbox with reason disk_quota; where
+	// the storage driver supports one, the writable layer also gets a hard
+	// quota of this size.
+	DiskMB int64 `json:"disk_mb,omitempty"`
 	// Runtime is the engine's OCI runtime for the container (runsc for
 	// gVisor, kata-runtime, …); "" follows the gateway's runtime, and when
 	// that is empty the engine's default.

@@ -67,6 +67,15 @@ type Runtime interface {
 	Ping(ctx context.Context) error
 }
 
+// DiskMeter is implemented by runtimes that can measure what a sandbox has
+// written: its workspace and its container's writable layer. The disk
+// watchdog uses it.
+type DiskMeter interface {
+	// DiskUsage returns the bytes sandbox id's workspace and writable
+	// layer take on disk.
+	DiskUsage(ctx context.Context, id string) (int64, error)
+}
+
 // ImageChecker is implemented by runtimes that can tell, before anything is
 // created, whether an image can be had (on the engine, or pulled under the
 // runtime's policy). Create uses it so that a sandbox whose image is

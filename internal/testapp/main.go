@@ -11,7 +11,8 @@
 // workspace), /exit?code=N (the process exits), /oom (allocates until the
 // memory limit kills it), /dial?addr=host:port (an outbound connection from
 // the sandbox; see dialHandler), /self (the process's user, capabilities
-// and limits, as JSON; see selfHandler).
+// and limits, as JSON; see selfHandler), /fill?path=/file&mb=N (writes N MiB;
+// see fillHandler).
 package main
 
 import (
@@ -183,6 +184,7 @@ func newMux(workspace string) *http.ServeMux {
 	})
 	mux.HandleFunc("/dial", dialHandler)
 	mux.HandleFunc("/self", selfHandler)
+	mux.HandleFunc("/fill", fillHandler)
 	mux.HandleFunc("/startdial", startDialHandler)
 	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) {
 		code, _ := strconv.Atoi(r.URL.Query().Get("code"))

@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -78,4 +80,38 @@ func tryWrite(p string) string {
 	f.Close()
 	os.Remove(p)
 	return ""
+}
+
+// fillHandler serves /fill?path=<file>&mb=<n>: it writes n MiB of
+// non-zero bytes (not sparse: they take disk) to path, an absolute path
+// in the container; the disk-quota tests fill a sandbox's workspace or
+// writable layer with it.
+func fillHandler(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Query().Get("path")
+	mb, err := strconv.Atoi(r.URL.Query().Get("mb"))
+	if !strings.HasPrefix(p, "/") || err != nil || mb < 1 || mb > 4096 {
+		http.Error(w, "want ?path=/abs/file&mb=1..4096", http.StatusBadRequest)
+		return
+	}
+	f, err := os.Create(p)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i*7 + 1)
+	}
+	for range mb {
+		if _, err := f.Write(chunk); err != nil {
+			f.Close()
+			http.Error(w, err.Error(), http.StatusInsufficientStorage)
+			return
+		}
+	}
+	if err := f.Close(); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	fmt.Fprintf(w, "wrote %d MiB to %s\n", mb, p)
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -127,6 +128,11 @@ type Runtime struct {
 	// this instance's: operations address containers by those ids, so an
 	// object that merely took the name later is never acted on.
 	owned sync.Map
+	// disk maps sandbox ids to their diskDirs (see DiskUsage).
+	disk sync.Map
+	// noQuota: the storage driver refused a size quota; creates no longer
+	// ask for one.
+	noQuota atomic.Bool
 
 	netMu sync.Mutex
 }
@@ -407,7 +413,23 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 			r.opts.SandboxNetwork: {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: spec.Address}},
 		}}
 	}
+	quota := spec.DiskMB > 0 && !r.noQuota.Load()
+	if quota {
+		// A hard quota on the writable layer where the storage driver has
+		// one (overlay2 on xfs with pquota, btrfs, zfs); the watchdog
+		// covers the workspace, and everything where it has none.
+		hc.StorageOpt = map[string]string{"size": fmt.Sprintf("%dm", spec.DiskMB)}
+	}
 	res, err := r.cli.ContainerCreate(ctx, opts)
+	if err != nil && quota && (cerrdefs.IsInvalidArgument(err) || strings.Contains(strings.ToLower(err.Error()), "storage-opt")) {
+		hc.StorageOpt = nil
+		if res2, err2 := r.cli.ContainerCreate(ctx, opts); err2 == nil {
+			// The driver has no quota (fuse-overlayfs, overlay2 on ext4):
+			// the watchdog alone bounds the disk from now on.
+			r.noQuota.Store(true)
+			res, err = res2, nil
+		}
+	}
 	if err != nil {
 		switch {
 		case cerrdefs.IsConflict(err):

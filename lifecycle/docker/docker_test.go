@@ -30,6 +30,11 @@ type counting struct {
 	creates, starts, unpauses atomic.Int64
 }
 
+// DiskUsage passes the disk watchdog's measures through.
+func (c *counting) DiskUsage(ctx context.Context, id string) (int64, error) {
+	return c.Runtime.(lifecycle.DiskMeter).DiskUsage(ctx, id)
+}
+
 func (c *counting) Create(ctx context.Context, id string, spec lifecycle.Spec) (lifecycle.Container, error) {
 	c.creates.Add(1)
 	return c.Runtime.Create(ctx, id, spec)

@@ -1,0 +1,116 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// diskDirs are the host directories a sandbox writes to: its container's
+// writable layer (the storage driver's UpperDir) and its workspace
+// volume's data, for the container cid they were read from.
+type diskDirs struct {
+	cid    string
+	upper  string
+	volume string
+}
+
+// DiskUsage implements lifecycle.DiskMeter: the bytes on disk (allocated
+// blocks, each hard-linked file once) under the sandbox's writable layer
+// and workspace volume, walked on the host. When those directories are not
+// reachable from here (a remote engine, a driver without an UpperDir) it
+// falls back to the engine's size of the writable layer alone.
+func (r *Runtime) DiskUsage(ctx context.Context, id string) (int64, error) {
+	cid, err := r.resolve(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	var dirs diskDirs
+	if v, ok := r.disk.Load(id); ok && v.(diskDirs).cid == cid {
+		dirs = v.(diskDirs)
+	} else {
+		res, err := r.cli.ContainerInspect(ctx, cid, client.ContainerInspectOptions{})
+		if err != nil {
+			return 0, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+		}
+		dirs = diskDirs{cid: cid}
+		if gd := res.Container.GraphDriver; gd != nil {
+			dirs.upper = gd.Data["UpperDir"]
+		}
+		for _, m := range res.Container.Mounts {
+			if m.Name == VolumeName(id) {
+				dirs.volume = m.Source
+			}
+		}
+		r.disk.Store(id, dirs)
+	}
+	if dirs.upper != "" && dirs.volume != "" && reachable(dirs.upper) && reachable(dirs.volume) {
+		return DirUsage(ctx, dirs.upper, dirs.volume)
+	}
+	res, err := r.cli.ContainerInspect(ctx, cid, client.ContainerInspectOptions{Size: true})
+	if err != nil {
+		return 0, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+	}
+	if res.Container.SizeRw == nil {
+		return 0, errors.New("docker: the engine reported no size for container " + ContainerName(id))
+	}
+	return *res.Container.SizeRw, nil
+}
+
+func reachable(dir string) bool {
+	fi, err := os.Stat(dir)
+	return err == nil && fi.IsDir()
+}
+
+// DirUsage is the bytes on disk under dirs: allocated blocks, so that
+// sparse files count what they hold, each inode once (hard links), not
+// following symbolic links or crossing into anything the walk cannot read.
+func DirUsage(ctx context.Context, dirs ...string) (int64, error) {
+	var total int64
+	seen := map[[2]uint64]bool{}
+	for _, dir := range dirs {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil // removed meanwhile
+				}
+				return err
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			info, err := d.Info()
+			if err != nil {
+				return nil // removed meanwhile
+			}
+			st, ok := info.Sys().(*syscall.Stat_t)
+			if !ok {
+				total += info.Size()
+				return nil
+			}
+			if st.Nlink > 1 && !d.IsDir() {
+				key := [2]uint64{uint64(st.Dev), st.Ino}
+				if seen[key] {
+					return nil
+				}
+				seen[key] = true
+			}
+			total += st.Blocks * 512
+			return nil
+		})
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// Interface guard.
+var _ lifecycle.DiskMeter = (*Runtime)(nil)
