@@ -3,7 +3,7 @@ GO                  ?= go
 STATICCHECK_VERSION ?= v0.8.2
 XCADDY_VERSION      ?= v0.4.4
 
-.PHONY: run build test vet lint tools bench bench-engine xcaddy fmt clean
+.PHONY: run build test vet lint tools bench bench-engine xcaddy fmt clean clean-demo
 
 ## run: build Caddy with sandwake, start it with Caddyfile.example and a demo sandbox
 run: build
@@ -24,6 +24,11 @@ tools:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	if [ -n "$$missing" ]; then \
+		if ! command -v apt-get >/dev/null 2>&1; then \
+			echo "make test needs$$missing (the browser tests need chromium, the cluster tests etcd 3.4+);" \
+				"this machine has no apt-get: install them with its package manager, then run make test again" >&2; \
+			exit 1; \
+		fi; \
 		echo "installing$$missing (browser and cluster tests)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
@@ -54,3 +59,9 @@ fmt:
 
 clean:
 	rm -rf bin
+
+## clean-demo: remove what make run made: the demo sandbox (container, volume,
+## network, firewall table), the demo image and data/ (stop make run first)
+clean-demo:
+	$(GO) run ./internal/demo clean $${SANDWAKE_DEMO_ID:-demo}
+	rm -rf data

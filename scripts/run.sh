@@ -40,6 +40,20 @@ if [ -z "${SANDWAKE_EGRESS:-}" ] && [ "$(id -u)" != 0 ]; then
 	echo "note: not root, so sandboxes run without the egress firewall (egress unenforced); run as root to enforce it"
 fi
 
+# A port already taken: say which variable moves it, before Caddy's raw
+# "address already in use".
+admin_addr=${CADDY_ADMIN:-localhost:2019}
+for spec in "$preview_port SANDWAKE_PREVIEW_PORT" "$api_port SANDWAKE_API_PORT" "${admin_addr##*:} CADDY_ADMIN"; do
+	set -- $spec
+	if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+		case $2 in
+		CADDY_ADMIN) echo "port $1 (Caddy's admin endpoint) is in use: set CADDY_ADMIN to a free address, e.g. CADDY_ADMIN=localhost:2029 make run" >&2 ;;
+		*) echo "port $1 is in use: set $2 to a free port, e.g. $2=$(( $1 + 10000 )) make run" >&2 ;;
+		esac
+		exit 1
+	fi
+done
+
 go run ./internal/demo
 api="http://localhost:$api_port"
 
@@ -63,10 +77,27 @@ done
 curl -fsS "$api/v1/readyz" >/dev/null
 
 auth=(-H "Authorization: Bearer $SANDWAKE_API_TOKEN")
+create_demo() {
+	curl -sS -o data/create-answer -w '%{http_code}' "${auth[@]}" -X POST "$api/v1/sandboxes" \
+		-d '{"id":"'"$demo"'","image":"'"$image"':latest","ports":[8080],"memory_mb":64}'
+}
 if ! curl -fsS "${auth[@]}" "$api/v1/sandboxes/$demo" >/dev/null 2>&1; then
 	echo "creating the demo sandbox…"
-	curl -fsS "${auth[@]}" -X POST "$api/v1/sandboxes" \
-		-d '{"id":"'"$demo"'","image":"'"$image"':latest","ports":[8080],"memory_mb":64}' >/dev/null
+	code=$(create_demo)
+	if [ "$code" = 409 ] && grep -q id_taken data/create-answer; then
+		# The demo of an earlier run whose store (data/) was deleted: its
+		# container is another gateway instance's now. It was make run's
+		# own, so it goes.
+		echo "removing the demo sandbox an earlier run left (its store under data/ is gone)…"
+		go run ./internal/demo leftover "$demo"
+		code=$(create_demo)
+	fi
+	if [ "$code" != 201 ]; then
+		echo "creating the demo sandbox failed ($code): $(cat data/create-answer)" >&2
+		echo "to start over: make clean-demo, then make run" >&2
+		exit 1
+	fi
+	rm -f data/create-answer
 fi
 
 cat <<MSG
@@ -74,6 +105,7 @@ cat <<MSG
   sandwake is running.
 
   Demo sandbox:   http://s-$demo-8080.preview.localhost:$preview_port/
+  Dashboard:      $api/   (sign in with the token in data/api-token)
   API:            $api   (bearer token: \$SANDWAKE_API_TOKEN, or the file data/api-token)
 
   Stop it, then open the URL again: you see the warming page, then the app.
@@ -90,7 +122,8 @@ cat <<MSG
     bin/caddy sandwake wake $demo
     bin/caddy sandwake events --sandbox $demo
 
-  Ctrl-C stops the gateway.
+  Ctrl-C stops the gateway. To start over: make clean-demo (removes the demo
+  sandbox, its image and data/), then make run.
 
 MSG
 status=0

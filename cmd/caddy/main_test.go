@@ -146,7 +146,7 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 		}
 	})
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	env := append(os.Environ(),
 		fmt.Sprintf("SANDWAKE_PREVIEW_PORT=%d", previewPort),
@@ -193,6 +193,7 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 	first := startOnTerminal(t, clone, env, "make", "run")
 	first.waitFor(t, 8*time.Minute, url)
 	for _, want := range []string{
+		fmt.Sprintf("Dashboard:      http://localhost:%d/   (sign in with the token in data/api-token)", apiPort),
 		fmt.Sprintf("export SANDWAKE_API=http://localhost:%d SANDWAKE_API_TOKEN=$(cat data/api-token)", apiPort),
 		"bin/caddy sandwake ls",
 		"bin/caddy sandwake wake " + demo,
@@ -215,6 +216,22 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 	if code, body := get("/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("demo sandbox after stop (held through the wake): %d %q", code, body)
 	}
+	// The API answers on 127.0.0.1 as on localhost; any other Host on its
+	// port is told where the API is (not an empty 200).
+	for host, want := range map[string]int{fmt.Sprintf("127.0.0.1:%d", apiPort): 200, fmt.Sprintf("localhost:%d", apiPort): 200, "example.test": 421} {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/v1/sandboxes", apiPort), nil)
+		req.Host = host
+		req.Header.Set("Authorization", "Bearer make-run-test-token")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || (want == 200 && !strings.Contains(string(b), demo)) || (want == 421 && !strings.Contains(string(b), "http://localhost:")) {
+			t.Errorf("GET /v1/sandboxes with Host %s: %d %.200q, want %d", host, resp.StatusCode, b, want)
+		}
+	}
 	imgs := demoImages()
 	if len(imgs) != 1 || len(imgs[0].RepoTags) == 0 {
 		t.Fatalf("after the first make run: demo images %+v, want one, tagged", imgs)
@@ -222,8 +239,16 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 	imported := imgs[0].ID
 	interrupt(first, "first")
 
+	// The obvious reset: the store goes, the demo's container stays under
+	// the first run's instance; make run removes it and starts again.
+	if err := os.RemoveAll(filepath.Join(clone, "data")); err != nil {
+		t.Fatal(err)
+	}
 	second := startOnTerminal(t, clone, env, "make", "run")
 	second.waitFor(t, 8*time.Minute, url)
+	if want := "removing the demo sandbox an earlier run left"; !strings.Contains(second.output(), want) {
+		t.Errorf("make run after rm -rf data did not say %q:\n%s", want, tail(second.output()))
+	}
 	if want := "demo image " + repo + ":latest: up to date"; !strings.Contains(second.output(), want) {
 		t.Errorf("second make run did not say %q:\n%s", want, tail(second.output()))
 	}
@@ -235,6 +260,38 @@ func TestMakeRunFromFreshClone(t *testing.T) {
 		t.Fatalf("after the second make run: demo images %+v, want only the first one (%s), tagged", imgs, imported)
 	}
 	interrupt(second, "second")
+
+	// A port in use is named with the variable that moves it.
+	busy, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", previewPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, "make", "run")
+	cmd.Dir, cmd.Env = clone, env
+	out, err := cmd.CombinedOutput()
+	busy.Close()
+	if err == nil || !strings.Contains(string(out), fmt.Sprintf("port %d is in use: set SANDWAKE_PREVIEW_PORT", previewPort)) {
+		t.Errorf("make run with the preview port taken: %v, output:\n%s\nwant it to name SANDWAKE_PREVIEW_PORT", err, tail(string(out)))
+	}
+
+	// make clean-demo removes exactly what make run made.
+	cmd = exec.CommandContext(ctx, "make", "clean-demo")
+	cmd.Dir, cmd.Env = clone, env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make clean-demo: %v\n%s", err, out)
+	}
+	if _, err := cli.ContainerInspect(context.Background(), "s-"+demo, client.ContainerInspectOptions{}); err == nil {
+		t.Error("make clean-demo left the demo container")
+	}
+	if _, err := cli.VolumeInspect(context.Background(), "s-"+demo+"-data", client.VolumeInspectOptions{}); err == nil {
+		t.Error("make clean-demo left the demo volume")
+	}
+	if imgs := demoImages(); len(imgs) != 0 {
+		t.Errorf("make clean-demo left demo images %+v", imgs)
+	}
+	if _, err := os.Stat(filepath.Join(clone, "data")); !os.IsNotExist(err) {
+		t.Errorf("make clean-demo left data/: %v", err)
+	}
 }
 
 func tail(s string) string {

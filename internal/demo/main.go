@@ -3,6 +3,10 @@
 // as sandwake-demo:latest, or <$SANDWAKE_DEMO_IMAGE>:latest. `make run`
 // calls it. The image is imported only when the binary changed; the one it
 // replaces is removed (see ensureImage).
+//
+// `demo leftover <id>` removes a demo sandbox an earlier `make run` left
+// under another gateway instance (its store was deleted); `demo clean
+// <id>` removes the demo sandbox and the demo image (`make clean-demo`).
 package main
 
 import (
@@ -42,6 +46,19 @@ func run() error {
 	defer cli.Close()
 	if _, err := cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true}); err != nil {
 		return fmt.Errorf("docker engine not reachable (is Docker running, and DOCKER_HOST right?): %w", err)
+	}
+	if len(os.Args) == 3 && (os.Args[1] == "leftover" || os.Args[1] == "clean") {
+		removed, err := reset(ctx, cli, os.Args[2], repo, os.Args[1] == "clean")
+		for _, r := range removed {
+			fmt.Println("removed", r)
+		}
+		if err == nil && len(removed) == 0 {
+			fmt.Println("nothing of the demo to remove")
+		}
+		return err
+	}
+	if len(os.Args) > 1 {
+		return fmt.Errorf("usage: demo [leftover <id> | clean <id>]")
 	}
 	dir, err := os.MkdirTemp("", "sandwake-demo-")
 	if err != nil {
