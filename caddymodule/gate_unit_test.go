@@ -64,7 +64,7 @@ func newUnitGate(t *testing.T, recs ...lifecycle.Record) *unitGate {
 	if err := seed.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e := &engine{log: zap.NewNop(), guard: newWakeGuard(), streams: newStreamLimiter()}
+	e := &engine{log: zap.NewNop(), guard: newWakeGuard(), streams: newStreamLimiter(), clients: newClientLimits()}
 	c, err := core.Open(core.Options{Dir: dir, Runtime: rt, Manager: lifecycle.Config{
 		OnChange: func(id string) { e.routes.invalidate(id) },
 		OnWake:   e.observeWake,
