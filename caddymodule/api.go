@@ -130,7 +130,7 @@ func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *e
 		if !api.InsecureNoAuth && peerOf(r) == "" {
 			if who = api.caller(r); who == nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
-				writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
+				writeJSONError(w, http.StatusUnauthorized, "unauthorized", unauthorizedMessage(r), 0)
 				return
 			}
 			if who.scope < need {

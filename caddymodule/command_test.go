@@ -351,7 +351,7 @@ func TestCommandAPIErrors(t *testing.T) {
 	runCLI(t, ctx, "get", missing, "--api", api, "--token", testToken).failed(t, "get unknown", "sandbox "+missing+": not found (404)")
 	runCLI(t, ctx, "get", "Not_An_ID", "--api", api, "--token", testToken).failed(t, "get bad id", `sandbox "Not_An_ID": not found`)
 	runCLI(t, ctx, "wake", missing, "--api", api, "--token", testToken).failed(t, "wake unknown", "not found (404)")
-	runCLI(t, ctx, "ls", "--api", api, "--token", "wrong").failed(t, "wrong token", "missing or wrong bearer token (401); set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN (the token sent came from --token)")
+	runCLI(t, ctx, "ls", "--api", api, "--token", "wrong").failed(t, "wrong token", "wrong bearer token: it is none of this API's tokens (401); set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN (the token sent came from --token)")
 	runCLI(t, ctx, "create", "--image", h.image, "--port", "8080", "--id", "UPPER_case!", "--api", api, "--token", testToken).failed(t, "create bad id", "(400)")
 
 	// The event stream gives up on a 4xx rather than retrying for ever.

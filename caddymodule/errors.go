@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/lifecycle"
@@ -74,7 +75,18 @@ func writeJSONError(w http.ResponseWriter, status int, code, message string, ret
 // writeEngineError answers err as JSON with its mapped status.
 func writeEngineError(w http.ResponseWriter, err error) {
 	status, code, retry := errorStatus(err)
-	writeJSONError(w, status, code, err.Error(), retry)
+	writeJSONError(w, status, code, plainMessage(err, code), retry)
+}
+
+// plainMessage is err's text for an API answer: the sentinel's words that
+// the code already says ("invalid request: ") are left out, so that a 400
+// reads "ports: at least one port is required".
+func plainMessage(err error, code string) string {
+	msg := err.Error()
+	if code == "invalid" {
+		msg = strings.Replace(msg, lifecycle.ErrInvalid.Error()+": ", "", 1)
+	}
+	return msg
 }
 
 // writeJSON writes v as JSON with status.

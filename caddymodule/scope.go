@@ -260,3 +260,21 @@ func (api *API) whoami(w http.ResponseWriter, r *http.Request, _ *engine) {
 	who := principalOf(r)
 	writeJSON(w, http.StatusOK, client.Identity{Scope: who.scope.String(), Labels: who.labels})
 }
+
+// unauthorizedMessage says why a call carries no valid token: no
+// Authorization header, another scheme than Bearer, or a token that is not
+// one of the API's.
+func unauthorizedMessage(r *http.Request) string {
+	auth := r.Header.Get("Authorization")
+	if strings.TrimSpace(auth) == "" {
+		return "missing Authorization header: send Authorization: Bearer <token>"
+	}
+	if _, ok := bearerCredentials(auth); !ok {
+		scheme, _, _ := strings.Cut(strings.TrimSpace(auth), " ")
+		if len(scheme) > 20 {
+			scheme = scheme[:20] + "…"
+		}
+		return fmt.Sprintf("the Authorization header's scheme %q is not Bearer: send Authorization: Bearer <token>", scheme)
+	}
+	return "wrong bearer token: it is none of this API's tokens"
+}
