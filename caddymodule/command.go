@@ -77,6 +77,7 @@ func sandwakeCommand(cmd *cobra.Command) {
 	cmd.SilenceErrors, cmd.SilenceUsage = true, true
 	cmd.SuggestionsMinimumDistance = 2
 	cmd.SetFlagErrorFunc(func(sub *cobra.Command, err error) error {
+		err = suggestFlag(sub, err)
 		if sub != cmd {
 			err = fmt.Errorf("%s: %w", sub.Name(), err)
 		}
@@ -264,6 +265,10 @@ type createFlags struct {
 	cpus                             float64
 	egress                           string
 	allow                            []string
+	user, runtime                    string
+	readonly                         bool
+	capAdd                           []string
+	diskMB                           int64
 }
 
 func (c *cli) createCommand() *cobra.Command {
@@ -286,6 +291,14 @@ func (c *cli) createCommand() *cobra.Command {
 	fl.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
 	fl.StringVar(&f.egress, "egress", "", "egress policy: public (the internet only) or none (default: the gateway's)")
 	fl.StringArrayVar(&f.allow, "allow", nil, "open this destination on top of the policy: addr[/bits][:port][/tcp|/udp] (repeatable)")
+	fl.StringVar(&f.user, "user", "", "run as uid[:gid] or a user of the image (default: the gateway's user, else the image's)")
+	fl.BoolVar(&f.readonly, "readonly-rootfs", false, "read-only root filesystem (the workspace and /tmp stay writable)")
+	fl.StringArrayVar(&f.capAdd, "cap-add", nil, "give back a capability sandboxes drop: AUDIT_WRITE, MKNOD, NET_RAW, SETFCAP, SETPCAP, SYS_CHROOT (repeatable)")
+	fl.StringVar(&f.runtime, "runtime", "", "OCI runtime the engine has, e.g. runsc (default: the gateway's)")
+	fl.Int64Var(&f.diskMB, "disk-mb", 0, "disk quota in MiB, workspace and writable layer (default: the gateway's default_disk)")
+	// The API's names (ports, memory_mb, ready_path, …) and the familiar
+	// ones (--ports, --memory) are the same flags.
+	fl.SetNormalizeFunc(apiFlagNames)
 	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		body, err := f.body(cmd, args)
 		if err != nil {
@@ -320,6 +333,10 @@ func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequ
 	}
 	if f.egress != "" || len(f.allow) > 0 {
 		b.Egress = &client.Egress{Policy: f.egress, Allow: f.allow}
+	}
+	b.User, b.CapAdd, b.Runtime, b.DiskMB = f.user, f.capAdd, f.runtime, f.diskMB
+	if cmd.Flags().Changed("readonly-rootfs") {
+		b.ReadonlyRootfs = &f.readonly
 	}
 	var err error
 	if b.Env, err = keyValues("env", f.env); err != nil {
@@ -486,7 +503,7 @@ func (c *cli) destroyCommand() *cobra.Command {
 			// The API answers 204 with no body: there is nothing to print.
 			return printRaw(cmd.OutOrStdout(), raw)
 		}
-		_, err = fmt.Fprintf(cmd.OutOrStdout(), "destroyed %s\n", args[0])
+		_, err = fmt.Fprintf(cmd.OutOrStdout(), "destroyed %s; its volume (workspace) is kept: caddy sandwake purge %s removes it\n", args[0], args[0])
 		return err
 	})
 	return cmd

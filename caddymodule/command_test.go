@@ -294,7 +294,7 @@ func TestCommandLife(t *testing.T) {
 		}
 	})
 
-	if out := sw("destroy", id).ok(t, "destroy"); out != "destroyed "+id+"\n" {
+	if out := sw("destroy", id).ok(t, "destroy"); out != "destroyed "+id+"; its volume (workspace) is kept: caddy sandwake purge "+id+" removes it\n" {
 		t.Fatalf("destroy printed %q", out)
 	}
 	sw("get", id).failed(t, "get after destroy", "sandbox "+id+": not found (404)")
