@@ -18,18 +18,20 @@ test: tools vet lint
 	$(GO) test -count=1 -race -timeout 60m ./...
 
 ## tools: what the tests need beyond Go, from Debian's packages: chromium for
-## the browser tests, etcd-server for the cluster tests
+## the browser tests, etcd-server for the cluster tests, prometheus (promtool)
+## for the Grafana dashboard's queries
 tools:
 	@missing=; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		if ! command -v apt-get >/dev/null 2>&1; then \
-			echo "make test needs$$missing (the browser tests need chromium, the cluster tests etcd 3.4+);" \
+			echo "make test needs$$missing (the browser tests need chromium, the cluster tests etcd 3.4+, the dashboard test promtool);" \
 				"this machine has no apt-get: install them with its package manager, then run make test again" >&2; \
 			exit 1; \
 		fi; \
-		echo "installing$$missing (browser and cluster tests)"; \
+		echo "installing$$missing (browser, cluster and dashboard tests)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
