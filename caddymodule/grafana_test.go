@@ -16,7 +16,8 @@ import (
 // TestGrafanaDashboardQueriesExportedMetrics: every metric the dashboard
 // (docs/grafana-dashboard.json) queries is one the gateway exports (a
 // histogram's _bucket, _sum and _count included) and is named in the
-// README's metrics table; every panel has a query.
+// metrics table of docs/operations.md; every panel has a query, and
+// promtool parses each.
 func TestGrafanaDashboardQueriesExportedMetrics(t *testing.T) {
 	exported := map[string]bool{}
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
@@ -36,7 +37,7 @@ func TestGrafanaDashboardQueriesExportedMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func TestGrafanaDashboardQueriesExportedMetrics(t *testing.T) {
 					t.Errorf("panel %q queries %s, which the gateway does not export", p.Title, m)
 				}
 				if !strings.Contains(string(readme), "`"+base+"`") {
-					t.Errorf("panel %q queries %s, which the README's metrics table does not name", p.Title, base)
+					t.Errorf("panel %q queries %s, which the metrics table of docs/operations.md does not name", p.Title, base)
 				}
 			}
 		}

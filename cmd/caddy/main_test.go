@@ -44,7 +44,8 @@ func buildCaddy(t *testing.T) string {
 }
 
 // TestAdaptMatchesREADME: `caddy adapt --config Caddyfile.example` gives the
-// JSON the README shows, so the documentation cannot drift from the code.
+// JSON docs/caddyfile.md shows, so the documentation cannot drift from the
+// code.
 func TestAdaptMatchesREADME(t *testing.T) {
 	root := repoRoot(t)
 	bin := buildCaddy(t)
@@ -61,18 +62,18 @@ func TestAdaptMatchesREADME(t *testing.T) {
 	if err != nil {
 		t.Fatalf("caddy adapt: %v\n%s", err, stderr.String())
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	readme, err := os.ReadFile(filepath.Join(root, "docs", "caddyfile.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	const begin, end = "<!-- adapt:begin -->\n```json\n", "```\n<!-- adapt:end -->"
 	i, j := bytes.Index(readme, []byte(begin)), bytes.Index(readme, []byte(end))
 	if i < 0 || j < i {
-		t.Fatal("README.md has no adapt:begin/adapt:end JSON block")
+		t.Fatal("docs/caddyfile.md has no adapt:begin/adapt:end JSON block")
 	}
 	want := readme[i+len(begin) : j]
 	if !jsonEqual(t, got, want) {
-		t.Fatalf("README's adapted JSON is stale; caddy adapt gives:\n%s", got)
+		t.Fatalf("docs/caddyfile.md's adapted JSON is stale; caddy adapt gives:\n%s", got)
 	}
 }
 
@@ -83,7 +84,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 		t.Fatalf("adapt output: %v", err)
 	}
 	if err := json.Unmarshal(b, &y); err != nil {
-		t.Fatalf("README JSON: %v", err)
+		t.Fatalf("docs/caddyfile.md JSON: %v", err)
 	}
 	xb, _ := json.Marshal(x)
 	yb, _ := json.Marshal(y)

@@ -1,0 +1,97 @@
+// Package docs holds the tests of the repository's Markdown documentation.
+package docs
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// markdownLink is a Markdown link's target (not an image's).
+var markdownLink = regexp.MustCompile(`(?m)(?:^|[^!])\[[^\]]*\]\(([^)\s]+)\)`)
+
+// headingSlug is GitHub's anchor of a heading: lower case, punctuation
+// but - and _ dropped, spaces as -.
+func headingSlug(h string) string {
+	h = strings.ToLower(strings.TrimSpace(h))
+	var b strings.Builder
+	for _, r := range h {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 127:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// anchors are the heading anchors of a Markdown file.
+func anchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	inCode := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		if h, ok := strings.CutPrefix(line, "#"); ok && !inCode {
+			h = strings.TrimLeft(h, "#")
+			out[headingSlug(strings.ReplaceAll(h, "`", ""))] = true
+		}
+	}
+	return out
+}
+
+// TestDocumentationLinksLive: every relative link in the README and in
+// docs/ names a file of the repository, and every #anchor a heading of
+// the file it points into. (External links are not fetched: the tests
+// reach nothing but loopback.)
+func TestDocumentationLinksLive(t *testing.T) {
+	root := filepath.Join("..", "..")
+	files, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	files = append(files, filepath.Join(root, "README.md"))
+	checked := 0
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range markdownLink.FindAllStringSubmatch(string(raw), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			dest := f
+			if file != "" {
+				dest = filepath.Join(filepath.Dir(f), file)
+				if _, err := os.Stat(dest); err != nil {
+					t.Errorf("%s: link %q: %v", rel(root, f), target, err)
+					continue
+				}
+			}
+			checked++
+			if anchor != "" && strings.HasSuffix(dest, ".md") && !anchors(t, dest)[anchor] {
+				t.Errorf("%s: link %q: %s has no heading #%s", rel(root, f), target, rel(root, dest), anchor)
+			}
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("only %d links checked", checked)
+	}
+}
+
+func rel(root, p string) string {
+	r, err := filepath.Rel(root, p)
+	if err != nil {
+		return p
+	}
+	return r
+}
