@@ -407,6 +407,14 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("without /v1/events the row changed by %q, want list", source)
 	}
 	screenshot(t, ctx, "dashboard-stopped.png")
+	// A stopped row says when it was stopped, not "last active: just now";
+	// its preview link names the port in words.
+	if when := evaluate[string](t, ctx, fmt.Sprintf(`document.querySelector('tr[data-id=%q] td.active .when').textContent`, a.ID)); !strings.HasPrefix(when, "stopped ") {
+		t.Errorf("active cell of a stopped sandbox: %q, want \"stopped …\"", when)
+	}
+	if text := evaluate[string](t, ctx, fmt.Sprintf(`document.querySelector('tr[data-id=%q] td.links a').textContent`, a.ID)); text != "open port 8080" {
+		t.Errorf("preview link text %q, want \"open port 8080\"", text)
+	}
 
 	if live {
 		// A broken stream is reopened, resuming after the last event seen.

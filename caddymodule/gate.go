@@ -599,6 +599,12 @@ func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt
 	}
 }
 
+// killedMessage is the killed page's message: the reason's sentence says
+// what happened to the container (said once), then what waking does.
+func killedMessage(id, reason string) string {
+	return fmt.Sprintf("%s Its files are kept: waking sandbox %s recreates its container.", reasonSentence(reason), id)
+}
+
 // page builds the data of a state page for rt.
 func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData {
 	d := pageData{
@@ -614,7 +620,7 @@ func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData 
 	case pageCreating:
 		d.Title, d.Message, d.RetryAfter = "Being created…", fmt.Sprintf("Sandbox %s is still being created.", rt.id), 2
 	case pageKilled:
-		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", fmt.Sprintf("The container of sandbox %s is gone. %s Its files are kept: waking recreates it.", rt.id, reasonSentence(rt.reason)), true
+		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", killedMessage(rt.id, rt.reason), true
 	case pageExpired:
 		d.Title, d.Message, d.CanWake = "Sandbox expired", fmt.Sprintf("Sandbox %s reached its maximum lifetime and was removed. Its files are kept: waking recreates it.", rt.id), true
 	case pageError:

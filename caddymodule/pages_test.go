@@ -312,3 +312,17 @@ func TestPageFilesMatchKinds(t *testing.T) {
 		t.Errorf("%s missing", f)
 	}
 }
+
+// TestKilledMessageSaysItOnce: the killed page's message says what happened
+// to the container once (the reason's sentence), then what waking does.
+func TestKilledMessageSaysItOnce(t *testing.T) {
+	for _, reason := range []string{"container_missing", "oom", "exited(137)", ""} {
+		msg := killedMessage("abc", reason)
+		if n := strings.Count(strings.ToLower(msg), "container"); n > 2 || strings.Contains(msg, "is gone. Its container was removed") {
+			t.Errorf("reason %q: %q repeats itself", reason, msg)
+		}
+		if !strings.Contains(msg, reasonSentence(reason)) || !strings.Contains(msg, "waking sandbox abc recreates its container") {
+			t.Errorf("reason %q: %q, want the reason's sentence and what waking does", reason, msg)
+		}
+	}
+}
