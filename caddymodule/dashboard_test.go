@@ -412,8 +412,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	if when := evaluate[string](t, ctx, fmt.Sprintf(`document.querySelector('tr[data-id=%q] td.active .when').textContent`, a.ID)); !strings.HasPrefix(when, "stopped ") {
 		t.Errorf("active cell of a stopped sandbox: %q, want \"stopped …\"", when)
 	}
-	if text := evaluate[string](t, ctx, fmt.Sprintf(`document.querySelector('tr[data-id=%q] td.links a').textContent`, a.ID)); text != "open port 8080" {
-		t.Errorf("preview link text %q, want \"open port 8080\"", text)
+	if text := evaluate[string](t, ctx, fmt.Sprintf(`document.querySelector('tr[data-id=%q] td.links a').textContent`, a.ID)); text != "port 8080" {
+		t.Errorf("preview link text %q, want \"port 8080\"", text)
 	}
 
 	if live {
