@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -41,9 +42,11 @@ func TestDiskQuotaThroughTheGateway(t *testing.T) {
 		h.api("GET", "/v1/sandboxes/"+rec.ID, nil, &v)
 		return v.State == "stopped" && v.Reason == "disk_quota", v.State + " " + v.Reason
 	})
-	if got := testutil.ToFloat64(metricDiskQuotaStops) - before; got < 1 {
-		t.Errorf("disk_quota_stops_total grew by %v, want 1", got)
-	}
+	// The metric is counted once the stop is recorded.
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		got := testutil.ToFloat64(metricDiskQuotaStops) - before
+		return got >= 1, fmt.Sprintf("disk_quota_stops_total grew by %v, want 1", got)
+	})
 	since := time.Now()
 	resp, body := h.preview("GET", host, "/healthz", nil, apiHeader())
 	if resp.StatusCode != http.StatusInsufficientStorage || !strings.Contains(body, "disk_quota") {

@@ -2,6 +2,7 @@ package docker_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -44,13 +45,16 @@ func TestDiskQuotaStopsTheSandbox(t *testing.T) {
 			if code != 200 && code != 507 { // 507: a hard quota stopped the write
 				t.Fatalf("fill past the quota: %d %q", code, body)
 			}
+			// The hook runs once the stop is recorded: both are waited for.
+			var used int64
 			testenv.Eventually(t, 15*time.Second, func() (bool, string) {
 				got, err := f.store.Get(rec.ID)
-				return err == nil && got.State == lifecycle.Stopped && got.Reason == lifecycle.ReasonDiskQuota, "state " + string(got.State) + " " + got.Reason
+				mu.Lock()
+				used = over[rec.ID]
+				mu.Unlock()
+				return err == nil && got.State == lifecycle.Stopped && got.Reason == lifecycle.ReasonDiskQuota && used > 0,
+					fmt.Sprintf("state %s %s, hook saw %d bytes", got.State, got.Reason, used)
 			})
-			mu.Lock()
-			used := over[rec.ID]
-			mu.Unlock()
 			if code == 200 && used <= 16<<20 {
 				t.Fatalf("the hook saw %d bytes used, want over 16 MiB", used)
 			}
