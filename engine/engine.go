@@ -103,12 +103,10 @@ type Engine struct {
 	// store.
 	Instance string
 
-	store    *store.Store
-	docker   *docker.Runtime // nil with Options.Runtime
-	hostCPUs int
-	hostMem  int64
-	host     docker.HostInfo
-	hostOK   bool
+	store  *store.Store
+	docker *docker.Runtime // nil with Options.Runtime
+	host   docker.HostInfo
+	hostOK bool
 }
 
 // Open opens (creating when needed) the store, resolves the instance name,
@@ -163,10 +161,10 @@ func Open(opts Options) (*Engine, error) {
 	}
 	cfg := opts.Manager
 	if cfg.HostCPUs == 0 {
-		cfg.HostCPUs = e.hostCPUs
+		cfg.HostCPUs = e.host.CPUs
 	}
 	if cfg.HostMemoryMB == 0 {
-		cfg.HostMemoryMB = e.hostMem
+		cfg.HostMemoryMB = e.host.MemoryMB
 	}
 	if e.hostOK && cfg.Isolation.Runtimes == nil {
 		cfg.Isolation.Runtimes = e.host.Runtimes
@@ -205,7 +203,6 @@ func (e *Engine) readHost(log *zap.Logger) {
 		return
 	}
 	e.host, e.hostOK = h, true
-	e.hostCPUs, e.hostMem = h.CPUs, h.MemoryMB
 }
 
 // Host is what the Docker engine told of itself at Open; false when it
@@ -237,7 +234,7 @@ func (e *Engine) StoreWarning(stats lifecycle.ReconcileStats) string {
 
 // HostSize is the engine host's CPU count and memory (MiB) as read at Open;
 // zeros when it could not be read or the runtime is not Docker.
-func (e *Engine) HostSize() (cpus int, memMB int64) { return e.hostCPUs, e.hostMem }
+func (e *Engine) HostSize() (cpus int, memMB int64) { return e.host.CPUs, e.host.MemoryMB }
 
 // Dir is the store's directory ("" in memory).
 func (e *Engine) Dir() string { return e.store.Dir() }

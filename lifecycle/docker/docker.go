@@ -735,12 +735,6 @@ func (r *Runtime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-
 	return out, errs
 }
 
-// HostSize reports the engine host's CPU count and memory in MiB.
-func (r *Runtime) HostSize(ctx context.Context) (cpus int, memMB int64, err error) {
-	h, err := r.HostInfo(ctx)
-	return h.CPUs, h.MemoryMB, err
-}
-
 // HostInfo is what the engine tells of its host and of how it isolates
 // containers.
 type HostInfo struct {
