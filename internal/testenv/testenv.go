@@ -139,7 +139,7 @@ func TestAppImage(t testing.TB) string {
 // and image this run labelled, whatever the outcome. Use it as TestMain.
 func Main(m *testing.M) {
 	code := m.Run()
-	if dockerCli != nil {
+	if dockerCli != nil && dockerErr == nil { // nothing was made on an engine that never answered
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		if err := Cleanup(ctx, dockerCli); err != nil {
 			fmt.Fprintln(os.Stderr, "testenv cleanup:", err)
