@@ -68,7 +68,14 @@ func ImportImage(ctx context.Context, cli *client.Client, binary, ref string, la
 	for k, v := range labels {
 		changes = append(changes, fmt.Sprintf("LABEL %s=%q", k, v))
 	}
-	res, err := cli.ImageImport(ctx, client.ImageImportSource{Source: &layer, SourceName: "-"}, ref, client.ImageImportOptions{Changes: changes})
+	return ImportLayer(ctx, cli, &layer, ref, changes)
+}
+
+// ImportLayer imports one tar layer as an image (FROM scratch) under ref,
+// with the Dockerfile instructions changes (CMD, ENTRYPOINT, ENV, EXPOSE,
+// LABEL, USER, VOLUME, WORKDIR) as its config: nothing is pulled or built.
+func ImportLayer(ctx context.Context, cli *client.Client, layer io.Reader, ref string, changes []string) error {
+	res, err := cli.ImageImport(ctx, client.ImageImportSource{Source: layer, SourceName: "-"}, ref, client.ImageImportOptions{Changes: changes})
 	if err != nil {
 		return fmt.Errorf("importing image %s: %w", ref, err)
 	}
