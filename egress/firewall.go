@@ -127,7 +127,7 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	}
 	f.denied = slices.Concat(lifecycle.EgressDeniedRanges, f.opts.Deny, HostAddresses(), []netip.Prefix{n.Subnet})
 
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return f.privilege(err)
 	}
@@ -168,7 +168,7 @@ func (f *Firewall) privilege(err error) error {
 		return fmt.Errorf("%w: installing the nftables table %s was refused (%v): the gateway needs CAP_NET_ADMIN in the engine host's network namespace "+
 			"(run it as root, or with AmbientCapabilities=CAP_NET_ADMIN under systemd, or cap_add: [NET_ADMIN] and network_mode: host in compose), "+
 			"or write `egress unenforced` in the sandwake block to run sandboxes without egress policy",
-			lifecycle.ErrEgressUnenforced, f.table.Name, err)
+			lifecycle.ErrEgressUnenforced, f.table.Name, raiseFailed(err))
 	}
 	return fmt.Errorf("egress firewall (table %s): %w", f.table.Name, err)
 }
@@ -346,7 +346,7 @@ func (f *Firewall) Apply(e lifecycle.FirewallEntry) error {
 	if err != nil {
 		// The view of the kernel was stale (a table changed by hand):
 		// read it again and try once more.
-		c, cerr := nftables.New()
+		c, cerr := newConn()
 		if cerr == nil && f.load(c) == nil {
 			err = f.apply(e)
 		}
@@ -355,7 +355,7 @@ func (f *Firewall) Apply(e lifecycle.FirewallEntry) error {
 }
 
 func (f *Firewall) apply(e lifecycle.FirewallEntry) error {
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return f.privilege(err)
 	}
@@ -424,7 +424,7 @@ func (f *Firewall) Remove(id string, addr netip.Addr) error {
 	if f.table == nil {
 		return nil
 	}
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return err
 	}
@@ -469,7 +469,7 @@ func (f *Firewall) Sync(entries []lifecycle.FirewallEntry) (lifecycle.FirewallSt
 		return st, fmt.Errorf("%w: the firewall is not set up", lifecycle.ErrEgressUnenforced)
 	}
 	st.Repaired, f.repaired = f.repaired, false
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return st, err
 	}
@@ -489,7 +489,7 @@ func (f *Firewall) Sync(entries []lifecycle.FirewallEntry) (lifecycle.FirewallSt
 		want[chainOf(e.ID)] = true
 		wantAddr[e.Address] = true
 	}
-	rc, err := nftables.New()
+	rc, err := newConn()
 	if err != nil {
 		return st, err
 	}
@@ -529,7 +529,7 @@ func (f *Firewall) Sync(entries []lifecycle.FirewallEntry) (lifecycle.FirewallSt
 	if len(todo) == 0 {
 		return st, nil
 	}
-	bc, err := nftables.New()
+	bc, err := newConn()
 	if err != nil {
 		return st, err
 	}
@@ -567,7 +567,7 @@ func (f *Firewall) Denied() (map[string]uint64, error) {
 	if t == nil {
 		return map[string]uint64{}, nil
 	}
-	c, err := nftables.New()
+	c, err := newConn()
 	if err != nil {
 		return nil, err
 	}
