@@ -2,8 +2,9 @@
 GO                  ?= go
 STATICCHECK_VERSION ?= v0.8.2
 XCADDY_VERSION      ?= v0.4.4
+IMAGE               ?= sandwake:dev
 
-.PHONY: run build test vet lint tools bench bench-engine xcaddy fmt clean clean-demo
+.PHONY: run build image test vet lint tools bench bench-engine xcaddy fmt clean clean-demo
 
 ## run: build Caddy with sandwake, start it with Caddyfile.example and a demo sandbox
 run: build
@@ -12,6 +13,11 @@ run: build
 ## build: bin/caddy (Caddy + standard modules + sandwake)
 build:
 	$(GO) build -o bin/caddy ./cmd/caddy
+
+## image: the gateway's container image $(IMAGE) (sandwake:dev): static cmd/caddy,
+## CA certificates, non-root user, Caddyfile.example; nothing pulled (docs/image.md)
+image:
+	$(GO) run ./internal/image --tag $(IMAGE) --go $(GO)
 
 ## test: formatting, vet, staticcheck, then every test under the race detector
 test: tools vet lint
