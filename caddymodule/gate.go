@@ -339,7 +339,9 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 			return nil
 		}
 		if isPageLoad(r) {
-			e.mgr.StartWake(rt.id)
+			ctx, tr := startWakeTrace(r.Context(), rt.id, port)
+			e.mgr.StartWake(ctx, rt.id)
+			tr.end(wakeWarmingPage, nil)
 			countRequest(outcomeWarming)
 			since, _ := e.mgr.Waking(rt.id)
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
@@ -361,6 +363,9 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 			// Someone asked for the wake: ride on it as for a stopped
 			// sandbox, without ever starting one.
 			if isPageLoad(r) {
+				_, tr := startWakeTrace(r.Context(), rt.id, port)
+				tr.joined()
+				tr.end(wakeWarmingPage, nil)
 				countRequest(outcomeWarming)
 				renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
 				return nil
@@ -390,7 +395,9 @@ func (g *Gate) writeAsleep(w http.ResponseWriter, rt *route) {
 // running, then proxies it; past hold_timeout it answers 503 + Retry-After.
 // With joinOnly it only waits for a wake in flight and never starts one.
 // A failed wake is answered with its code and a plain sentence: the engine's
-// error text is for the management API and the logs, not for visitors.
+// error text is for the management API, the logs and traces, not for
+// visitors. A traced request gets a sandwake.wake span with a sandwake.hold
+// child per wait and a sandwake.proxy child for the exchange.
 func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int, joinOnly bool) error {
 	ok, release := e.clients.hold(streamClient(r))
 	if !ok {
@@ -402,37 +409,56 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 	defer release()
 	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
 	defer cancel()
+	ctx, tr := startWakeTrace(ctx, rt.id, port)
+	var (
+		outcome string
+		cause   error
+	)
+	defer func() { tr.end(outcome, cause) }()
 	if _, waking := e.mgr.Waking(rt.id); waking {
 		metricWaitersCollapsed.Inc()
 	}
 	for attempt := range 10 {
-		if err := g.wakeForHold(ctx, w, r, e, s, rt, port, joinOnly && attempt == 0); err != nil {
+		held := tr.child(ctx, spanHold)
+		outcome, cause = g.wakeForHold(ctx, w, r, e, s, rt, port, joinOnly && attempt == 0)
+		held.end(cause)
+		if outcome != "" {
 			return nil // answered
 		}
 		woke, err := e.routes.get(rt.id)
 		if err != nil || woke.state != lifecycle.Running {
+			outcome, cause = wakeFailed, errStateChanged
 			countRequest(outcomeWakeFailed)
 			writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.id), 1)
 			return nil
 		}
-		if err := g.proxy(w, r, next, woke, port); err != errGoingDown {
+		proxied := tr.child(ctx, spanProxy)
+		err = g.proxy(w, r, next, woke, port)
+		proxied.end(err)
+		if err != errGoingDown {
+			outcome, cause = wakeReady, nil
 			countRequest(outcomeHeldProxied)
 			return err
 		}
 		// Put to sleep again between the wake and now: hold on.
 	}
+	outcome, cause = wakeFailed, errKeptAsleep
 	countRequest(outcomeWakeFailed)
 	writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s keeps being put to sleep while waking; retry", rt.id), 1)
 	return nil
 }
 
-// errAnswered: wakeForHold answered the request itself.
-var errAnswered = errors.New("answered")
+// Causes of a held request's failure that are not the wake's (for traces).
+var (
+	errStateChanged = errors.New("the sandbox changed state while waking")
+	errKeptAsleep   = errors.New("the sandbox kept being put to sleep while waking")
+)
 
 // wakeForHold wakes rt's sandbox for a held request (with joinOnly it only
-// joins a wake in flight, never starts one); when the wake fails (or the
-// client left) it answers the request and returns errAnswered.
-func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route, port int, joinOnly bool) error {
+// joins a wake in flight, never starts one). It returns an empty outcome
+// once the sandbox is running; when the wake fails (or the client left) it
+// answers the request and returns the outcome for the trace and its cause.
+func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route, port int, joinOnly bool) (outcome string, cause error) {
 	var err error
 	if joinOnly {
 		var joined bool
@@ -445,7 +471,7 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 					rt = fresh
 				}
 				g.writeAsleep(w, rt)
-				return errAnswered
+				return wakeNotWoken, nil
 			}
 		}
 	} else {
@@ -453,19 +479,19 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
-			return errAnswered // the client left; the wake goes on for others
+			return wakeClientGone, err // the client left; the wake goes on for others
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			countRequest(outcomeHoldTimeout)
 			writeJSONError(w, http.StatusServiceUnavailable, "waking",
 				fmt.Sprintf("sandbox %s is still waking after %s; retry", rt.id, s.holdTimeout), 1)
-			return errAnswered
+			return wakeTimeout, err
 		}
 		status, code, retry := errorStatus(err)
 		switch code {
 		case "store_unavailable":
 			g.storeUnavailable(w, r, rt, port)
-			return errAnswered
+			return wakeFailed, err
 		case "capacity":
 			countRequest(outcomeCapacity)
 		case "unavailable":
@@ -478,9 +504,9 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 			why = "circuit_open"
 		}
 		writeJSONError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(why)), retry)
-		return errAnswered
+		return wakeFailed, err
 	}
-	return nil
+	return "", nil
 }
 
 // serveReserved answers /.well-known/sandwake/*.
@@ -506,7 +532,9 @@ func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, 
 		if refused := g.refuseWake(w, r, e, rt, port); refused {
 			return nil
 		}
-		e.mgr.StartWake(rt.id)
+		ctx, tr := startWakeTrace(r.Context(), rt.id, port)
+		e.mgr.StartWake(ctx, rt.id)
+		tr.end(wakeRequested, nil)
 		if strings.Contains(r.Header.Get("Accept"), "text/html") || strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
 			// A form post from a state page: back to the page, which now
 			// shows the wake in progress.

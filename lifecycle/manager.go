@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"golang.org/x/sync/singleflight"
 )
@@ -204,7 +205,10 @@ type Manager struct {
 	resident int              // running + paused, from states
 	reserved int              // admissions granted to wakes and creates in flight
 	waking   map[string]time.Time
-	room     chan struct{} // closed when a resident place is freed; see roomFreed
+	// wakeSpans holds the span of each traced wake's leader while its
+	// flight runs, for the spans of requests that join it to link to.
+	wakeSpans map[string]trace.SpanContext
+	room      chan struct{} // closed when a resident place is freed; see roomFreed
 
 	started bool
 

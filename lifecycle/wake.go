@@ -27,14 +27,19 @@ type WakeResult struct {
 // sandbox returns at once without touching the engine. A transient engine
 // failure (ErrUnavailable) leaves the record as it was; other failures put the
 // sandbox in state error.
+//
+// When ctx carries a recording span, the call is traced (see traceWake): the
+// span is marked as leading or joining the wake, and a wake it leads makes
+// its engine calls and readiness probe child spans of it.
 func (m *Manager) Wake(ctx context.Context, id string) (Record, error) {
-	return m.await(ctx, id, m.flight(id))
+	return m.await(ctx, id, m.flight(ctx, id))
 }
 
 // JoinWake waits for the wake of sandbox id in flight, if there is one, and
 // reports whether there was: unlike Wake it never starts one. It is for
 // requests that may ride on a wake someone else asked for (a killed sandbox
-// being recreated) but must not start one themselves.
+// being recreated) but must not start one themselves. A recording span in
+// ctx is marked as joining, linked to the leader's span.
 func (m *Manager) JoinWake(ctx context.Context, id string) (Record, bool, error) {
 	m.mu.Lock()
 	if _, ok := m.waking[id]; !ok {
@@ -43,7 +48,8 @@ func (m *Manager) JoinWake(ctx context.Context, id string) (Record, bool, error)
 	}
 	// The mark and the flight end together under mu, so a mark seen here
 	// means the flight is still in the group: DoChan joins it.
-	ch := m.wakes.DoChan(id, m.wakeFn(id))
+	m.traceWake(ctx, id, false)
+	ch := m.wakes.DoChan(id, m.wakeFn(m.ctx, id))
 	m.mu.Unlock()
 	rec, err := m.await(ctx, id, ch)
 	return rec, true, err
@@ -62,28 +68,33 @@ func (m *Manager) await(ctx context.Context, id string, ch <-chan singleflight.R
 }
 
 // StartWake starts a wake of sandbox id (or joins the one in flight) without
-// waiting for it: for a browser that is shown the warming page at once.
-func (m *Manager) StartWake(id string) { m.flight(id) }
+// waiting for it: for a browser that is shown the warming page at once. ctx
+// is only for tracing, as in Wake: the wake does not end with it.
+func (m *Manager) StartWake(ctx context.Context, id string) { m.flight(ctx, id) }
 
 // flight starts the wake of sandbox id or joins the one in flight. The
 // sandbox is marked waking here, before the flight's goroutine runs, so that
 // Waking is true as soon as StartWake or Wake returns or blocks: a request
 // right after a wake was asked for joins it instead of being told the
-// sandbox is down.
-func (m *Manager) flight(id string) <-chan singleflight.Result {
+// sandbox is down. The mark and the flight end together (endFlight), so a
+// sandbox not marked has no flight: this call leads the one it starts.
+func (m *Manager) flight(ctx context.Context, id string) <-chan singleflight.Result {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.waking == nil {
 		m.waking = make(map[string]time.Time)
 	}
-	if _, ok := m.waking[id]; !ok {
+	_, inFlight := m.waking[id]
+	if !inFlight {
 		m.waking[id] = m.cfg.Now()
 	}
-	return m.wakes.DoChan(id, m.wakeFn(id))
+	return m.wakes.DoChan(id, m.wakeFn(m.traceWake(ctx, id, !inFlight), id))
 }
 
-func (m *Manager) wakeFn(id string) func() (any, error) {
-	return func() (any, error) { return m.wake(id) }
+// wakeFn is the flight of a wake of id, run in ctx: the manager's context,
+// carrying the leader's span when the wake is traced.
+func (m *Manager) wakeFn(ctx context.Context, id string) func() (any, error) {
+	return func() (any, error) { return m.wake(ctx, id) }
 }
 
 // endFlight clears the waking mark and forgets the flight in one step under
@@ -92,6 +103,7 @@ func (m *Manager) wakeFn(id string) func() (any, error) {
 func (m *Manager) endFlight(id string) {
 	m.mu.Lock()
 	delete(m.waking, id)
+	delete(m.wakeSpans, id)
 	m.wakes.Forget(id)
 	m.mu.Unlock()
 }
@@ -104,7 +116,7 @@ func (m *Manager) Waking(id string) (since time.Time, ok bool) {
 	return since, ok
 }
 
-func (m *Manager) wake(id string) (Record, error) {
+func (m *Manager) wake(ctx context.Context, id string) (Record, error) {
 	done, err := m.track()
 	if err != nil {
 		m.endFlight(id)
@@ -132,7 +144,7 @@ func (m *Manager) wake(id string) (Record, error) {
 	}
 
 	start := m.cfg.Now()
-	rec, err = m.bringUp(rec)
+	rec, err = m.bringUp(ctx, rec)
 	if fn := m.built.OnWake; fn != nil {
 		fn(WakeResult{ID: id, From: from, Err: err, Duration: m.cfg.Now().Sub(start)})
 	}
@@ -140,8 +152,9 @@ func (m *Manager) wake(id string) (Record, error) {
 }
 
 // bringUp does the engine work of a wake and records the outcome. It holds the
-// sandbox's lock.
-func (m *Manager) bringUp(rec Record) (Record, error) {
+// sandbox's lock. ctx is the manager's, carrying the leader's span when the
+// wake is traced.
+func (m *Manager) bringUp(ctx context.Context, rec Record) (Record, error) {
 	id := rec.ID
 	// A wake the store cannot record would leave a container running
 	// behind a record that says otherwise, again on every request: refuse
@@ -151,14 +164,16 @@ func (m *Manager) bringUp(rec Record) (Record, error) {
 	}
 	if rec.State != Paused {
 		// Paused sandboxes are resident already; everything else needs room.
-		release, err := m.admit(m.ctx, id)
+		actx, s := startSpan(ctx, spanAdmission, id, 0)
+		release, err := m.admit(actx, id)
+		s.end(err)
 		if err != nil {
 			return Record{}, err
 		}
 		defer release()
 	}
 	wakeTimeout, _ := m.limits()
-	ctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
+	ctx, cancel := context.WithTimeout(ctx, wakeTimeout)
 	defer cancel()
 	// A sandbox whose policy cannot be enforced stays down; the record is
 	// left as it is (the operator's fix, not the sandbox, is wanting).
@@ -190,7 +205,9 @@ func (m *Manager) bringUp(rec Record) (Record, error) {
 		c, reason, err = m.startContainer(ctx, rec)
 	}
 	if err == nil {
-		err = m.waitReady(ctx, id, &rec.Spec, c.Upstreams)
+		rctx, s := startSpan(ctx, spanReadiness, id, rec.Spec.Ports[0])
+		err = m.waitReady(rctx, id, &rec.Spec, c.Upstreams)
+		s.end(err)
 	}
 	if err != nil {
 		m.fail(id, err, false)
@@ -217,13 +234,13 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 	var err error
 	switch rec.State {
 	case Paused:
-		if err = m.runtime.Unpause(ctx, id); err == nil {
+		if err = m.unpauseTraced(ctx, id); err == nil {
 			// Unpausing keeps the container's ports.
 			return Container{ID: rec.ContainerID, Upstreams: rec.Upstreams}, "wake", nil
 		}
 	case Stopped:
 		var c Container
-		if c, err = m.runtime.Start(ctx, id); err == nil {
+		if c, err = m.startTraced(ctx, id); err == nil {
 			return c, "wake", nil
 		}
 	default:
@@ -235,7 +252,7 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 	}
 	// The record was stale (the container was removed, unpaused or stopped
 	// behind sandwake's back): act on what the engine shows.
-	c, ierr := m.runtime.Inspect(ctx, id)
+	c, ierr := m.inspectTraced(ctx, id)
 	switch {
 	case errors.Is(ierr, ErrContainerNotFound):
 		c, err := m.recreate(ctx, id, &rec.Spec)
@@ -245,12 +262,12 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 	case c.State == ContainerRunning:
 		return c, "wake", nil
 	case c.State == ContainerPaused:
-		if err := m.runtime.Unpause(ctx, id); err != nil {
+		if err := m.unpauseTraced(ctx, id); err != nil {
 			return Container{}, "", err
 		}
 		return c, "wake", nil
 	case c.State == ContainerCreated || c.State == ContainerExited || c.State == ContainerDead:
-		c, err := m.runtime.Start(ctx, id)
+		c, err := m.startTraced(ctx, id)
 		return c, "wake", err
 	default:
 		return Container{}, "", fmt.Errorf("container is %s: %w", c.State, err)
@@ -258,8 +275,8 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 }
 
 func (m *Manager) recreate(ctx context.Context, id string, spec *Spec) (Container, error) {
-	if _, err := m.runtime.Create(ctx, id, *spec); err != nil {
+	if err := m.createTraced(ctx, id, *spec); err != nil {
 		return Container{}, err
 	}
-	return m.runtime.Start(ctx, id)
+	return m.startTraced(ctx, id)
 }

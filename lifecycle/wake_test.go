@@ -23,7 +23,7 @@ func TestWakeIsInFlightFromTheAsking(t *testing.T) {
 	}()
 	receive(t, g.Entered, "the stop")
 
-	e.m.StartWake("app1")
+	e.m.StartWake(context.Background(), "app1")
 	if _, ok := e.m.Waking("app1"); !ok {
 		t.Fatal("Waking = false right after StartWake")
 	}
