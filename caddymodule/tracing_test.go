@@ -63,11 +63,11 @@ func TestWakeTraceThroughCaddy(t *testing.T) {
 	t.Setenv("OTEL_TRACES_EXPORTER", "sandwake_test")
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50") // ms: spans reach the exporter soon
 	h := newHarnessWithCaddyfile(t, func(h *harness) string {
-		return strings.Replace(h.caddyfile(""), "\tsandwake_preview\n", "\ttracing {\n\t\tspan preview\n\t}\n\tsandwake_preview\n", 1)
+		return strings.Replace(h.caddyfile("wake_timeout 60s"), "\tsandwake_preview\n", "\ttracing {\n\t\tspan preview\n\t}\n\tsandwake_preview\n", 1)
 	})
 	// The app listens a while after its start, so that a wake is still in
 	// flight when the joining request arrives.
-	rec := h.create(map[string]string{"STARTUP_DELAY": "1s"})
+	rec := h.create(map[string]string{"STARTUP_DELAY": "2s"})
 	host := h.host(rec.ID, 8080)
 
 	// traced waits until trace id holds Caddy's server span and whatever
