@@ -25,30 +25,28 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "sandwake",
-		Usage: "<ls|get|create|wake|pause|stop|keepalive|destroy|purge|events|nodes|node|cluster> [--api <url>] [--token <token>] [--json]",
+		Usage: "<command> [flags]",
 		Short: "Manages sandwake sandboxes through the management API",
-		Long: `
-Manages sandboxes through sandwake's management API (the sandwake_api
+		Long: `Manages sandboxes through sandwake's management API (the sandwake_api
 handler) of a running Caddy.
 
 The API is found at --api, else $SANDWAKE_API, else http://localhost:8081;
 the bearer token is --token, else $SANDWAKE_TOKEN, else $SANDWAKE_API_TOKEN
-(the variable the example Caddyfile and make run give the server). Output is
-a table for people; --json prints the API's JSON as it answered.
-
-  caddy sandwake ls [--state running]
-  caddy sandwake create --image app:latest --port 8080 [--id myapp]
-  caddy sandwake wake myapp
-  caddy sandwake events --sandbox myapp
-  caddy sandwake nodes
-  caddy sandwake node drain node-b [--undo]
-  caddy sandwake node remove node-b
-  caddy sandwake cluster ca --out /etc/sandwake/cluster-ca
-  caddy sandwake cluster cert --node node-b --addr 10.0.0.12 --ca /etc/sandwake/cluster-ca --out /etc/sandwake/cluster
-`,
+(the variable the example Caddyfile and make run give the server).
+--output table (the default) prints tables for people; --output json (-o
+json) prints the API's JSON answer, pretty-printed, for scripts.`,
 		CobraFunc: sandwakeCommand,
 	})
 }
+
+// sandwakeExamples are the examples `caddy sandwake --help` shows.
+const sandwakeExamples = `  caddy sandwake ls [--state running]
+  caddy sandwake create --image app:latest --port 8080 [--id myapp]
+  caddy sandwake wake myapp
+  caddy sandwake get myapp -o json
+  caddy sandwake events --sandbox myapp
+  caddy sandwake node drain node-b [--undo]
+  caddy sandwake cluster ca --out /etc/sandwake/cluster-ca`
 
 // defaultAPI is where the management API is looked for when neither --api
 // nor $SANDWAKE_API says.
@@ -60,17 +58,24 @@ const spinEvery = 200 * time.Millisecond
 // cli is one run of `caddy sandwake`: its global flags and where it writes.
 type cli struct {
 	api, token string
-	json       bool
+	output     outputFormat
+	json       bool // --json, the short form of --output json
 	now        func() time.Time
 }
 
 // sandwakeCommand builds `caddy sandwake` and its subcommands on cmd.
 func sandwakeCommand(cmd *cobra.Command) {
-	c := &cli{now: time.Now}
+	c := &cli{now: time.Now, output: outputTable}
+	// The registered usage is for `caddy help`'s list; the command's own
+	// help shows its commands.
+	cmd.Use = "sandwake <command>"
+	cmd.Example = sandwakeExamples
+	setHelpTemplates(cmd)
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&c.api, "api", "", "management API URL (default $SANDWAKE_API, else "+defaultAPI+")")
 	pf.StringVar(&c.token, "token", "", "API bearer token (default $SANDWAKE_TOKEN, else $SANDWAKE_API_TOKEN)")
-	pf.BoolVar(&c.json, "json", false, "print the API's JSON instead of a table")
+	pf.VarP(&c.output, "output", "o", "output format: table (for people) or json (the API's JSON, pretty-printed)")
+	pf.BoolVar(&c.json, "json", false, "short for --output json")
 
 	// Errors are printed once, as one line, by c.run and by the flag error
 	// function; usage is for --help, not for a failed call.
@@ -95,12 +100,12 @@ func sandwakeCommand(cmd *cobra.Command) {
 	}
 
 	for _, sub := range []*cobra.Command{
-		c.lsCommand(), c.getCommand(), c.createCommand(),
+		c.lsCommand(), c.getCommand(), c.historyCommand(), c.createCommand(),
 		c.actionCommand("wake", "Wakes a sandbox and waits until it is running", (*client.Client).Wake),
 		c.actionCommand("pause", "Pauses a sandbox (it keeps its memory)", (*client.Client).Pause),
 		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)", (*client.Client).Stop),
 		c.keepaliveCommand(), c.egressCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
-		c.nodesCommand(), c.nodeCommand(), c.clusterCommand(),
+		c.whoamiCommand(), c.nodesCommand(), c.nodeCommand(), c.clusterCommand(),
 	} {
 		sub.SilenceErrors, sub.SilenceUsage = true, true
 		cmd.AddCommand(sub)
@@ -129,6 +134,9 @@ func (c *cli) fail(cmd *cobra.Command, err error) error {
 // context on Ctrl-C and prints a failure as one line.
 func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
+		if err := c.checkOutput(cmd); err != nil {
+			return c.fail(cmd, err)
+		}
 		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		token, from := c.tokenValue()
@@ -151,6 +159,17 @@ func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *client
 		return c.fail(cmd, err)
 	}
 }
+
+// checkOutput refuses --json with --output table: the two disagree.
+func (c *cli) checkOutput(cmd *cobra.Command) error {
+	if c.json && c.output == outputTable && cmd.Flags().Changed("output") {
+		return fmt.Errorf("%s: --json and --output table disagree: give one", cmd.Name())
+	}
+	return nil
+}
+
+// wantJSON reports whether the command prints the API's JSON.
+func (c *cli) wantJSON() bool { return c.json || c.output == outputJSON }
 
 func (c *cli) apiURL() string {
 	if c.api != "" {
@@ -217,8 +236,8 @@ func (c *cli) lsCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		return writeTable(cmd.OutOrStdout(), recs, c.now())
 	})
@@ -247,10 +266,59 @@ func (c *cli) getCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		return writeRecord(cmd.OutOrStdout(), &rec, c.now())
+	})
+	return cmd
+}
+
+func (c *cli) historyCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "history <id>",
+		Short: "Shows the state changes the log keeps of a sandbox, oldest first",
+	}
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
+		if err := wantArgs(cmd, args, "id"); err != nil {
+			return err
+		}
+		var raw []byte
+		evs, err := api.History(ctx, args[0], client.Body(&raw))
+		if err != nil {
+			return err
+		}
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
+		}
+		for _, ev := range evs {
+			if err := writeEventLine(cmd.OutOrStdout(), ev); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return cmd
+}
+
+func (c *cli) whoamiCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "whoami",
+		Short: "Shows what the token may do: its scope and tenant labels",
+	}
+	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
+		if err := wantArgs(cmd, args); err != nil {
+			return err
+		}
+		var raw []byte
+		id, err := api.WhoAmI(ctx, client.Body(&raw))
+		if err != nil {
+			return err
+		}
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
+		}
+		return writeIdentity(cmd.OutOrStdout(), id)
 	})
 	return cmd
 }
@@ -309,8 +377,8 @@ func (c *cli) createCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		return writeSummary(cmd.OutOrStdout(), &rec, "")
 	})
@@ -391,7 +459,7 @@ func (c *cli) actionCommand(op, short string, do sandboxOp) *cobra.Command {
 		var rec client.Sandbox
 		var raw []byte
 		var err error
-		if op == "wake" && !c.json && isTerminal(cmd.ErrOrStderr()) {
+		if op == "wake" && !c.wantJSON() && isTerminal(cmd.ErrOrStderr()) {
 			rec, err = wakeWithSpinner(ctx, api, args[0], cmd.ErrOrStderr())
 		} else {
 			rec, err = do(api, ctx, args[0], client.Body(&raw))
@@ -399,8 +467,8 @@ func (c *cli) actionCommand(op, short string, do sandboxOp) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		return writeSummary(cmd.OutOrStdout(), &rec, "")
 	})
@@ -473,8 +541,8 @@ func (c *cli) keepaliveCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		extra := ""
 		if rec.KeepaliveUntil != nil {
@@ -499,9 +567,9 @@ func (c *cli) destroyCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
+		if c.wantJSON() {
 			// The API answers 204 with no body: there is nothing to print.
-			return printRaw(cmd.OutOrStdout(), raw)
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		_, err = fmt.Fprintf(cmd.OutOrStdout(), "destroyed %s; its volume (workspace) is kept: caddy sandwake purge %s removes it\n", args[0], args[0])
 		return err
@@ -523,8 +591,8 @@ func (c *cli) purgeCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		_, err = fmt.Fprintf(cmd.OutOrStdout(), "purged %s: freed %s\n", args[0], formatBytes(freed))
 		return err
@@ -545,7 +613,8 @@ func (c *cli) eventsCommand() *cobra.Command {
 		}
 		out, errw := cmd.OutOrStdout(), cmd.ErrOrStderr()
 		return api.FollowEvents(ctx, sandbox, func(m client.Message) error {
-			if c.json {
+			if c.wantJSON() {
+				// One event per line (JSON Lines), as a stream is read.
 				_, err := fmt.Fprintln(out, m.Data)
 				return err
 			}

@@ -31,6 +31,15 @@ func (c *cli) clusterCommand() *cobra.Command {
 	return cmd
 }
 
+// filesOnly refuses --output json for a command that writes files and
+// prints no API answer: a script asking for JSON gets an error, not text.
+func (c *cli) filesOnly(cmd *cobra.Command) error {
+	if c.wantJSON() {
+		return fmt.Errorf("%s writes files and prints no API answer: --output json does not apply", cmd.CommandPath())
+	}
+	return nil
+}
+
 // clusterCACommand is `caddy sandwake cluster ca --out <dir>`.
 func (c *cli) clusterCACommand() *cobra.Command {
 	var out, name string
@@ -45,6 +54,9 @@ func (c *cli) clusterCACommand() *cobra.Command {
 	cmd.Flags().StringVar(&name, "name", "sandwake cluster CA", "the CA's common name")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		err := func() error {
+			if err := c.filesOnly(cmd); err != nil {
+				return err
+			}
 			if out == "" {
 				return errors.New("--out <dir> is required")
 			}
@@ -102,6 +114,9 @@ func (c *cli) clusterCertCommand() *cobra.Command {
 	cmd.Flags().IntVar(&days, "days", int(cluster.DefaultNodeValidity/(24*time.Hour)), "days the certificate is valid")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		err := func() error {
+			if err := c.filesOnly(cmd); err != nil {
+				return err
+			}
 			switch {
 			case node == "":
 				return errors.New("--node <name> is required")

@@ -54,8 +54,8 @@ func (c *cli) egressCommand() *cobra.Command {
 				return err
 			}
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		extra := "egress "
 		if rec.Egress != nil {

@@ -27,8 +27,8 @@ func (c *cli) nodesCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		return writeNodes(cmd.OutOrStdout(), nv, c.now())
 	})
@@ -84,8 +84,8 @@ func (c *cli) nodeCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		if undo {
 			_, err = fmt.Fprintf(cmd.OutOrStdout(), "node %s takes new sandboxes again\n", args[0])
@@ -107,8 +107,8 @@ func (c *cli) nodeCommand() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if c.json {
-			return printRaw(cmd.OutOrStdout(), raw)
+		if c.wantJSON() {
+			return printJSON(cmd.OutOrStdout(), raw)
 		}
 		_, err = fmt.Fprintf(cmd.OutOrStdout(), "removed node %s: %d sandbox(es) marked killed\n", args[0], killed)
 		return err

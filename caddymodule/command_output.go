@@ -1,8 +1,11 @@
 package caddymodule
 
-// The CLI's human-readable output: tables, one sandbox, events.
+// The CLI's output: --output json|table, and the human-readable forms
+// (tables, one sandbox, events).
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -15,12 +18,50 @@ import (
 	"github.com/sandwake/sandwake/client"
 )
 
-// printRaw prints a JSON answer as the API gave it.
-func printRaw(w io.Writer, raw []byte) error {
+// outputFormat is the value of --output: how a command prints what the
+// API answered.
+type outputFormat string
+
+// The values of --output.
+const (
+	// outputTable is the form for people: tables, "key: value" lines, one
+	// summary line (the default).
+	outputTable outputFormat = "table"
+	// outputJSON is the API's JSON answer, pretty-printed: for scripts.
+	outputJSON outputFormat = "json"
+)
+
+// String implements pflag.Value.
+func (o *outputFormat) String() string { return string(*o) }
+
+// Set implements pflag.Value: json or table, nothing else.
+func (o *outputFormat) Set(s string) error {
+	switch f := outputFormat(strings.ToLower(s)); f {
+	case outputTable, outputJSON:
+		*o = f
+		return nil
+	}
+	return fmt.Errorf("want %s or %s", outputJSON, outputTable)
+}
+
+// Type implements pflag.Value; help shows it as the flag's argument.
+func (o *outputFormat) Type() string { return "json|table" }
+
+// printJSON prints a JSON answer of the API pretty-printed, its fields in
+// the API's order; an answer that is not JSON is printed as it came.
+// An empty answer (a 204) prints nothing.
+func printJSON(w io.Writer, raw []byte) error {
+	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
 		return nil
 	}
-	_, err := fmt.Fprintln(w, strings.TrimRight(string(raw), "\n"))
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		b.Reset()
+		b.Write(raw)
+	}
+	b.WriteByte('\n')
+	_, err := w.Write(b.Bytes())
 	return err
 }
 
@@ -186,14 +227,20 @@ func formatBytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", f, units[i])
 }
 
-// writeEvent prints an event as "<at> <sandbox> <from> → <to> (<reason>)".
-// An event that is not a transition (destroyed, purged) shows its type as
-// the target.
+// writeEvent prints an event of the stream (its JSON) as writeEventLine
+// does.
 func writeEvent(w io.Writer, data string) error {
 	ev, err := client.Message{Data: data}.Event()
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
+	return writeEventLine(w, ev)
+}
+
+// writeEventLine prints an event as "<at> <sandbox> <from> → <to>
+// (<reason>)". An event that is not a transition (destroyed, purged) shows
+// its type as the target.
+func writeEventLine(w io.Writer, ev client.Event) error {
 	to := ev.To
 	if to == "" {
 		to = strings.TrimPrefix(ev.Type, "sandbox.")
@@ -202,6 +249,18 @@ func writeEvent(w io.Writer, data string) error {
 	if ev.Reason != "" {
 		s += " (" + ev.Reason + ")"
 	}
-	_, err = fmt.Fprintln(w, s)
+	_, err := fmt.Fprintln(w, s)
 	return err
+}
+
+// writeIdentity prints what a token may do as "key: value" lines.
+func writeIdentity(w io.Writer, id client.Identity) error {
+	labels := make([]string, 0, len(id.Labels))
+	for _, k := range slices.Sorted(maps.Keys(id.Labels)) {
+		labels = append(labels, k+"="+id.Labels[k])
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintf(tw, "scope:\t%s\n", id.Scope)
+	fmt.Fprintf(tw, "labels:\t%s\n", orDash(strings.Join(labels, ", ")))
+	return tw.Flush()
 }

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -260,7 +262,7 @@ func TestCommandLife(t *testing.T) {
 			args        []string
 		}{
 			{&text, &textErr, &textRes, []string{"events", "--sandbox", id}},
-			{&raw, &rawErr, &rawRes, []string{"events", "--json"}},
+			{&raw, &rawErr, &rawRes, []string{"events", "-o", "json"}},
 		} {
 			root := cliRoot(t, r.out, r.errOut)
 			root.SetArgs(append([]string{"sandwake"}, append(r.args, "--api", h.apiURL(""), "--token", testToken)...))
@@ -284,7 +286,7 @@ func TestCommandLife(t *testing.T) {
 		for l := range strings.Lines(raw.String()) {
 			var ev eventView
 			if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.ID == 0 || ev.Type == "" {
-				t.Fatalf("events --json line %q: %v", l, err)
+				t.Fatalf("events -o json line %q: %v", l, err)
 			}
 		}
 		for l := range strings.Lines(text.String()) {
@@ -303,6 +305,138 @@ func TestCommandLife(t *testing.T) {
 		t.Fatalf("purge printed %q", out)
 	}
 	sw("purge", id).failed(t, "purge again", "not found (404)")
+}
+
+// prettyJSON checks that out is one JSON object printed as the API prints
+// it (indented by two spaces, one final newline) and decodes it.
+func prettyJSON(t *testing.T, what, out string) map[string]any {
+	t.Helper()
+	var compact, pretty bytes.Buffer
+	if err := json.Compact(&compact, []byte(out)); err != nil {
+		t.Fatalf("%s: not JSON (%v):\n%s", what, err, out)
+	}
+	if err := json.Indent(&pretty, compact.Bytes(), "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if pretty.WriteByte('\n'); out != pretty.String() {
+		t.Fatalf("%s: JSON not pretty-printed:\n%s", what, out)
+	}
+	var v map[string]any
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return v
+}
+
+// apiDocument is the API's own answer to GET path, decoded.
+func apiDocument(t *testing.T, h *harness, path string) map[string]any {
+	t.Helper()
+	var v map[string]any
+	if status := h.api("GET", path, nil, &v); status != http.StatusOK {
+		t.Fatalf("GET %s: %d", path, status)
+	}
+	return v
+}
+
+// sameDocument fails unless got and want are the same JSON document but
+// for the fields that change by themselves between two reads (the
+// gateway's verification and activity clocks, the disk watchdog).
+func sameDocument(t *testing.T, what string, got, want map[string]any) {
+	t.Helper()
+	for _, k := range []string{"verified_at", "last_active_at", "open_connections", "disk_used_mb"} {
+		delete(got, k)
+		delete(want, k)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%s printed\n%v\nthe API answers\n%v", what, got, want)
+	}
+}
+
+// TestCommandOutput: every command that prints what the API answered takes
+// --output json (-o json), the API's JSON document pretty-printed, and
+// --output table, the default form for people.
+func TestCommandOutput(t *testing.T) {
+	h := newHarness(t, "")
+	id := testenv.UniqueID("cli")
+	removeSandboxOnCleanup(t, h, id)
+	ctx := context.Background()
+	sw := func(args ...string) cliResult {
+		r := runCLI(t, ctx, append(args, "--api", h.apiURL(""), "--token", testToken)...)
+		t.Logf("$ caddy sandwake %s\n%s%s", strings.Join(args, " "), r.out, r.errOut)
+		return r
+	}
+	jsonOf := func(args ...string) map[string]any {
+		t.Helper()
+		what := strings.Join(args, " ")
+		return prettyJSON(t, what, sw(args...).ok(t, what))
+	}
+
+	if v := jsonOf("create", "--image", h.image, "--port", "8080", "--id", id, "-o", "json"); v["id"] != id || v["state"] != "running" {
+		t.Fatalf("create -o json: %v", v)
+	}
+	list := jsonOf("ls", "--output", "json")
+	if rows, _ := list["sandboxes"].([]any); len(rows) != 1 || rows[0].(map[string]any)["id"] != id {
+		t.Fatalf("ls --output json: %v", list)
+	}
+	if v := jsonOf("pause", id, "-o", "json"); v["state"] != "paused" {
+		t.Fatalf("pause -o json: %v", v)
+	}
+	sameDocument(t, "get -o json", jsonOf("get", id, "-o", "json"), apiDocument(t, h, "/v1/sandboxes/"+id))
+	sameDocument(t, "egress -o json", jsonOf("egress", id, "-o", "json"), apiDocument(t, h, "/v1/sandboxes/"+id))
+	if v := jsonOf("keepalive", id, "5m", "-o", "json"); v["keepalive_until"] == nil {
+		t.Fatalf("keepalive -o json: %v", v)
+	}
+	if v := jsonOf("wake", id, "-o", "json"); v["state"] != "running" {
+		t.Fatalf("wake -o json: %v", v)
+	}
+	if v := jsonOf("stop", id, "-o", "json"); v["state"] != "stopped" {
+		t.Fatalf("stop -o json: %v", v)
+	}
+	history := jsonOf("history", id, "-o", "json")
+	sameDocument(t, "history -o json", history, apiDocument(t, h, "/v1/sandboxes/"+id+"/history"))
+	who := jsonOf("whoami", "-o", "json")
+	sameDocument(t, "whoami -o json", who, apiDocument(t, h, "/v1/whoami"))
+
+	// The table is the default, and --output table names it.
+	for _, args := range [][]string{{"history", id}, {"whoami"}} {
+		def := sw(args...).ok(t, strings.Join(args, " "))
+		if table := sw(append(args, "-o", "table")...).ok(t, strings.Join(args, " ")+" -o table"); table != def || strings.HasPrefix(def, "{") {
+			t.Fatalf("%s printed %q, with -o table %q: want the same table", strings.Join(args, " "), def, table)
+		}
+	}
+	events, _ := history["events"].([]any)
+	lines := strings.Split(strings.TrimSuffix(sw("history", id).out, "\n"), "\n")
+	if len(events) == 0 || len(lines) != len(events) {
+		t.Fatalf("history printed %d lines for %d events", len(lines), len(events))
+	}
+	for i, l := range lines {
+		ev := events[i].(map[string]any)
+		want := regexp.MustCompile(`^\S+ ` + id + ` ` + regexp.QuoteMeta(fmt.Sprint(ev["from"])) + ` → ` + regexp.QuoteMeta(fmt.Sprint(ev["to"])) + ` \(`)
+		if ev["from"] != nil && ev["to"] != nil && !want.MatchString(l) {
+			t.Errorf("history line %d %q, event %v", i, l, ev)
+		}
+	}
+	if !strings.HasSuffix(lines[len(lines)-1], " running → stopped (api)") {
+		t.Errorf("history's last line %q, want the stop", lines[len(lines)-1])
+	}
+	if kv := parseRecordLines(sw("whoami").out); kv["scope"] != who["scope"] || kv["labels"] != "-" {
+		t.Errorf("whoami printed %v, the API says %v", kv, who)
+	}
+	if kv := parseRecordLines(sw("get", id, "--output", "table").out); kv["id"] != id || kv["state"] != "stopped" {
+		t.Errorf("get --output table printed %v", kv)
+	}
+	if rows := parseTable(t, sw("ls", "-o", "table").out, lsHeaders...); rowOf(rows, id) == nil {
+		t.Errorf("ls -o table misses %s: %v", id, rows)
+	}
+	sw("nodes", "-o", "json").failed(t, "nodes -o json on a single host", "(404)")
+
+	// destroy answers 204: nothing to print. purge answers what it freed.
+	if out := sw("destroy", id, "-o", "json").ok(t, "destroy -o json"); out != "" {
+		t.Fatalf("destroy -o json printed %q, want nothing", out)
+	}
+	if v := jsonOf("purge", id, "-o", "json"); v["freed_bytes"] == nil {
+		t.Fatalf("purge -o json: %v", v)
+	}
 }
 
 // TestCommandUsageErrors: bad flags and arguments fail before any call, with
@@ -329,6 +463,10 @@ func TestCommandUsageErrors(t *testing.T) {
 		{[]string{"frob"}, `unknown command "frob" (commands: `},
 		{[]string{"lss"}, `unknown command "lss"; did you mean "ls"?`},
 		{[]string{"--nope"}, "unknown flag: --nope"},
+		{[]string{"ls", "--output", "yaml"}, `ls: invalid argument "yaml" for "-o, --output" flag: want json or table`},
+		{[]string{"get", "abc", "-o", "wide"}, `get: invalid argument "wide" for "-o, --output" flag: want json or table`},
+		{[]string{"ls", "--json", "--output", "table"}, "ls: --json and --output table disagree"},
+		{[]string{"cluster", "ca", "--out", "ca", "-o", "json"}, "cluster ca writes files and prints no API answer: --output json does not apply"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			runCLI(t, context.Background(), append(tc.args, "--api", api)...).failed(t, strings.Join(tc.args, " "), tc.want)
@@ -601,17 +739,102 @@ func TestCommandFormats(t *testing.T) {
 	}
 }
 
-// TestCLIBinary: the built caddy has the sandwake command; its ls table
-// lists a sandbox, and a refused call exits non-zero with one line.
-func TestCLIBinary(t *testing.T) {
-	h := newHarness(t, "")
-	rec := h.create(nil)
+// buildCaddy builds cmd/caddy, the caddy a user runs, into a temporary
+// directory.
+func buildCaddy(t *testing.T) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "caddy")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/caddy")
 	build.Dir = ".."
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/caddy: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// TestCLIHelp: in the built caddy, `caddy sandwake --help` and the help of
+// every command under it end with the command's flags (one final newline,
+// no blank line, none of the footer Caddy's root command gives its own
+// commands), and a command with commands lists each one with its one-line
+// summary.
+func TestCLIHelp(t *testing.T) {
+	bin := buildCaddy(t)
+	run := func(args ...string) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil || stderr.Len() != 0 {
+			t.Fatalf("caddy %s: %v\nstderr: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return stdout.String()
+	}
+	// The in-process tree says which commands there are.
+	var out, errOut cliBuffer
+	sw, _, err := cliRoot(t, &out, &errOut).Find([]string{"sandwake"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	var visit func(c *cobra.Command)
+	visit = func(c *cobra.Command) {
+		path := strings.Fields(c.CommandPath())[1:] // without "caddy"
+		help := run(append(path, "--help")...)
+		name := "caddy " + strings.Join(path, " ") + " --help"
+		if !strings.HasSuffix(help, "\n") || strings.HasSuffix(help, "\n\n") || strings.HasPrefix(help, "\n") {
+			t.Errorf("%s starts or ends with a blank line:\n%q", name, help)
+		}
+		for _, footer := range []string{"Full documentation", "caddyserver.com", "for more information about a command", "[command] --help"} {
+			if strings.Contains(help, footer) {
+				t.Errorf("%s has Caddy's footer (%q):\n%s", name, footer, help)
+			}
+		}
+		if desc := cmp.Or(c.Long, c.Short); !strings.HasPrefix(help, desc+"\n\nUsage:\n  caddy "+strings.Join(path, " ")) {
+			t.Errorf("%s does not start with what the command does and its usage:\n%s", name, help)
+		}
+		checked++
+		if !c.HasAvailableSubCommands() {
+			return
+		}
+		// "Commands:", then one line per command: name, summary.
+		_, list, ok := strings.Cut(help, "\nCommands:\n")
+		list, _, _ = strings.Cut(list, "\n\n")
+		listed := map[string]string{}
+		for l := range strings.Lines(list) {
+			name, summary, _ := strings.Cut(strings.TrimSpace(l), " ")
+			listed[name] = strings.TrimSpace(summary)
+		}
+		var want []string
+		for _, sub := range c.Commands() {
+			if !sub.IsAvailableCommand() {
+				continue
+			}
+			want = append(want, sub.Name())
+			if strings.Contains(sub.Short, "\n") || listed[sub.Name()] != sub.Short || sub.Short == "" {
+				t.Errorf("%s lists %s as %q, want its one-line summary %q", name, sub.Name(), listed[sub.Name()], sub.Short)
+			}
+			visit(sub)
+		}
+		if !ok || len(listed) != len(want) {
+			t.Errorf("%s lists %d commands %v, want %v:\n%s", name, len(listed), listed, want, help)
+		}
+	}
+	visit(sw)
+	if checked < 17 {
+		t.Fatalf("checked the help of %d commands", checked)
+	}
+	// `caddy help sandwake` is the same help.
+	if a, b := run("help", "sandwake"), run("sandwake", "--help"); a != b {
+		t.Errorf("caddy help sandwake:\n%s\ndiffers from caddy sandwake --help:\n%s", a, b)
+	}
+}
+
+// TestCLIBinary: the built caddy has the sandwake command; its ls table
+// lists a sandbox, and a refused call exits non-zero with one line.
+func TestCLIBinary(t *testing.T) {
+	h := newHarness(t, "")
+	rec := h.create(nil)
+	bin := buildCaddy(t)
 
 	var stdout, stderr bytes.Buffer
 	ls := exec.Command(bin, "sandwake", "ls", "--api", h.apiURL(""), "--token", testToken)
