@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -214,4 +215,101 @@ func TestBrowserWarmingPageBecomesApp(t *testing.T) {
 		// Let the wake finish before the sandbox is removed.
 		browse(t, ctx, "waiting for the app", chromedp.WaitVisible(chromedp.CSS("#app")))
 	})
+}
+
+// watchStateLine is run in every document of the tab before its own
+// scripts: it records in sessionStorage (which the app's page, on the same
+// origin, can still read after the reload) every text the warming page's
+// state line takes and every answer of the status endpoint the page reads.
+const watchStateLine = `(function () {
+  var KEY = "sandwake-test.seen";
+  function log(entry) {
+    var seen = JSON.parse(sessionStorage.getItem(KEY) || "[]");
+    seen.push(entry);
+    sessionStorage.setItem(KEY, JSON.stringify(seen));
+  }
+  new MutationObserver(function (records) {
+    records.forEach(function (r) {
+      if (r.type === "characterData" && r.target.parentNode && r.target.parentNode.id === "sandwake-state") {
+        log({ shown: r.target.data });
+        return;
+      }
+      r.addedNodes.forEach(function (n) {
+        if (r.target.id === "sandwake-state" || n.id === "sandwake-state") { log({ shown: n.textContent }); }
+      });
+    });
+  }).observe(document, { subtree: true, childList: true, characterData: true });
+  var realFetch = window.fetch;
+  window.fetch = function (url) {
+    return realFetch.apply(this, arguments).then(function (res) {
+      if (String(url).indexOf("/.well-known/sandwake/status") >= 0) {
+        res.clone().json().then(function (st) { log({ status: st.state, waking: !!st.waking }); }, function () {});
+      }
+      return res;
+    });
+  };
+})();`
+
+// TestBrowserWarmingPageShowsStarting: while a wake runs, the warming page
+// reads the sandbox's status (its record still says stopped, with waking
+// true) and its state line says "starting", never "stopped"; then the page
+// turns into the app by itself.
+func TestBrowserWarmingPageShowsStarting(t *testing.T) {
+	h := newHarness(t, "")
+	ctx := newBrowser(t, chromedp.WindowSize(1280, 800))
+	// The app listens only after this delay: the wake, and the page's
+	// status reads, happen while it lasts.
+	rec := h.create(map[string]string{"STARTUP_DELAY": "3s"})
+	h.stop(rec.ID)
+	since := time.Now()
+	loads := recordDocumentLoads(t, ctx)
+	if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: watchStateLine}); err != nil {
+		t.Fatalf("adding the watching script: %v", err)
+	}
+
+	browse(t, ctx, "opening the stopped sandbox",
+		chromedp.Navigate("http://"+h.host(rec.ID, 8080)+"/"),
+		chromedp.WaitVisible(warmingSelector),
+	)
+	screenshot(t, ctx, "warming-starting.png")
+	// No click, no reload from here: the page follows the wake itself.
+	browse(t, ctx, "waiting for the app", chromedp.WaitVisible(chromedp.CSS("#app")))
+
+	type seen struct {
+		Shown  *string `json:"shown"`
+		Status *string `json:"status"`
+		Waking bool    `json:"waking"`
+	}
+	entries := evaluate[[]seen](t, ctx, `JSON.parse(sessionStorage.getItem("sandwake-test.seen") || "[]")`)
+	var shown []string
+	readWhileWaking := false
+	for _, s := range entries {
+		switch {
+		case s.Shown != nil:
+			shown = append(shown, *s.Shown)
+		case s.Status != nil:
+			readWhileWaking = readWhileWaking || (*s.Status == "stopped" && s.Waking)
+		}
+	}
+	t.Logf("state line: %q; status reads: %d entries in all", shown, len(entries)-len(shown))
+	if !readWhileWaking {
+		t.Fatalf("the page never read the status while the wake ran (stopped, waking): %+v", entries)
+	}
+	if len(shown) == 0 || shown[0] != "starting" {
+		t.Fatalf("state line showed %q, want \"starting\" first", shown)
+	}
+	for _, s := range shown {
+		if s != "starting" && s != "running" {
+			t.Fatalf("state line showed %q while the sandbox woke (all: %q), want only starting, then running", s, shown)
+		}
+	}
+	if title := evaluate[string](t, ctx, `document.title`); title != "sandwake testapp" {
+		t.Fatalf("title %q, want the app's", title)
+	}
+	if n := h.startEvents(rec.ID, since); n != 1 {
+		t.Fatalf("%d docker starts, want 1", n)
+	}
+	if got, want := fmt.Sprint(loads.get()), "[503 200]"; got != want {
+		t.Fatalf("page loads answered %s, want %s (warming, then the app)", got, want)
+	}
 }
