@@ -74,7 +74,10 @@ func dockerSocket(t testing.TB) string {
 	return path
 }
 
-func newDockerAPIProxy(t testing.TB) *dockerAPIProxy {
+// newDockerAPIProxy starts a proxy to the Docker daemon's socket; opts
+// change its reverse proxy before it serves (e.g. ModifyResponse, to make
+// the engine say something else of itself).
+func newDockerAPIProxy(t testing.TB, opts ...func(*httputil.ReverseProxy)) *dockerAPIProxy {
 	t.Helper()
 	target := dockerSocket(t)
 	p := &dockerAPIProxy{
@@ -95,6 +98,9 @@ func newDockerAPIProxy(t testing.TB) *dockerAPIProxy {
 		},
 		FlushInterval: -1, // the event stream must not be buffered
 		ErrorLog:      log.New(io.Discard, "", 0),
+	}
+	for _, o := range opts {
+		o(p.rp)
 	}
 	p.restore()
 	t.Cleanup(func() {

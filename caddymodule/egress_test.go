@@ -148,7 +148,7 @@ func TestDashboardShowsEgress(t *testing.T) {
 			var f facts
 			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 				f = evaluate[facts](t, ctx, fmt.Sprintf(`(function () {
-					var tr = document.querySelector('tr[data-id=%q]'), w = document.getElementById("egress-warning");
+					var tr = document.querySelector('tr[data-id=%q]'), w = document.getElementById("isolation-warning");
 					return { row: tr.querySelector(".sub.egress").textContent, banner: w.textContent, shown: !w.hidden };
 				})()`, a.ID))
 				return strings.HasPrefix(f.Row, tc.row) && (tc.banner == "") == !f.Shown, fmt.Sprintf("row %q, banner %q shown %v", f.Row, f.Banner, f.Shown)

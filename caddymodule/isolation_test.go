@@ -1,15 +1,22 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/chromedp/chromedp"
 	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -145,5 +152,101 @@ func TestIsolationThroughTheAPI(t *testing.T) {
 	}
 	if status, _, _ := create(map[string]any{}); status != 201 {
 		t.Fatalf("create after the refused reload: %d, want the running config serving", status)
+	}
+}
+
+// withoutSeccomp makes the Docker engine behind a proxy say of itself what
+// an engine run with --seccomp-profile unconfined says: the rest of GET
+// /info, and every other call, is the real engine's.
+func withoutSeccomp(rp *httputil.ReverseProxy) {
+	rp.ModifyResponse = func(res *http.Response) error {
+		if res.Request.Method != http.MethodGet || !strings.HasSuffix(res.Request.URL.Path, "/info") || res.StatusCode != http.StatusOK {
+			return nil
+		}
+		var info map[string]any
+		err := json.NewDecoder(res.Body).Decode(&info)
+		res.Body.Close()
+		if err != nil {
+			return fmt.Errorf("decoding docker info: %w", err)
+		}
+		opts, _ := info["SecurityOptions"].([]any)
+		for i, o := range opts {
+			if s, _ := o.(string); strings.HasPrefix(s, "name=seccomp") {
+				opts[i] = "name=seccomp,profile=unconfined"
+			}
+		}
+		body, err := json.Marshal(info)
+		if err != nil {
+			return err
+		}
+		res.Body = io.NopCloser(bytes.NewReader(body))
+		res.ContentLength = int64(len(body))
+		res.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		return nil
+	}
+}
+
+// TestDashboardShowsIsolation: in a real browser, the dashboard's banner
+// carries readyz's isolation check when it says isolation is weakened (an
+// engine that applies no seccomp profile), and says nothing of isolation on
+// an engine with its seccomp profile; readyz stays ready either way.
+func TestDashboardShowsIsolation(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		seccomp  bool
+		screenAs string
+	}{
+		{"engine with seccomp", true, "dashboard-isolation-ok.png"},
+		{"engine without seccomp", false, "dashboard-isolation.png"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			extra := ""
+			if !tc.seccomp {
+				extra = "docker_host unix://" + newDockerAPIProxy(t, withoutSeccomp).path
+			}
+			h := newHarness(t, extra)
+			var ready struct {
+				Ready  bool              `json:"ready"`
+				Checks map[string]string `json:"checks"`
+			}
+			h.api("GET", "/v1/readyz", nil, &ready)
+			check := ready.Checks["isolation"]
+			weak, weakened := strings.CutPrefix(check, "ok, but ")
+			if !ready.Ready || weakened == tc.seccomp || (weakened && !strings.Contains(weak, "no seccomp profile")) {
+				t.Fatalf("readyz: ready %v, isolation %q", ready.Ready, check)
+			}
+			a := h.create(nil)
+			srv := newDashboardServer(t, h, true)
+			ctx := newBrowser(t, chromedp.WindowSize(1280, 800))
+			browse(t, ctx, "signing in",
+				chromedp.Navigate(srv.URL+"/"),
+				chromedp.WaitVisible(chromedp.ID("token-form")),
+				chromedp.SendKeys(chromedp.ID("token-input"), testToken),
+				chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+				chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
+			)
+			type banner struct {
+				Text  string `json:"text"`
+				Shown bool   `json:"shown"`
+			}
+			read := func() banner {
+				return evaluate[banner](t, ctx, `(function () {
+					var w = document.getElementById("isolation-warning");
+					return { text: w.textContent, shown: !w.hidden };
+				})()`)
+			}
+			// The banner is filled from readyz once, after sign-in; it
+			// says so whether or not it has anything to show.
+			browse(t, ctx, "waiting for readyz to be read", chromedp.WaitReady(chromedp.CSS(`#isolation-warning[data-checked="true"]`)))
+			b := read()
+			hasLine := slices.Contains(strings.Split(b.Text, " · "), "Isolation: "+weak)
+			switch {
+			case weakened && (!b.Shown || !hasLine):
+				t.Fatalf("banner %+v, want it shown with the line %q", b, "Isolation: "+weak)
+			case !weakened && strings.Contains(b.Text, "Isolation"):
+				t.Fatalf("banner %+v on an engine with seccomp (readyz: %q)", b, check)
+			}
+			screenshot(t, ctx, tc.screenAs)
+		})
 	}
 }
