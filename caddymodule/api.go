@@ -91,6 +91,7 @@ func (api *API) Provision(ctx caddy.Context) error {
 	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(admin, api.routed(api.patch)))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(operate, api.routed(api.createToken)))
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(operate, api.routed(api.revokeTokens)))
+	mux.HandleFunc("GET /v1/templates", api.authed(read, api.templates))
 	mux.HandleFunc("GET /v1/nodes", api.authed(read, api.nodes))
 	mux.HandleFunc("POST /v1/nodes/{name}/drain", api.authed(admin, api.unbound(api.drainNode)))
 	mux.HandleFunc("DELETE /v1/nodes/{name}", api.authed(admin, api.unbound(api.removeNode)))
@@ -326,12 +327,16 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 		api.createInCluster(w, r, e, &body, spec)
 		return
 	}
-	rec, err := e.mgr.Create(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec})
+	rec, pool, err := e.mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec, Template: body.Template, Pool: body.Pool})
 	if err != nil {
 		writeEngineError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, e.view(&rec))
+	v := e.view(&rec)
+	if body.Template != "" {
+		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
+	}
+	writeJSON(w, http.StatusCreated, v)
 }
 
 func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -679,7 +684,7 @@ func (e *engine) view(r *lifecycle.Record) recordView {
 		Labels: r.Spec.Labels, Access: r.Spec.Access,
 		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, StateSince: r.StateSince,
 		ExpiresAt: optTime(r.ExpiresAt), KeepaliveUntil: optTime(r.KeepaliveUntil), VerifiedAt: optTime(r.VerifiedAt),
-		Node: e.nodeName(),
+		Node: e.nodeName(), Template: r.Template,
 	}
 	if eg := r.Spec.Egress; eg.Policy != "" {
 		v.Egress = &client.Egress{Policy: eg.Policy, Allow: eg.Allow}

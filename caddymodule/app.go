@@ -200,6 +200,15 @@ type App struct {
 	// Default: the nameservers of the host's resolv.conf, which Docker
 	// forwards containers' queries to.
 	EgressDNS []string `json:"egress_dns,omitempty"`
+	// Templates are named sandbox shapes creates can use
+	// ("template":"web"), each with an optional warm pool of containers
+	// made ahead of any create.
+	Templates []TemplateConfig `json:"templates,omitempty"`
+	// PoolMemoryMax caps the memory the warm pools' idle containers hold
+	// together (the memory_mb of their templates), as a size ("4GiB") or a
+	// share of the host ("10%"). Default: no cap.
+	PoolMemoryMax string `json:"pool_memory_max,omitempty"`
+
 	// DefaultMemory is the memory limit of a sandbox whose spec gives none,
 	// as a size ("512MiB"); "0" leaves them unlimited. Default: 512MiB.
 	DefaultMemory string `json:"default_memory,omitempty"`
@@ -265,6 +274,9 @@ type App struct {
 	minFreeBytes  uint64
 	defaultMemMB  int64
 	defaultDiskMB int64
+	// templates are Templates, normalised; poolMemoryMaxMB PoolMemoryMax.
+	templates       []lifecycle.Template
+	poolMemoryMaxMB int64
 	hooks         []lifecycle.Webhook
 	previewSecret string
 	egress        egressSettings
@@ -463,6 +475,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.UpstreamMode = core.UpstreamPublished
 	}
 	if err := a.provisionEgress(); err != nil {
+		return err
+	}
+	if err := a.provisionTemplates(); err != nil {
 		return err
 	}
 	if a.Pull == "" {
@@ -809,6 +824,7 @@ func openEngine(a *App) (*engine, error) {
 		OnDelivery:        observeDelivery,
 		OnReconcile:       observeCorrection,
 		OnDiskQuota:       observeDiskQuota,
+		OnPoolClaim:       observePoolClaim,
 		DiskInterval:      time.Duration(a.DiskCheckInterval),
 		ActivityFlush:     time.Duration(a.ActivityFlush),
 		ReapInterval:      time.Duration(a.ReapInterval),
@@ -939,12 +955,14 @@ func (a *App) managerSettings() lifecycle.Settings {
 		MinFreeMemory:  a.minFreeBytes,
 		EventRetention: time.Duration(a.EventRetention),
 		Isolation:      lifecycle.Isolation{User: a.User, ReadonlyRootfs: a.ReadonlyRootfs, Runtime: a.Runtime, CPUs: a.DefaultCPUs, DiskMB: a.defaultDiskMB},
+		Templates:       a.templates,
+		PoolMemoryMaxMB: a.poolMemoryMaxMB,
 	}
 }
 
 // validEventType reports whether typ names an event sandwake emits.
 func validEventType(typ string) bool {
-	if typ == lifecycle.EventDestroyed || typ == lifecycle.EventPurged || typ == lifecycle.EventEgress {
+	if typ == lifecycle.EventDestroyed || typ == lifecycle.EventPurged || typ == lifecycle.EventEgress || typ == lifecycle.EventPoolFilled {
 		return true
 	}
 	state, ok := strings.CutPrefix(typ, "sandbox.")

@@ -402,6 +402,16 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				"max_resident": &a.MaxResident, "max_event_streams": &a.MaxEventStreams,
 				"max_event_streams_per_client": &a.MaxEventStreamsPerClient,
 			}[opt] = &n
+		case "template":
+			tc, err := unmarshalTemplate(d)
+			if err != nil {
+				return err
+			}
+			a.Templates = append(a.Templates, tc)
+		case "pool_memory_max":
+			if !d.AllArgs(&a.PoolMemoryMax) {
+				return d.ArgErr()
+			}
 		case "cluster":
 			cc, err := unmarshalCluster(d)
 			if err != nil {

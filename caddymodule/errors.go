@@ -40,6 +40,8 @@ func errorStatus(err error) (status int, code string, retryAfter int) {
 		return http.StatusConflict, "conflict", 0
 	case errors.Is(err, lifecycle.ErrCapacity):
 		return http.StatusServiceUnavailable, "capacity", 5
+	case errors.Is(err, lifecycle.ErrPoolEmpty):
+		return http.StatusServiceUnavailable, "pool_empty", 1
 	case errors.Is(err, lifecycle.ErrUnavailable), errors.Is(err, lifecycle.ErrClosed):
 		return http.StatusServiceUnavailable, "unavailable", 5
 	case errors.Is(err, lifecycle.ErrStoreUnavailable):

@@ -94,6 +94,22 @@ var (
 		Help: "Changes reconcile made so the store follows Docker, by kind.",
 	}, []string{"kind"})
 
+	metricPoolClaims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "pool_claims_total",
+		Help: "Creates from a template, by template and result: hit (a warm pool container claimed) or the reason it was created cold (empty, bypass, id, env, failed, no_pool).",
+	}, []string{"template", "result"})
+	metricPoolClaimSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "pool_claim_seconds",
+		Help:    "Time a pool hit took, from the claim to the sandbox running.",
+		Buckets: []float64{.002, .005, .01, .015, .02, .03, .05, .1, .25, .5, 1},
+	})
+	metricPoolIdle = prometheus.NewDesc("caddy_sandwake_pool_idle",
+		"Idle warm pool containers of the template's current shape, ready to claim.", []string{"template"}, nil)
+	metricPoolRefills = prometheus.NewDesc("caddy_sandwake_pool_refills_total",
+		"Warm pool containers made, by template (since the gateway started).", []string{"template"}, nil)
+	metricPoolRemoved = prometheus.NewDesc("caddy_sandwake_pool_removed_total",
+		"Warm pool containers removed unclaimed, by reason: stale, max_age, surplus, pressure, died, leftover, failed (since the gateway started).", []string{"reason"}, nil)
+
 	// metricsEngine is the engine whose states the sandboxes gauge reports.
 	metricsEngine atomic.Pointer[engine]
 	// Pre-resolved counters of the hot path: WithLabelValues would hash the
@@ -112,6 +128,9 @@ func (statesCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- metricBreakerOpen
 	ch <- metricEgressDenied
 	ch <- metricEgressEnforced
+	ch <- metricPoolIdle
+	ch <- metricPoolRefills
+	ch <- metricPoolRemoved
 }
 
 func (statesCollector) Collect(ch chan<- prometheus.Metric) {
@@ -142,11 +161,37 @@ func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 		enforced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(metricEgressEnforced, prometheus.GaugeValue, enforced)
+	for _, t := range e.mgr.Templates() {
+		ch <- prometheus.MustNewConstMetric(metricPoolIdle, prometheus.GaugeValue, float64(t.Idle), t.Template.Name)
+		ch <- prometheus.MustNewConstMetric(metricPoolRefills, prometheus.CounterValue, float64(t.Refills), t.Template.Name)
+	}
+	removed := e.mgr.PoolRemoved()
+	for _, reason := range poolRemovedReasons {
+		ch <- prometheus.MustNewConstMetric(metricPoolRemoved, prometheus.CounterValue, float64(removed[reason]), reason)
+	}
+}
+
+// poolRemovedReasons are the reasons caddy_sandwake_pool_removed_total
+// always reports (zero included, so that rate() sees the first removal).
+var poolRemovedReasons = []string{
+	lifecycle.PoolRemovedStale, lifecycle.PoolRemovedAge, lifecycle.PoolRemovedSurplus, lifecycle.PoolRemovedPressure,
+	lifecycle.PoolRemovedDied, lifecycle.PoolRemovedLeftover, lifecycle.PoolRemovedFailed,
+}
+
+// observePoolClaim counts a create from a template and times its claim.
+func observePoolClaim(template string, out lifecycle.PoolOutcome, took time.Duration) {
+	if out.Hit {
+		metricPoolClaims.WithLabelValues(template, "hit").Inc()
+		metricPoolClaimSeconds.Observe(took.Seconds())
+		return
+	}
+	metricPoolClaims.WithLabelValues(template, out.Reason).Inc()
 }
 
 var collectors = []prometheus.Collector{
 	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, statesCollector{},
 	metricReaperActions, metricCorrections, metricDeliveries, metricDiskQuotaStops,
+	metricPoolClaims, metricPoolClaimSeconds,
 }
 
 // observeDiskQuota counts a sandbox stopped over its disk quota.

@@ -64,6 +64,64 @@ type Sandbox struct {
 	// DiskUsedMB is what it had written at the disk watchdog's last
 	// measure (while running or paused, with a quota).
 	DiskUsedMB *int64 `json:"disk_used_mb,omitempty"`
+	// Template is the template the sandbox was created from.
+	Template string `json:"template,omitempty"`
+	// Pool, in the answer of a create from a template only, says whether
+	// a warm pool container was claimed.
+	Pool *PoolOutcome `json:"pool,omitempty"`
+}
+
+// PoolOutcome is what a create from a template did with its warm pool:
+// Hit when it claimed an idle container, else the Reason it created cold
+// (empty, bypass, id, env, failed, no_pool).
+type PoolOutcome struct {
+	Hit    bool   `json:"hit"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Template is a named sandbox shape of the gateway, with its warm pool
+// (GET /v1/templates).
+type Template struct {
+	Name          string            `json:"name"`
+	Image         string            `json:"image"`
+	Cmd           []string          `json:"cmd,omitempty"`
+	EnvKeys       []string          `json:"env_keys"`
+	Ports         []int             `json:"ports"`
+	MemoryMB      int64             `json:"memory_mb,omitempty"`
+	CPUs          float64           `json:"cpus,omitempty"`
+	WorkspacePath string            `json:"workspace_path"`
+	ReadyPath     string            `json:"ready_path,omitempty"`
+	IdlePause     string            `json:"idle_pause,omitempty"`
+	IdleStop      string            `json:"idle_stop,omitempty"`
+	MaxLifetime   string            `json:"max_lifetime,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Access        string            `json:"access"`
+	Pool          PoolStatus        `json:"pool"`
+}
+
+// PoolStatus is a template's warm pool: its settings and figures.
+type PoolStatus struct {
+	// Idle containers of the template's current shape, ready to claim;
+	// Filling being made.
+	Idle    int    `json:"idle"`
+	Filling int    `json:"filling"`
+	MinIdle int    `json:"min_idle"`
+	MaxIdle int    `json:"max_idle"`
+	State   string `json:"state"`
+	MaxAge  string `json:"max_age,omitempty"`
+	// Hits and Misses count creates from the template that did and did
+	// not claim a container; MissReasons splits the misses.
+	Hits        uint64            `json:"hits"`
+	Misses      uint64            `json:"misses"`
+	MissReasons map[string]uint64 `json:"miss_reasons,omitempty"`
+	Refills     uint64            `json:"refills"`
+	// LastError is the last fill's failure, while the refill backs off.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// TemplateList is the answer of GET /v1/templates.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
 }
 
 // Egress is a sandbox's egress policy: "public" (the internet but not the
@@ -99,7 +157,15 @@ type ListOptions struct {
 // strings like "90s" or "30m"; nil leaves the gateway's setting, "0" turns
 // the tier off.
 type CreateRequest struct {
-	ID            string            `json:"id"`
+	ID string `json:"id"`
+	// Template names a template of the gateway: the sandbox gets its
+	// fields, and a container of its warm pool when one is idle. Beside
+	// it, only id, labels, access, egress, env and the idle tiers may be
+	// given (anything else needs Pool "bypass").
+	Template string `json:"template,omitempty"`
+	// Pool is "prefer" (default: claim, else create cold), "require"
+	// (claim, else 503 pool_empty) or "bypass" (create cold).
+	Pool          string            `json:"pool,omitempty"`
 	Image         string            `json:"image"`
 	Cmd           []string          `json:"cmd"`
 	Env           map[string]string `json:"env"`

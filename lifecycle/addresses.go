@@ -213,6 +213,7 @@ func (m *Manager) SyncFirewall(ctx context.Context) (FirewallStatus, error) {
 		}
 		entries = append(entries, FirewallEntry{ID: recs[i].ID, Address: recs[i].Address, Egress: e})
 	}
+	entries = append(entries, m.poolFirewallEntries()...)
 	st, err := fw.Sync(entries)
 	if err != nil {
 		return st, fmt.Errorf("firewall sync: %w", err)

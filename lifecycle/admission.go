@@ -20,6 +20,14 @@ func (m *Manager) admit(ctx context.Context, id string) (release func(), err err
 	cfg := m.config()
 	if cfg.MinFreeMemory > 0 {
 		if avail, err := cfg.MemAvailable(); err == nil && avail < cfg.MinFreeMemory {
+			// The warm pool gives its memory back before any sandbox.
+			for avail < cfg.MinFreeMemory && m.shedPool() {
+				if avail, err = cfg.MemAvailable(); err != nil {
+					break
+				}
+			}
+		}
+		if avail, err := cfg.MemAvailable(); err == nil && avail < cfg.MinFreeMemory {
 			if _, _, err := m.evictOne(ctx, id, "evicted_memory", 0); err != nil {
 				return nil, fmt.Errorf("waking sandbox %s: %w: %d MiB available, %d MiB to keep free", id, ErrCapacity, avail>>20, cfg.MinFreeMemory>>20)
 			}

@@ -17,6 +17,12 @@ type CreateRequest struct {
 	// folded to lower case.
 	ID   string
 	Spec Spec
+	// Template, when set, names the template the sandbox is made from;
+	// Spec then holds only the caller's own fields (see fromTemplate).
+	Template string
+	// Pool is what a create from a template does with its warm pool:
+	// PoolPrefer (""), PoolRequire or PoolBypass.
+	Pool string
 }
 
 // Create validates req, stores the sandbox as creating, creates and starts its
@@ -24,23 +30,104 @@ type CreateRequest struct {
 // error with the record left in error (the record is kept so the failure can
 // be read and the sandbox retried with Wake). The work runs on the manager's
 // context bounded by WakeTimeout: a caller that gives up does not leave a
-// half-made sandbox.
+// half-made sandbox. A create from a template claims an idle container of
+// its warm pool when it can (see CreatePooled).
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error) {
+	rec, _, err := m.CreatePooled(ctx, req)
+	return rec, err
+}
+
+// CreatePooled is Create that also reports what the template's warm pool
+// did: a claim (Hit) or, for a cold create, why not.
+func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, PoolOutcome, error) {
 	done, err := m.track()
 	if err != nil {
-		return Record{}, err
+		return Record{}, PoolOutcome{}, err
 	}
 	defer done()
-	id := req.ID
+	if req.Template == "" {
+		if req.Pool != "" {
+			return Record{}, PoolOutcome{}, invalid("pool: %q needs a template", req.Pool)
+		}
+		rec, err := m.createCold(ctx, req.ID, req.Spec, "")
+		return rec, PoolOutcome{}, err
+	}
+	t, ok := m.Template(req.Template)
+	if !ok {
+		return Record{}, PoolOutcome{}, invalid("template %q is not configured here (templates: %s)", req.Template, templateNames(m.config().Templates))
+	}
+	mode := req.Pool
+	switch mode {
+	case "":
+		mode = PoolPrefer
+	case PoolPrefer, PoolRequire, PoolBypass:
+	default:
+		return Record{}, PoolOutcome{}, invalid("pool: %q is not prefer, require or bypass", req.Pool)
+	}
+	spec, err := fromTemplate(&t, &req.Spec, mode)
+	if err != nil {
+		return Record{}, PoolOutcome{}, err
+	}
+	reason := ""
+	switch {
+	case mode == PoolBypass:
+		reason = PoolMissBypass
+	case req.ID != "":
+		reason = PoolMissID
+	case len(req.Spec.Env) > 0:
+		reason = PoolMissEnv
+	case t.Pool.MaxIdle == 0:
+		reason = PoolMissNone
+	}
+	if reason == "" {
+		checked := spec
+		if err := m.checkSpec(&checked); err != nil {
+			return Record{}, PoolOutcome{}, err
+		}
+		reason = PoolMissEmpty
+		if s := m.pool.take(t.Name); s != nil {
+			start := m.cfg.Now()
+			rec, err := m.claim(ctx, s, &t, checked)
+			m.pool.poke()
+			if err == nil {
+				out := PoolOutcome{Hit: true}
+				m.pool.count(t.Name, true, "")
+				if m.cfg.OnPoolClaim != nil {
+					m.cfg.OnPoolClaim(t.Name, out, m.cfg.Now().Sub(start))
+				}
+				return rec, out, nil
+			}
+			if errors.Is(err, ErrCapacity) || errors.Is(err, ErrClosed) || errors.Is(err, ErrStoreUnavailable) {
+				return Record{}, PoolOutcome{}, err
+			}
+			m.log.Warn("claiming a pool container failed; creating cold", zap.String("template", t.Name), zap.Error(err))
+			reason = PoolMissFailed
+		}
+	}
+	out := PoolOutcome{Reason: reason}
+	m.pool.count(t.Name, false, reason)
+	m.pool.poke()
+	if m.cfg.OnPoolClaim != nil {
+		m.cfg.OnPoolClaim(t.Name, out, 0)
+	}
+	if mode == PoolRequire {
+		return Record{}, out, fmt.Errorf("%w: template %s: no idle pool container could be claimed (%s); retry, or create without \"pool\":\"require\"", ErrPoolEmpty, t.Name, reason)
+	}
+	rec, err := m.createCold(ctx, req.ID, spec, t.Name)
+	return rec, out, err
+}
+
+// createCold makes a sandbox's container from nothing (see Create).
+func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, template string) (Record, error) {
+	id := reqID
 	if id == "" {
 		id = NewID(m.cfg.Now())
 	}
 	// Fold only ASCII: strings.ToLower would turn the Kelvin sign into k.
 	if !ValidID(asciiLower(id)) {
-		return Record{}, invalid("id %q must be 1-%d characters of [0-9a-z]", req.ID, MaxIDLen)
+		return Record{}, invalid("id %q must be 1-%d characters of [0-9a-z]", reqID, MaxIDLen)
 	}
 	id = asciiLower(id)
-	spec := req.Spec
 	if err := m.checkSpec(&spec); err != nil {
 		return Record{}, err
 	}
@@ -79,7 +166,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	now := m.cfg.Now().UTC()
-	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now, Incarnation: NewIncarnation(), Address: addr}
+	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now, Incarnation: NewIncarnation(), Address: addr, Template: template}
 	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
 		rec.ExpiresAt = now.Add(life)
 	}

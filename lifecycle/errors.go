@@ -45,4 +45,7 @@ var (
 	// below its reserve, read-only, failing). An engine change made before
 	// it is re-read and recorded once the store takes writes again.
 	ErrStoreUnavailable = errors.New("store not writable")
+	// ErrPoolEmpty: a create with "pool":"require" found no idle container
+	// of its template.
+	ErrPoolEmpty = errors.New("pool empty")
 )

@@ -129,6 +129,20 @@ type Config struct {
 	// Egress is the operator's egress settings: the default policy and
 	// what allow entries may open.
 	Egress EgressConfig
+	// Templates are the named sandbox shapes creates may use, each with
+	// its warm pool.
+	Templates []Template
+	// PoolMemoryMaxMB caps the memory (the memory_mb of their templates)
+	// the warm pools' idle containers may hold together; 0: no cap.
+	PoolMemoryMaxMB int64
+	// PoolInterval is how often the pool refill looks at the pools when
+	// nothing nudges it. Default: DefaultPoolInterval.
+	PoolInterval time.Duration
+	// OnPoolClaim, when set, is called after every create from a
+	// template: whether it claimed a pool container, the reason when not,
+	// and how long the claim took (hits).
+	OnPoolClaim func(template string, out PoolOutcome, took time.Duration)
+
 	// Firewall enforces egress policies; nil runs sandboxes without one
 	// (egress unenforced). With a firewall, a sandbox whose rules cannot
 	// be installed does not start (ErrEgressUnenforced).
@@ -136,6 +150,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.PoolInterval <= 0 {
+		c.PoolInterval = DefaultPoolInterval
+	}
 	if c.WakeTimeout <= 0 {
 		c.WakeTimeout = DefaultWakeTimeout
 	}
@@ -227,6 +244,8 @@ type Manager struct {
 	// addrs maps each address held by a sandbox (from create to destroy)
 	// to its id; under mu.
 	addrs map[netip.Addr]string
+	// pool is the templates' warm pools.
+	pool *pool
 	// denied holds each sandbox's refused packets as last read from the
 	// firewall, deniedGone those of sandboxes since removed; under mu.
 	denied     map[string]uint64
@@ -254,7 +273,9 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 		addrs:   make(map[netip.Addr]string),
 		events:  newWorkQueue(),
 		built:   cfg,
+		pool:    newPool(),
 	}
+	m.pool.setTemplates(cfg.Templates)
 	m.activity.clock = cfg.Now
 	recs, err := st.List(nil)
 	if err != nil {
@@ -290,6 +311,8 @@ func (m *Manager) Start() error {
 	m.every(cfg.ActivityFlush, m.flushActivityLogged, true)
 	m.every(cfg.ReapInterval, m.reapPass, false)
 	m.every(cfg.ReconcileInterval, m.reconcilePass, false)
+	m.wg.Add(1)
+	go m.runPool(cfg.PoolInterval)
 	if _, ok := m.raw.(DiskMeter); ok {
 		m.every(cfg.DiskInterval, m.diskPass, false)
 	}
@@ -398,6 +421,9 @@ type Settings struct {
 	// Isolation: the defaults for new sandboxes; its Runtimes are the
 	// engine's and kept.
 	Isolation Isolation
+	// Templates and PoolMemoryMaxMB: see Config.
+	Templates       []Template
+	PoolMemoryMaxMB int64
 }
 
 // Apply copies the reloadable settings s into c; zero WakeTimeout,
@@ -423,6 +449,8 @@ func (c *Config) Apply(s Settings) {
 	if s.EventRetention > 0 {
 		c.EventRetention = s.EventRetention
 	}
+	c.Templates = s.Templates
+	c.PoolMemoryMaxMB = s.PoolMemoryMaxMB
 	runtimes := c.Isolation.Runtimes
 	c.Isolation = s.Isolation
 	c.Isolation.Runtimes = runtimes
@@ -431,8 +459,9 @@ func (c *Config) Apply(s Settings) {
 // Reconfigure applies new settings (see Config.Apply).
 func (m *Manager) Reconfigure(s Settings) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.cfg.Apply(s)
+	m.mu.Unlock()
+	m.pool.setTemplates(s.Templates)
 }
 
 // config returns a copy of the current configuration.

@@ -55,6 +55,10 @@ func (m *Manager) relievePressure(ctx context.Context, stats *ReapStats) {
 		minResident := cfg.MinResident
 		if reason == "memory" {
 			minResident = 0
+			// The warm pool goes first: it holds no one's work.
+			if m.shedPool() {
+				continue
+			}
 		}
 		id, _, err := m.evictOne(ctx, "", "pressure_"+reason, minResident)
 		if err != nil {

@@ -67,6 +67,7 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 		return stats, err
 	}
 	defer done()
+	listedAt := m.cfg.Now()
 	containers, err := m.runtime.List(ctx)
 	if err != nil {
 		return stats, fmt.Errorf("reconcile: %w", err)
@@ -110,9 +111,11 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 			stats.Corrections[c.Kind]++
 		}
 	}
+	// Pool containers without a record are the pool's, not orphans.
+	m.sweepPool(containers, known, listedAt)
 	cfg := m.config()
 	for _, id := range sortedKeys(byID) {
-		if known[id] {
+		if known[id] || byID[id].Pool != "" {
 			continue
 		}
 		stats.Orphans = append(stats.Orphans, id)

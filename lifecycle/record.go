@@ -74,6 +74,15 @@ type Spec struct {
 	// by the Manager from the record before the runtime creates the
 	// container (not stored here: Record.Address is).
 	Address netip.Addr `json:"-"`
+	// Pool marks a container made for a template's warm pool (labels on
+	// the container, not stored here).
+	Pool PoolTag `json:"-"`
+}
+
+// PoolTag is what a pool container carries of its template.
+type PoolTag struct {
+	Template string
+	Key      string
 }
 
 // Record is the stored state of one sandbox.
@@ -115,6 +124,9 @@ type Record struct {
 	// ("127.0.0.1:49153" when published, "s-<id>:8080" on a network). Host
 	// ports can change on every start, so they are re-read each time.
 	Upstreams map[int]string `json:"upstreams,omitempty"`
+
+	// Template is the template the sandbox was created from, "" for none.
+	Template string `json:"template,omitempty"`
 }
 
 // Event is one entry of the append-only event log. IDs increase by one with
@@ -139,4 +151,9 @@ const (
 	// EventEgress: the sandbox's egress policy changed; the event's reason
 	// is the new policy (public or none).
 	EventEgress = "sandbox.egress_changed"
+	// EventPoolFilled: a container was made for a template's warm pool
+	// (sandbox_id is the id it will have once claimed, reason the
+	// template). A claim is the sandbox's creating event, reason
+	// "pool_claim".
+	EventPoolFilled = "pool.filled"
 )

@@ -33,6 +33,11 @@ type Container struct {
 	Upstreams  map[int]string
 	StartedAt  time.Time
 	FinishedAt time.Time
+	// Pool is the template of a container made for the warm pool ("" for
+	// a sandbox's own); PoolKey its shape when it was made. A pool
+	// container whose id has a record was claimed and is that sandbox's.
+	Pool    string
+	PoolKey string
 }
 
 // Runtime is what the Manager needs from a container engine. Containers are
@@ -84,4 +89,13 @@ type ImageChecker interface {
 	// CheckImage returns nil when image is available, an error wrapping
 	// ErrImageNotFound when it is not, or ErrUnavailable.
 	CheckImage(ctx context.Context, image string) error
+}
+
+// ImageResolver is implemented by runtimes that can tell which image an
+// image reference points to now. The warm pool keys its containers by it,
+// so that a retagged image replaces them.
+type ImageResolver interface {
+	// ImageID returns the id of the image ref names on the engine
+	// (ErrImageNotFound when it has none).
+	ImageID(ctx context.Context, ref string) (string, error)
 }

@@ -32,6 +32,10 @@ const (
 	// LabelInstance names the gateway instance that owns the object: a
 	// runtime acts only on objects of its own instance.
 	LabelInstance = "sandwake.instance"
+	// LabelPool and LabelPoolKey mark a container made for a template's
+	// warm pool: the template and the shape it was made in.
+	LabelPool    = "sandwake.pool"
+	LabelPoolKey = "sandwake.pool.key"
 )
 
 // Image pull policies.
@@ -359,7 +363,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		Cmd:          spec.Cmd,
 		Env:          env,
 		ExposedPorts: exposed,
-		Labels:       labels,
+		Labels:       containerLabelsFor(labels, spec.Pool),
 		Hostname:     ContainerName(id),
 		User:         spec.User,
 	}
@@ -442,6 +446,30 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	}
 	r.owned.Store(id, res.ID)
 	return lifecycle.Container{ID: res.ID, SandboxID: id, State: lifecycle.ContainerCreated}, nil
+}
+
+// containerLabelsFor adds a pool container's labels to a sandbox's.
+func containerLabelsFor(labels map[string]string, pool lifecycle.PoolTag) map[string]string {
+	if pool.Template == "" {
+		return labels
+	}
+	l := maps.Clone(labels)
+	l[LabelPool] = pool.Template
+	l[LabelPoolKey] = pool.Key
+	return l
+}
+
+// ImageID implements lifecycle.ImageResolver: the id of the image ref
+// names on the engine.
+func (r *Runtime) ImageID(ctx context.Context, ref string) (string, error) {
+	res, err := r.cli.ImageInspect(ctx, ref)
+	if cerrdefs.IsNotFound(err) {
+		return "", fmt.Errorf("%w: image %q is not on the engine", lifecycle.ErrImageNotFound, ref)
+	}
+	if err != nil {
+		return "", classify("inspecting image "+ref, err, lifecycle.ErrImageNotFound)
+	}
+	return res.ID, nil
 }
 
 // ensureImage pulls image when the engine does not have it (or, with
@@ -685,6 +713,8 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Container, error) {
 			ID:        s.ID,
 			SandboxID: s.Labels[LabelID],
 			State:     lifecycle.ContainerState(s.State),
+			Pool:      s.Labels[LabelPool],
+			PoolKey:   s.Labels[LabelPoolKey],
 		})
 	}
 	return out, nil
