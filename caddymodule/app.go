@@ -277,10 +277,10 @@ type App struct {
 	// templates are Templates, normalised; poolMemoryMaxMB PoolMemoryMax.
 	templates       []lifecycle.Template
 	poolMemoryMaxMB int64
-	hooks         []lifecycle.Webhook
-	previewSecret string
-	egress        egressSettings
-	started       bool
+	hooks           []lifecycle.Webhook
+	previewSecret   string
+	egress          egressSettings
+	started         bool
 	// eng is set by Start; a pointer so that App stays copyable (Caddy
 	// copies module values).
 	eng    *atomic.Pointer[engine]
@@ -943,18 +943,18 @@ func (e *engine) apply(a *App) {
 // Manager takes them at start (Config.Apply) and on reload (Reconfigure).
 func (a *App) managerSettings() lifecycle.Settings {
 	return lifecycle.Settings{
-		WakeTimeout:    time.Duration(a.WakeTimeout),
-		KeepaliveMax:   time.Duration(a.KeepaliveMax),
-		MaxResident:    *a.MaxResident,
-		IdlePause:      time.Duration(*a.IdlePause),
-		IdleStop:       time.Duration(*a.IdleStop),
-		MinResident:    time.Duration(*a.MinResident),
-		CapacityWait:   time.Duration(*a.CapacityWait),
-		MaxLifetime:    time.Duration(a.MaxLifetime),
-		ExpiredWake:    a.ExpiredWake,
-		MinFreeMemory:  a.minFreeBytes,
-		EventRetention: time.Duration(a.EventRetention),
-		Isolation:      lifecycle.Isolation{User: a.User, ReadonlyRootfs: a.ReadonlyRootfs, Runtime: a.Runtime, CPUs: a.DefaultCPUs, DiskMB: a.defaultDiskMB},
+		WakeTimeout:     time.Duration(a.WakeTimeout),
+		KeepaliveMax:    time.Duration(a.KeepaliveMax),
+		MaxResident:     *a.MaxResident,
+		IdlePause:       time.Duration(*a.IdlePause),
+		IdleStop:        time.Duration(*a.IdleStop),
+		MinResident:     time.Duration(*a.MinResident),
+		CapacityWait:    time.Duration(*a.CapacityWait),
+		MaxLifetime:     time.Duration(a.MaxLifetime),
+		ExpiredWake:     a.ExpiredWake,
+		MinFreeMemory:   a.minFreeBytes,
+		EventRetention:  time.Duration(a.EventRetention),
+		Isolation:       lifecycle.Isolation{User: a.User, ReadonlyRootfs: a.ReadonlyRootfs, Runtime: a.Runtime, CPUs: a.DefaultCPUs, DiskMB: a.defaultDiskMB},
 		Templates:       a.templates,
 		PoolMemoryMaxMB: a.poolMemoryMaxMB,
 	}

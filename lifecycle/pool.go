@@ -89,8 +89,8 @@ type pool struct {
 	removed map[string]uint64
 	// making holds the firewall entries of containers being made.
 	making map[string]FirewallEntry
-	nudge   chan struct{}
-	sem     chan struct{}
+	nudge  chan struct{}
+	sem    chan struct{}
 }
 
 func newPool() *pool {
