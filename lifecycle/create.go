@@ -87,7 +87,7 @@ func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, 
 		reason = PoolMissEmpty
 		if s := m.pool.take(t.Name); s != nil {
 			start := m.cfg.Now()
-			rec, err := m.claim(ctx, s, &t, checked)
+			rec, err := m.claim(s, &t, checked)
 			m.pool.poke()
 			if err == nil {
 				out := PoolOutcome{Hit: true}

@@ -251,35 +251,41 @@ func (p *pool) done(id string) {
 	p.mu.Unlock()
 }
 
-// claim turns an idle pool container into sandbox rec (whose spec is the
-// template's plus the caller's other fields): the record is created under
-// the container's id, its egress rules installed, the container woken. On
-// failure the container is removed and the record too, and the caller
-// creates cold.
-func (m *Manager) claim(ctx context.Context, s *poolSlot, t *Template, spec Spec) (Record, error) {
+// claim turns an idle pool container into sandbox id (whose spec is the
+// template's plus the caller's other fields): the sandbox's egress rules
+// replace the pool's, the container is woken, and the record is created
+// running under the container's id, in one synced write. A crash before
+// the write leaves a pool container without a record, which the sweep
+// removes; after it, a sandbox. On failure the container is removed (or,
+// when only admission refused, put back) and the caller creates cold.
+func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (Record, error) {
 	id := s.id
 	defer m.pool.done(id)
 	release, err := m.admit(m.ctx, id)
 	if err != nil {
-		m.dropSlot(s, PoolRemovedFailed)
+		m.pool.putBack(t.Name, s)
 		return Record{}, err
 	}
 	defer release()
 	unlock := m.locks.lock(id)
 	defer unlock()
 	now := m.cfg.Now().UTC()
-	rec := Record{ID: id, Spec: spec, State: Creating, CreatedAt: now, LastActiveAt: now, StateSince: now,
-		Incarnation: NewIncarnation(), Address: s.addr, Template: t.Name}
+	rec := Record{ID: id, Spec: spec, State: Running, CreatedAt: now, LastActiveAt: now, StateSince: now, VerifiedAt: now,
+		Incarnation: NewIncarnation(), Address: s.addr, Template: t.Name, ContainerID: s.container, Upstreams: s.upstreams}
 	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
 		rec.ExpiresAt = now.Add(life)
 	}
-	fwDone := m.firewallShared()
-	if _, _, err := m.store.Create(rec, "pool_claim"); err != nil {
-		fwDone()
-		m.dropSlot(s, PoolRemovedFailed)
-		return Record{}, err
+	if m.built.Firewall != nil && s.addr.IsValid() {
+		m.pool.mu.Lock()
+		m.pool.making[id] = FirewallEntry{ID: id, Address: s.addr, Egress: m.effectiveEgress(spec.Egress)}
+		m.pool.mu.Unlock()
+		defer func() {
+			m.pool.mu.Lock()
+			delete(m.pool.making, id)
+			m.pool.mu.Unlock()
+		}()
 	}
-	m.setState(id, Creating)
+	fwDone := m.firewallShared()
 	err = m.applyEgress(&rec)
 	fwDone()
 	if err == nil && t.Pool.State == PoolPaused {
@@ -288,16 +294,37 @@ func (m *Manager) claim(ctx context.Context, s *poolSlot, t *Template, spec Spec
 		err = m.runtime.Unpause(wctx, id)
 		cancel()
 	}
+	if err == nil {
+		fwDone = m.firewallShared()
+		_, _, err = m.store.Create(rec, "pool_claim")
+		fwDone()
+	}
 	if err != nil {
-		// The record goes with the container: the caller creates cold.
-		m.discard(id, s.addr, err)
-		m.dropSlot(&poolSlot{id: id}, PoolRemovedFailed)
+		m.dropSlot(s, PoolRemovedFailed)
 		return Record{}, fmt.Errorf("claiming pool container %s of template %s: %w", id, t.Name, err)
 	}
-	return m.transition(id, Running, "create", func(r *Record) error {
-		m.adopt(r, Container{ID: s.container, Upstreams: s.upstreams})
-		return nil
-	})
+	m.setState(id, Running)
+	m.log.Info("sandbox claimed from the pool", zap.String("id", id), zap.String("template", t.Name))
+	return rec, nil
+}
+
+// effectiveEgress is e with the gateway's default policy filled in.
+func (m *Manager) effectiveEgress(e Egress) Egress {
+	if e.Policy == "" {
+		if e.Policy = m.built.Egress.Default; e.Policy == "" {
+			e.Policy = EgressPublic
+		}
+	}
+	return e
+}
+
+// putBack returns an untouched claimed container to its pool.
+func (p *pool) putBack(name string, s *poolSlot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if tp := p.templates[name]; tp != nil {
+		tp.idle = append([]*poolSlot{s}, tp.idle...)
+	}
 }
 
 // dropSlot removes pool container s (its container, volume, address and
@@ -524,13 +551,7 @@ func (m *Manager) fillOne(t Template, key, id string) error {
 		return err
 	}
 	if fw := m.built.Firewall; fw != nil && addr.IsValid() {
-		e := spec.Egress
-		if e.Policy == "" {
-			if e.Policy = m.built.Egress.Default; e.Policy == "" {
-				e.Policy = EgressPublic
-			}
-		}
-		entry := FirewallEntry{ID: id, Address: addr, Egress: e}
+		entry := FirewallEntry{ID: id, Address: addr, Egress: m.effectiveEgress(spec.Egress)}
 		m.pool.mu.Lock()
 		m.pool.making[id] = entry
 		m.pool.mu.Unlock()
@@ -589,12 +610,7 @@ func (m *Manager) poolFirewallEntries() []FirewallEntry {
 		out = append(out, e)
 	}
 	for _, tp := range p.templates {
-		e := tp.t.Spec.Egress
-		if e.Policy == "" {
-			if e.Policy = m.built.Egress.Default; e.Policy == "" {
-				e.Policy = EgressPublic
-			}
-		}
+		e := m.effectiveEgress(tp.t.Spec.Egress)
 		for _, s := range tp.idle {
 			if s.addr.IsValid() {
 				out = append(out, FirewallEntry{ID: s.id, Address: s.addr, Egress: e})

@@ -136,7 +136,7 @@ func TestPoolClaim(t *testing.T) {
 		t.Fatalf("claimed sandbox answers %d %q", code, body)
 	}
 	h, _ := f.store.History(rec.ID)
-	if len(h) < 2 || h[len(h)-2].Reason != "pool_claim" || h[len(h)-1].To != lifecycle.Running {
+	if len(h) != 2 || h[0].Type != lifecycle.EventPoolFilled || h[1].Reason != "pool_claim" || h[1].To != lifecycle.Running {
 		t.Fatalf("history of a claim: %+v", h)
 	}
 	// The claimed sandbox is an ordinary one: it sleeps and wakes.
