@@ -42,6 +42,7 @@ json) prints the API's JSON answer, pretty-printed, for scripts.`,
 // sandwakeExamples are the examples `caddy sandwake --help` shows.
 const sandwakeExamples = `  caddy sandwake ls [--state running]
   caddy sandwake create --image app:latest --port 8080 [--id myapp]
+  caddy sandwake create --template web
   caddy sandwake wake myapp
   caddy sandwake get myapp -o json
   caddy sandwake events --sandbox myapp
@@ -105,7 +106,7 @@ func sandwakeCommand(cmd *cobra.Command) {
 		c.actionCommand("pause", "Pauses a sandbox (it keeps its memory)", (*client.Client).Pause),
 		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)", (*client.Client).Stop),
 		c.keepaliveCommand(), c.egressCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
-		c.whoamiCommand(), c.nodesCommand(), c.nodeCommand(), c.clusterCommand(),
+		c.whoamiCommand(), c.templatesCommand(), c.nodesCommand(), c.nodeCommand(), c.clusterCommand(),
 	} {
 		sub.SilenceErrors, sub.SilenceUsage = true, true
 		cmd.AddCommand(sub)
@@ -337,15 +338,18 @@ type createFlags struct {
 	readonly                         bool
 	capAdd                           []string
 	diskMB                           int64
+	template, pool                   string
 }
 
 func (c *cli) createCommand() *cobra.Command {
 	var f createFlags
 	cmd := &cobra.Command{
-		Use:   "create --image <image> --port <port> [flags] [-- <cmd> <arg>...]",
+		Use:   "create (--image <image> --port <port> | --template <name>) [flags] [-- <cmd> <arg>...]",
 		Short: "Creates a sandbox and waits until it is running",
 	}
 	fl := cmd.Flags()
+	fl.StringVar(&f.template, "template", "", "create from this template of the gateway (see `caddy sandwake templates`), claiming a warm pool container when one is idle")
+	fl.StringVar(&f.pool, "pool", "", "with --template: prefer (default: claim, else create cold), require (claim, else fail) or bypass (create cold)")
 	fl.StringVar(&f.image, "image", "", "container image (required)")
 	fl.IntSliceVar(&f.ports, "port", nil, "container port to serve (repeatable; at least one)")
 	fl.StringVar(&f.id, "id", "", "sandbox id, 1-40 characters of [0-9a-z] (default: a new ULID)")
@@ -380,23 +384,51 @@ func (c *cli) createCommand() *cobra.Command {
 		if c.wantJSON() {
 			return printJSON(cmd.OutOrStdout(), raw)
 		}
-		return writeSummary(cmd.OutOrStdout(), &rec, "")
+		extra := ""
+		if p := rec.Pool; p != nil && p.Hit {
+			extra = "(from the " + rec.Template + " pool)"
+		} else if p != nil {
+			extra = "(created cold: " + poolMissText(p.Reason) + ")"
+		}
+		return writeSummary(cmd.OutOrStdout(), &rec, extra)
 	})
 	return cmd
+}
+
+// poolMissText says why a create from a template was cold.
+func poolMissText(reason string) string {
+	switch reason {
+	case lifecycle.PoolMissEmpty:
+		return "no idle container in the pool"
+	case lifecycle.PoolMissBypass:
+		return "--pool bypass"
+	case lifecycle.PoolMissID:
+		return "an --id was given; pool containers come with theirs"
+	case lifecycle.PoolMissEnv:
+		return "--env was given; a container's env is fixed when it is made"
+	case lifecycle.PoolMissNone:
+		return "the template has no pool"
+	default:
+		return reason
+	}
 }
 
 // body checks the create flags and builds the request body; arguments after
 // "--" are the container's command.
 func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequest, error) {
-	b := client.CreateRequest{ID: f.id, Image: f.image, Ports: f.ports, MemoryMB: f.memoryMB, CPUs: f.cpus, ReadyPath: f.readyPath}
+	b := client.CreateRequest{ID: f.id, Image: f.image, Ports: f.ports, MemoryMB: f.memoryMB, CPUs: f.cpus, ReadyPath: f.readyPath,
+		Template: f.template, Pool: f.pool}
 	if dash := cmd.ArgsLenAtDash(); len(args) > 0 && dash != 0 {
 		return b, fmt.Errorf("create: unexpected argument %q (the container's command goes after --)", args[0])
 	}
 	b.Cmd = args
-	if f.image == "" {
-		return b, errors.New("create: --image is required")
+	if f.pool != "" && f.template == "" {
+		return b, errors.New("create: --pool needs --template")
 	}
-	if len(f.ports) == 0 {
+	if f.image == "" && f.template == "" {
+		return b, errors.New("create: --image (or --template) is required")
+	}
+	if len(f.ports) == 0 && f.template == "" {
 		return b, errors.New("create: --port is required")
 	}
 	if f.egress != "" || len(f.allow) > 0 {

@@ -234,6 +234,13 @@ func (c *Client) Get(ctx context.Context, id string, co ...CallOption) (Sandbox,
 	return sb, err
 }
 
+// Templates lists the gateway's templates and their warm pools.
+func (c *Client) Templates(ctx context.Context, co ...CallOption) (TemplateList, error) {
+	var out TemplateList
+	err := c.call(ctx, http.MethodGet, "/v1/templates", nil, &out, co)
+	return out, err
+}
+
 // Create creates a sandbox; the API answers once it is running.
 func (c *Client) Create(ctx context.Context, req CreateRequest, co ...CallOption) (Sandbox, error) {
 	var sb Sandbox

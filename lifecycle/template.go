@@ -109,8 +109,8 @@ var shapingFields = []struct {
 	copy func(dst, src *Spec)
 }{
 	{"image", func(s *Spec) bool { return s.Image != "" }, func(d, s *Spec) { d.Image = s.Image }},
-	{"cmd", func(s *Spec) bool { return s.Cmd != nil }, func(d, s *Spec) { d.Cmd = s.Cmd }},
-	{"ports", func(s *Spec) bool { return s.Ports != nil }, func(d, s *Spec) { d.Ports = s.Ports }},
+	{"cmd", func(s *Spec) bool { return len(s.Cmd) > 0 }, func(d, s *Spec) { d.Cmd = s.Cmd }},
+	{"ports", func(s *Spec) bool { return len(s.Ports) > 0 }, func(d, s *Spec) { d.Ports = s.Ports }},
 	{"memory_mb", func(s *Spec) bool { return s.MemoryMB != 0 }, func(d, s *Spec) { d.MemoryMB = s.MemoryMB }},
 	{"cpus", func(s *Spec) bool { return s.CPUs != 0 }, func(d, s *Spec) { d.CPUs = s.CPUs }},
 	{"pids_limit", func(s *Spec) bool { return s.PidsLimit != 0 }, func(d, s *Spec) { d.PidsLimit = s.PidsLimit }},
@@ -119,7 +119,7 @@ var shapingFields = []struct {
 	{"ready_mode", func(s *Spec) bool { return s.ReadyMode != "" }, func(d, s *Spec) { d.ReadyMode = s.ReadyMode }},
 	{"user", func(s *Spec) bool { return s.User != "" }, func(d, s *Spec) { d.User = s.User }},
 	{"readonly_rootfs", func(s *Spec) bool { return s.ReadonlyRootfs != nil }, func(d, s *Spec) { d.ReadonlyRootfs = s.ReadonlyRootfs }},
-	{"cap_add", func(s *Spec) bool { return s.CapAdd != nil }, func(d, s *Spec) { d.CapAdd = s.CapAdd }},
+	{"cap_add", func(s *Spec) bool { return len(s.CapAdd) > 0 }, func(d, s *Spec) { d.CapAdd = s.CapAdd }},
 	{"disk_mb", func(s *Spec) bool { return s.DiskMB != 0 }, func(d, s *Spec) { d.DiskMB = s.DiskMB }},
 	{"runtime", func(s *Spec) bool { return s.Runtime != "" }, func(d, s *Spec) { d.Runtime = s.Runtime }},
 }
@@ -138,7 +138,7 @@ func fromTemplate(t *Template, caller *Spec, mode string) (Spec, error) {
 			continue
 		}
 		if mode != PoolBypass {
-			return Spec{}, invalid("%s: the template %s sets it (a pool container's %s is fixed when it is made); leave it out, or send \"pool\":\"bypass\" for a cold create with it", f.name, t.Name, f.name)
+			return Spec{}, invalid("%s: template %s fixes it (a pool container's %s is set when the container is made); leave it out, or send \"pool\":\"bypass\" for a cold create with it", f.name, t.Name, f.name)
 		}
 		f.copy(&spec, caller)
 	}

@@ -1,0 +1,169 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+// TestTemplateCaddyfile: a template block adapts to the app's templates,
+// each field under its API name, and bad ones are refused with the field.
+func TestTemplateCaddyfile(t *testing.T) {
+	good := `{
+	sandwake {
+		pool_memory_max 2GiB
+		template web {
+			image node:22
+			ports 3000 9229
+			memory_mb 256
+			cmd node server.js
+			env NODE_ENV production
+			ready_path /health
+			idle_pause 5m
+			label team web
+			egress none
+			pool {
+				min_idle 2
+				max_idle 4
+				state running
+				max_age 2h
+			}
+		}
+	}
+}
+`
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(good), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"pool_memory_max":"2GiB"`, `"templates":[{"name":"web"`, `"image":"node:22"`, `"ports":[3000,9229]`,
+		`"memory_mb":256`, `"cmd":["node","server.js"]`, `"env":{"NODE_ENV":"production"}`, `"ready_path":"/health"`,
+		`"idle_pause":"5m"`, `"labels":{"team":"web"}`, `"egress":{"policy":"none"}`,
+		`"pool":{"min_idle":2,"max_idle":4,"state":"running","max_age":7200000000000}`} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("adapted config lacks %s:\n%s", want, out)
+		}
+	}
+	var cfg struct {
+		Apps struct {
+			Sandwake App `json:"sandwake"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	app := cfg.Apps.Sandwake
+	if err := app.provisionTemplates(); err != nil {
+		t.Fatal(err)
+	}
+	if tm := app.templates[0]; tm.Pool.MinIdle != 2 || tm.Pool.MaxAge != 2*time.Hour || tm.Spec.ReadyPath != "/health" || app.poolMemoryMaxMB != 2048 {
+		t.Fatalf("provisioned: %+v, pool memory %d", tm, app.poolMemoryMaxMB)
+	}
+	for _, c := range []struct{ body, want string }{
+		{"template web {\n\t\t\tports x\n\t\t}", `ports "x"`},
+		{"template web {\n\t\t\tcolour red\n\t\t}", `unknown field "colour"`},
+		{"template web {\n\t\t\tpool {\n\t\t\t\tsize 3\n\t\t\t}\n\t\t}", `unknown pool option "size"`},
+	} {
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte("{\n\tsandwake {\n\t\t"+c.body+"\n\t}\n}\n"), nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.body, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		tc   TemplateConfig
+		want string
+	}{
+		{TemplateConfig{Name: "web", CreateRequest: client.CreateRequest{Ports: []int{80}}}, "image is required"},
+		{TemplateConfig{Name: "Web!", CreateRequest: client.CreateRequest{Image: "a", Ports: []int{80}}}, "name must be"},
+		{TemplateConfig{Name: "web", CreateRequest: client.CreateRequest{Image: "a", Ports: []int{80}}, Pool: &PoolOptions{MinIdle: 3, MaxIdle: 2}}, "max_idle 2 is below min_idle 3"},
+		{TemplateConfig{Name: "web", CreateRequest: client.CreateRequest{Image: "a", Ports: []int{80}}, Pool: &PoolOptions{State: "frozen"}}, `state "frozen"`},
+		{TemplateConfig{Name: "web", CreateRequest: client.CreateRequest{ID: "x", Image: "a", Ports: []int{80}}}, "belong to a create"},
+	} {
+		if _, err := c.tc.template(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want %q", c.tc, err, c.want)
+		}
+	}
+}
+
+// TestTemplatesAPI: through a real gateway, GET /v1/templates shows the
+// pool filling; a create from the template claims a pool container and
+// the sandbox answers on its preview host; container-shaping fields and
+// unknown templates are 400s naming them; pool containers are never listed
+// as sandboxes.
+func TestTemplatesAPI(t *testing.T) {
+	h := newHarness(t, fmt.Sprintf("template web {\n\t\t\timage %s\n\t\t\tports 8080\n\t\t\tmemory_mb 64\n\t\t\tpool {\n\t\t\t\tmin_idle 1\n\t\t\t}\n\t\t}",
+		testenv.TestAppImage(t)))
+	var list client.TemplateList
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		h.api("GET", "/v1/templates", nil, &list)
+		return len(list.Templates) == 1 && list.Templates[0].Pool.Idle == 1, fmt.Sprintf("%+v", list)
+	})
+	tm := list.Templates[0]
+	if tm.Name != "web" || tm.Image != h.image || tm.MemoryMB != 64 || tm.Pool.MinIdle != 1 || tm.Pool.MaxIdle != 1 || tm.Pool.State != "paused" {
+		t.Fatalf("template: %+v", tm)
+	}
+	var sbs client.SandboxList
+	if h.api("GET", "/v1/sandboxes", nil, &sbs); len(sbs.Sandboxes) != 0 {
+		t.Fatalf("a pool container is listed as a sandbox: %+v", sbs.Sandboxes)
+	}
+	var rec client.Sandbox
+	if status := h.api("POST", "/v1/sandboxes", map[string]any{"template": "web", "labels": map[string]string{"app": "a"}}, &rec); status != http.StatusCreated {
+		t.Fatalf("create from template: %d %+v", status, rec)
+	}
+	if rec.Pool == nil || !rec.Pool.Hit || rec.Template != "web" || rec.State != "running" || rec.Labels["app"] != "a" {
+		t.Fatalf("create from a full pool: %+v (pool %+v)", rec, rec.Pool)
+	}
+	resp, body := h.preview("GET", h.host(rec.ID, 8080), "/healthz", nil, nil)
+	if resp.StatusCode != 200 || body != "ok\n" {
+		t.Fatalf("claimed sandbox's preview: %d %q", resp.StatusCode, body)
+	}
+	var e client.ErrorResponse
+	if status := h.api("POST", "/v1/sandboxes", map[string]any{"template": "web", "image": "other:1"}, &e); status != 400 ||
+		!strings.Contains(e.Error.Message, "image") || !strings.Contains(e.Error.Message, "bypass") {
+		t.Fatalf("image beside a template: %d %+v", status, e)
+	}
+	if status := h.api("POST", "/v1/sandboxes", map[string]any{"template": "nope"}, &e); status != 400 || !strings.Contains(e.Error.Message, "templates: web") {
+		t.Fatalf("unknown template: %d %+v", status, e)
+	}
+	var cold client.Sandbox
+	if status := h.api("POST", "/v1/sandboxes", map[string]any{"template": "web", "pool": "bypass"}, &cold); status != http.StatusCreated ||
+		cold.Pool == nil || cold.Pool.Hit || cold.Pool.Reason != "bypass" {
+		t.Fatalf("bypass: %d %+v", status, cold.Pool)
+	}
+	if h.api("GET", "/v1/sandboxes", nil, &sbs); len(sbs.Sandboxes) != 2 {
+		t.Fatalf("listed %d sandboxes, want the 2 created", len(sbs.Sandboxes))
+	}
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		h.api("GET", "/v1/templates", nil, &list)
+		p := list.Templates[0].Pool
+		return p.Idle == 1 && p.Hits == 1 && p.Misses == 1 && p.MissReasons["bypass"] == 1, fmt.Sprintf("%+v", p)
+	})
+
+	// The CLI: templates as a table, create --template.
+	sw := func(args ...string) cliResult {
+		return runCLI(t, context.Background(), append(args, "--api", h.apiURL(""), "--token", testToken)...)
+	}
+	rows := parseTable(t, sw("templates").ok(t, "templates"), "TEMPLATE", "IMAGE", "PORTS", "MEMORY", "POOL IDLE", "HITS", "MISSES", "STATE")
+	if len(rows) != 1 || rows[0]["TEMPLATE"] != "web" || rows[0]["POOL IDLE"] != "1/1" || rows[0]["HITS"] != "1" || rows[0]["STATE"] != "paused" {
+		t.Fatalf("templates table: %+v", rows)
+	}
+	out := sw("create", "--template", "web").ok(t, "create --template")
+	if !regexp.MustCompile(`^sandbox [0-9a-z]+ running  http://\S+  \(from the web pool\)\n$`).MatchString(out) {
+		t.Fatalf("create --template printed %q", out)
+	}
+	out = sw("create", "--template", "web", "--env", "K=v").ok(t, "create --template --env")
+	if !strings.Contains(out, "created cold: --env was given") {
+		t.Fatalf("create --template --env printed %q", out)
+	}
+	sw("create", "--pool", "require").failed(t, "create --pool without --template", "--pool needs --template")
+}
