@@ -17,15 +17,19 @@ import (
 // sandbox's first answered request, side by side:
 //
 //   - cold: no idle container (pool "bypass"): create, start, readiness;
+//
 //   - hit: a claim of a paused pool container (record, rules, unpause);
+//
 //   - hit-running: a claim from a pool kept running (no engine call);
+//
 //   - raw-unpause: the floor, Docker's unpause of a paused container and
 //     the first request, with nothing recorded;
+//
 //   - raw-rename: what the claim would cost had pool containers been made
 //     under a pool name and renamed to the sandbox's at claim (Docker
 //     rename, unpause, first request), the design not taken.
 //
-//	go test -run '^$' -bench CreateFromTemplate -benchtime 20x ./lifecycle/docker/
+//     go test -run '^$' -bench CreateFromTemplate -benchtime 20x ./lifecycle/docker/
 func BenchmarkCreateFromTemplate(b *testing.B) {
 	instance := testenv.UniqueID("pb")
 	image := testenv.TestAppImage(b)
