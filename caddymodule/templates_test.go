@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/chromedp/chromedp"
 	"net/http"
 	"regexp"
 	"strings"
@@ -166,4 +167,43 @@ func TestTemplatesAPI(t *testing.T) {
 		t.Fatalf("create --template --env printed %q", out)
 	}
 	sw("create", "--pool", "require").failed(t, "create --pool without --template", "--pool needs --template")
+}
+
+// TestDashboardTemplatesInBrowser: the dashboard lists the templates with
+// their pools, and an admin creates a sandbox from one with a click: it is
+// claimed from the pool and appears among the sandboxes.
+func TestDashboardTemplatesInBrowser(t *testing.T) {
+	h := newHarness(t, fmt.Sprintf("template web {\n\t\t\timage %s\n\t\t\tports 8080\n\t\t\tmemory_mb 64\n\t\t\tpool {\n\t\t\t\tmin_idle 1\n\t\t\t}\n\t\t}",
+		testenv.TestAppImage(t)))
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		var list client.TemplateList
+		h.api("GET", "/v1/templates", nil, &list)
+		return len(list.Templates) == 1 && list.Templates[0].Pool.Idle == 1, fmt.Sprintf("%+v", list)
+	})
+	srv := newDashboardServer(t, h, true)
+	ctx := newBrowser(t, chromedp.WindowSize(1280, 800))
+	browse(t, ctx, "signing in and seeing the templates",
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(chromedp.ID("token-form")),
+		chromedp.SendKeys(chromedp.ID("token-input"), testToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#templates li[data-template="web"] .pool[data-idle="1"]`)),
+	)
+	text := evaluate[string](t, ctx, `document.querySelector('#templates li[data-template="web"]').textContent`)
+	if !strings.Contains(text, "pool 1/1 idle (paused)") || !strings.Contains(text, "0 hits") || !strings.Contains(text, h.image) {
+		t.Fatalf("template line: %q", text)
+	}
+	browse(t, ctx, "creating from the template",
+		chromedp.Click(chromedp.CSS(`#templates button[data-template="web"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#rows tr td.state[data-state="running"]`)),
+	)
+	msg := evaluate[string](t, ctx, `document.getElementById("message-text").textContent`)
+	if !regexp.MustCompile(`^Created [0-9a-z]+ from the web pool\.$`).MatchString(msg) {
+		t.Fatalf("message after the create: %q", msg)
+	}
+	var sbs client.SandboxList
+	if h.api("GET", "/v1/sandboxes", nil, &sbs); len(sbs.Sandboxes) != 1 || sbs.Sandboxes[0].Template != "web" || !strings.Contains(msg, sbs.Sandboxes[0].ID) {
+		t.Fatalf("sandboxes after the click: %+v", sbs.Sandboxes)
+	}
+	screenshot(t, ctx, "dashboard-templates.png")
 }
