@@ -165,6 +165,9 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 	}
 	body.ID = id
 	mem := spec.MemoryMB
+	if t, ok := e.mgr.Template(body.Template); ok && mem == 0 {
+		mem = t.Spec.MemoryMB
+	}
 	if mem == 0 {
 		mem = e.defaultMemMB.Load()
 	}
@@ -198,7 +201,9 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		writeEngineError(w, fmt.Errorf("reserving sandbox id %s: %w", id, err))
 		return
 	}
-	rec, err := e.mgr.Create(r.Context(), lifecycle.CreateRequest{ID: id, Spec: spec})
+	// The id was reserved cluster-wide before the create: a create from a
+	// template is cold here (pool containers carry ids of their own).
+	rec, pool, err := e.mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: id, Spec: spec, Template: body.Template, Pool: body.Pool})
 	if err != nil {
 		// A create that left no record gives its id back; one that left a
 		// failed record publishes it like any change.
@@ -214,7 +219,11 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		writeEngineError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, e.view(&rec))
+	v := e.view(&rec)
+	if body.Template != "" {
+		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
+	}
+	writeJSON(w, http.StatusCreated, v)
 }
 
 // listInCluster serves GET /v1/sandboxes in cluster mode: this node's
