@@ -426,7 +426,7 @@ func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequ
 		return b, errors.New("create: --pool needs --template")
 	}
 	if f.image == "" && f.template == "" {
-		return b, errors.New("create: --image (or --template) is required")
+		return b, errors.New("create: --image is required (or --template <name>)")
 	}
 	if len(f.ports) == 0 && f.template == "" {
 		return b, errors.New("create: --port is required")
