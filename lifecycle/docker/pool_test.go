@@ -172,6 +172,26 @@ func TestPoolConcurrentClaims(t *testing.T) {
 	f, _ := poolFixture(t, 3, lifecycle.Config{})
 	waitIdle(t, f.m, 3)
 	const n = 8
+	// Reconcile (and its pool sweep) runs over and over meanwhile: a
+	// container being claimed is neither a leftover nor dead.
+	stopReconcile := make(chan struct{})
+	reconciled := make(chan int)
+	go func() {
+		passes := 0
+		defer func() { reconciled <- passes }()
+		for {
+			select {
+			case <-stopReconcile:
+				return
+			default:
+			}
+			if _, err := f.m.Reconcile(context.Background()); err != nil {
+				t.Errorf("reconcile: %v", err)
+				return
+			}
+			passes++
+		}
+	}()
 	var wg sync.WaitGroup
 	recs := make([]lifecycle.Record, n)
 	outs := make([]lifecycle.PoolOutcome, n)
@@ -184,6 +204,13 @@ func TestPoolConcurrentClaims(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	close(stopReconcile)
+	if passes := <-reconciled; passes == 0 {
+		t.Fatal("no reconcile ran during the claims")
+	}
+	if removed := f.m.PoolRemoved(); removed[lifecycle.PoolRemovedLeftover]+removed[lifecycle.PoolRemovedDied]+removed[lifecycle.PoolRemovedFailed] != 0 {
+		t.Fatalf("reconcile during claims removed pool containers: %v", removed)
+	}
 	ids, containers := map[string]bool{}, map[string]bool{}
 	hits := 0
 	for i := range n {
