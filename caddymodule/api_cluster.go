@@ -155,15 +155,23 @@ func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what
 // node was placed there already: it is created here.
 func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engine, body *createBody, spec lifecycle.Spec) {
 	c := e.cluster.c
-	if body.ID == "" {
+	// A create from a template without an id takes the id of the pool
+	// container it claims (or draws one on the node it is placed on), and
+	// is placed where the template's pool has an idle container.
+	pooled := body.Template != "" && body.ID == "" && body.Pool != lifecycle.PoolBypass
+	if body.ID == "" && !pooled {
 		body.ID = lifecycle.NewID(time.Now())
 	}
 	id := strings.ToLower(body.ID)
-	if !lifecycle.ValidID(id) {
+	if !pooled && !lifecycle.ValidID(id) {
 		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("id %q must be 1-%d characters of [0-9a-z]", body.ID, lifecycle.MaxIDLen), 0)
 		return
 	}
 	body.ID = id
+	what := "sandbox " + id
+	if pooled {
+		what = "a sandbox of template " + body.Template
+	}
 	mem := spec.MemoryMB
 	if t, ok := e.mgr.Template(body.Template); ok && mem == 0 {
 		mem = t.Spec.MemoryMB
@@ -176,9 +184,13 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		// nothing: the create is placed again without it.
 		var unreachable []string
 		for {
-			node, err := c.Place(mem, unreachable...)
+			template := ""
+			if pooled {
+				template = body.Template
+			}
+			node, err := c.PlaceFrom(template, mem, unreachable...)
 			if err != nil {
-				writeEngineError(w, fmt.Errorf("placing sandbox %s: %w", id, err))
+				writeEngineError(w, fmt.Errorf("placing %s: %w", what, err))
 				return
 			}
 			if node.Name == c.Self() {
@@ -189,21 +201,42 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 				writeJSONError(w, http.StatusInternalServerError, "failed", "encoding the create for node "+node.Name+": "+err.Error(), 0)
 				return
 			}
-			if !e.proxyAPI(w, r, node.Name, "sandbox "+id+" was placed on node "+node.Name, b, true) {
+			if !e.proxyAPI(w, r, node.Name, what+" was placed on node "+node.Name, b, true) {
 				return
 			}
 			e.log.Warn("node did not answer a create placed on it; placing again without it",
-				zap.String("id", id), zap.String("node", node.Name))
+				zap.String("sandbox", what), zap.String("node", node.Name))
 			unreachable = append(unreachable, node.Name)
 		}
 	}
-	if err := c.Reserve(r.Context(), id, mem); err != nil {
-		writeEngineError(w, fmt.Errorf("reserving sandbox id %s: %w", id, err))
+	// The id is reserved cluster-wide before anything is made: given, at
+	// once; for a pooled create, once the claimed container (or the cold
+	// create's draw) names it.
+	reserve := func(id string) error {
+		if err := c.Reserve(r.Context(), id, mem); err != nil {
+			return fmt.Errorf("reserving sandbox id %s: %w", id, err)
+		}
+		return nil
+	}
+	req := lifecycle.CreateRequest{ID: id, Spec: spec, Template: body.Template, Pool: body.Pool}
+	if pooled {
+		id = "" // until reserved
+		req.Reserve = func(got string) error {
+			if err := reserve(got); err != nil {
+				return err
+			}
+			id = got
+			return nil
+		}
+	} else if err := reserve(id); err != nil {
+		writeEngineError(w, err)
 		return
 	}
-	// The id was reserved cluster-wide before the create: a create from a
-	// template is cold here (pool containers carry ids of their own).
-	rec, pool, err := e.mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: id, Spec: spec, Template: body.Template, Pool: body.Pool})
+	rec, pool, err := e.mgr.CreatePooled(r.Context(), req)
+	if err != nil && id == "" {
+		writeEngineError(w, err) // nothing was reserved
+		return
+	}
 	if err != nil {
 		// A create that left no record gives its id back; one that left a
 		// failed record publishes it like any change.

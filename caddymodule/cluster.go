@@ -314,6 +314,14 @@ func (s clusterSource) Capacity() cluster.Capacity {
 	if avail, err := lifecycle.HostMemAvailable(); err == nil {
 		c.FreeMemoryMB = int64(avail >> 20)
 	}
+	for _, t := range s.e.mgr.Templates() {
+		if t.Idle > 0 {
+			if c.Pools == nil {
+				c.Pools = map[string]int{}
+			}
+			c.Pools[t.Template.Name] = t.Idle
+		}
+	}
 	return c
 }
 

@@ -12,6 +12,8 @@ type Capacity struct {
 	MaxResident     int   `json:"max_resident"`
 	FreeMemoryMB    int64 `json:"free_memory_mb"`
 	MinFreeMemoryMB int64 `json:"min_free_memory_mb"`
+	// Pools counts the node's idle warm pool containers by template.
+	Pools map[string]int `json:"pools,omitempty"`
 }
 
 // Node is one cluster node as GET /v1/nodes shows it.

@@ -88,6 +88,9 @@ type Capacity struct {
 	FreeMemoryMB int64 `json:"free_memory_mb"`
 	// MinFreeMemoryMB is the node's min_free_memory (0: none).
 	MinFreeMemoryMB int64 `json:"min_free_memory_mb"`
+	// Pools counts the node's idle warm pool containers by template:
+	// placement prefers a node that can claim one.
+	Pools map[string]int `json:"pools,omitempty"`
 }
 
 // Bounds of what a node may publish of its room: a registration claiming
@@ -95,6 +98,7 @@ type Capacity struct {
 const (
 	MaxPublishedResident = 1 << 20
 	MaxPublishedMemoryMB = 1 << 24 // 16 TiB
+	MaxPublishedPools    = 256
 )
 
 // bounded clamps a published capacity to what a node can have.
@@ -103,6 +107,12 @@ func (c Capacity) bounded() Capacity {
 	c.MaxResident = min(max(c.MaxResident, 0), MaxPublishedResident)
 	c.FreeMemoryMB = min(max(c.FreeMemoryMB, 0), MaxPublishedMemoryMB)
 	c.MinFreeMemoryMB = min(max(c.MinFreeMemoryMB, 0), MaxPublishedMemoryMB)
+	if len(c.Pools) > MaxPublishedPools {
+		c.Pools = nil // a forged registration: no pool is believed
+	}
+	for t, n := range c.Pools {
+		c.Pools[t] = min(max(n, 0), MaxPublishedResident)
+	}
 	return c
 }
 

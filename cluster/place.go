@@ -24,6 +24,9 @@ type placed struct {
 	base     time.Time
 	count    int
 	memoryMB int64
+	// pools counts the creates from each template sent there to claim
+	// an idle pool container.
+	pools map[string]int
 }
 
 // adjust returns n's figures counting what was placed on it since its
@@ -41,11 +44,19 @@ func (p *placements) adjust(n NodeInfo) NodeInfo {
 	if n.Capacity.FreeMemoryMB > 0 {
 		n.Capacity.FreeMemoryMB -= pl.memoryMB
 	}
+	if len(pl.pools) > 0 && len(n.Capacity.Pools) > 0 {
+		pools := make(map[string]int, len(n.Capacity.Pools))
+		for t, idle := range n.Capacity.Pools {
+			pools[t] = max(idle-pl.pools[t], 0)
+		}
+		n.Capacity.Pools = pools
+	}
 	return n
 }
 
-// add records a sandbox of memoryMB placed on n.
-func (p *placements) add(n NodeInfo, memoryMB int64) {
+// add records a sandbox of memoryMB placed on n (from template's pool,
+// when template is not "").
+func (p *placements) add(n NodeInfo, memoryMB int64, template string) {
 	if p.by == nil {
 		p.by = map[string]placed{}
 	}
@@ -53,6 +64,12 @@ func (p *placements) add(n NodeInfo, memoryMB int64) {
 	pl.base = n.UpdatedAt
 	pl.count++
 	pl.memoryMB += memoryMB
+	if template != "" {
+		if pl.pools == nil {
+			pl.pools = map[string]int{}
+		}
+		pl.pools[template]++
+	}
 	p.by[n.Name] = pl
 }
 
@@ -68,6 +85,13 @@ func (p *placements) add(n NodeInfo, memoryMB int64) {
 // used), so concurrent creates spread out. Nodes named in unreachable
 // (which did not answer a create placed on them) are passed over.
 func (c *Cluster) Place(memoryMB int64, unreachable ...string) (NodeInfo, error) {
+	return c.PlaceFrom("", memoryMB, unreachable...)
+}
+
+// PlaceFrom is Place for a create from template: among the nodes with
+// room, one that advertises an idle pool container of the template (less
+// those this node sent creates to since) comes first.
+func (c *Cluster) PlaceFrom(template string, memoryMB int64, unreachable ...string) (NodeInfo, error) {
 	nodes := c.Nodes()
 	c.placed.mu.Lock()
 	defer c.placed.mu.Unlock()
@@ -92,6 +116,15 @@ func (c *Cluster) Place(memoryMB int64, unreachable ...string) (NodeInfo, error)
 		return NodeInfo{}, fmt.Errorf("placing a sandbox of %d MB: %w: %s", memoryMB, ErrNoRoom, strings.Join(why, "; "))
 	}
 	slices.SortFunc(fit, func(a, b NodeInfo) int {
+		if template != "" {
+			pa, pb := a.Capacity.Pools[template] > 0, b.Capacity.Pools[template] > 0
+			if pa != pb {
+				if pa {
+					return -1
+				}
+				return 1
+			}
+		}
 		if d := cmp.Compare(load(a), load(b)); d != 0 {
 			return d
 		}
@@ -100,7 +133,11 @@ func (c *Cluster) Place(memoryMB int64, unreachable ...string) (NodeInfo, error)
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	c.placed.add(fit[0], memoryMB)
+	pooled := ""
+	if template != "" && fit[0].Capacity.Pools[template] > 0 {
+		pooled = template
+	}
+	c.placed.add(fit[0], memoryMB, pooled)
 	return fit[0], nil
 }
 

@@ -23,6 +23,12 @@ type CreateRequest struct {
 	// Pool is what a create from a template does with its warm pool:
 	// PoolPrefer (""), PoolRequire or PoolBypass.
 	Pool string
+	// Reserve, when set, is called with the sandbox's id once it is
+	// known and before anything is made: a create without an id learns
+	// it from the pool container it claims, or draws one. An error ends
+	// the create (a claimed container goes back to the pool). A cluster
+	// reserves the id cluster-wide with it.
+	Reserve func(id string) error
 }
 
 // Create validates req, stores the sandbox as creating, creates and starts its
@@ -49,7 +55,7 @@ func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, 
 		if req.Pool != "" {
 			return Record{}, PoolOutcome{}, invalid("pool: %q needs a template", req.Pool)
 		}
-		rec, err := m.createCold(ctx, req.ID, req.Spec, "")
+		rec, err := m.createCold(ctx, req.ID, req.Spec, "", req.Reserve)
 		return rec, PoolOutcome{}, err
 	}
 	t, ok := m.Template(req.Template)
@@ -86,6 +92,13 @@ func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, 
 		}
 		reason = PoolMissEmpty
 		if s := m.pool.take(t.Name); s != nil {
+			if req.Reserve != nil {
+				if err := req.Reserve(s.id); err != nil {
+					m.pool.putBack(t.Name, s)
+					m.pool.done(s.id)
+					return Record{}, PoolOutcome{}, err
+				}
+			}
 			start := m.cfg.Now()
 			rec, err := m.claim(s, &t, checked)
 			m.pool.poke()
@@ -113,15 +126,20 @@ func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, 
 	if mode == PoolRequire {
 		return Record{}, out, fmt.Errorf("%w: template %s: no idle pool container could be claimed (%s); retry, or create without \"pool\":\"require\"", ErrPoolEmpty, t.Name, reason)
 	}
-	rec, err := m.createCold(ctx, req.ID, spec, t.Name)
+	rec, err := m.createCold(ctx, req.ID, spec, t.Name, req.Reserve)
 	return rec, out, err
 }
 
 // createCold makes a sandbox's container from nothing (see Create).
-func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, template string) (Record, error) {
+func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, template string, reserve func(string) error) (Record, error) {
 	id := reqID
 	if id == "" {
 		id = NewID(m.cfg.Now())
+		if reserve != nil {
+			if err := reserve(id); err != nil {
+				return Record{}, err
+			}
+		}
 	}
 	// Fold only ASCII: strings.ToLower would turn the Kelvin sign into k.
 	if !ValidID(asciiLower(id)) {
