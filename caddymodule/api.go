@@ -340,23 +340,102 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 }
 
 func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
-	if e.cluster != nil {
-		api.listInCluster(w, r, e, lifecycle.State(r.URL.Query().Get("state")))
-		return
-	}
-	recs, err := e.mgr.List(lifecycle.State(r.URL.Query().Get("state")))
+	q, err := parseListQuery(r)
 	if err != nil {
 		writeEngineError(w, err)
 		return
 	}
+	if e.cluster != nil {
+		api.listInCluster(w, r, e, q)
+		return
+	}
 	who := principalOf(r)
+	if q.paged {
+		recs, next, err := e.mgr.ListPage(lifecycle.PageOptions{After: q.cursor, Limit: q.limit, State: q.state, Labels: q.labels,
+			Keep: func(rec *lifecycle.Record) bool { return who.sees(rec.Spec.Labels) }})
+		if err != nil {
+			writeEngineError(w, err)
+			return
+		}
+		out := make([]recordView, len(recs))
+		for i := range recs {
+			out[i] = e.view(&recs[i])
+		}
+		writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out, Next: next})
+		return
+	}
+	recs, err := e.mgr.List(q.state)
+	if err != nil {
+		writeEngineError(w, err)
+		return
+	}
 	out := make([]recordView, 0, len(recs))
 	for i := range recs {
-		if who.sees(recs[i].Spec.Labels) {
+		if who.sees(recs[i].Spec.Labels) && hasLabels(recs[i].Spec.Labels, q.labels) {
 			out = append(out, e.view(&recs[i]))
 		}
 	}
 	writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out})
+}
+
+// listQuery is what GET /v1/sandboxes asks: a state, labels, and (paged)
+// a page of limit records after cursor.
+type listQuery struct {
+	state  lifecycle.State
+	labels map[string]string
+	paged  bool
+	limit  int
+	cursor string
+}
+
+// defaultPageLimit is a page's size when a cursor comes without a limit.
+const defaultPageLimit = 100
+
+// parseListQuery reads ?state=&label=k=v&limit=&cursor=; a limit or a
+// cursor asks for a page.
+func parseListQuery(r *http.Request) (listQuery, error) {
+	v := r.URL.Query()
+	q := listQuery{state: lifecycle.State(v.Get("state")), cursor: strings.ToLower(v.Get("cursor"))}
+	if q.state != "" && !lifecycle.ValidState(q.state) {
+		return q, fmt.Errorf("%w: state %q is not one of %v", lifecycle.ErrInvalid, q.state, lifecycle.States)
+	}
+	for _, kv := range v["label"] {
+		k, val, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return q, fmt.Errorf("%w: label %q is not key=value", lifecycle.ErrInvalid, kv)
+		}
+		if q.labels == nil {
+			q.labels = map[string]string{}
+		}
+		q.labels[k] = val
+	}
+	if l := v.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > lifecycle.MaxPageLimit {
+			return q, fmt.Errorf("%w: limit %q is not a whole number from 1 to %d", lifecycle.ErrInvalid, l, lifecycle.MaxPageLimit)
+		}
+		q.limit, q.paged = n, true
+	}
+	if q.cursor != "" {
+		if !lifecycle.ValidID(q.cursor) {
+			return q, fmt.Errorf("%w: cursor %q is not one this API gave (the next of an earlier page)", lifecycle.ErrInvalid, v.Get("cursor"))
+		}
+		q.paged = true
+		if q.limit == 0 {
+			q.limit = defaultPageLimit
+		}
+	}
+	return q, nil
+}
+
+// hasLabels reports whether labels carries every one of want.
+func hasLabels(labels, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
 
 // sandboxID reads and checks the {id} path value; ids are case-insensitive.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -261,7 +262,8 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 
 // listInCluster serves GET /v1/sandboxes in cluster mode: this node's
 // records in full, the other nodes' sandboxes as the catalog shows them.
-func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine, state lifecycle.State) {
+func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine, q listQuery) {
+	state := q.state
 	recs, err := e.mgr.List(state)
 	if err != nil {
 		writeEngineError(w, err)
@@ -272,18 +274,33 @@ func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine,
 	local := make(map[string]bool, len(recs))
 	for i := range recs {
 		local[recs[i].ID] = true
-		if who.sees(recs[i].Spec.Labels) {
+		if who.sees(recs[i].Spec.Labels) && hasLabels(recs[i].Spec.Labels, q.labels) {
 			out = append(out, e.view(&recs[i]))
 		}
 	}
 	self := e.cluster.c.Self()
 	for _, en := range e.cluster.c.Entries() {
-		if en.Node == self || local[en.ID] || (state != "" && en.State != state) || !who.sees(en.Labels) {
+		if en.Node == self || local[en.ID] || (state != "" && en.State != state) || !who.sees(en.Labels) || !hasLabels(en.Labels, q.labels) {
 			continue
 		}
 		out = append(out, e.entryView(&en))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	next := ""
+	if q.paged {
+		// The catalog is in memory: the page is cut from the whole list,
+		// in id order, as a single host's store walks it.
+		slices.SortFunc(out, func(a, b recordView) int { return strings.Compare(a.ID, b.ID) })
+		start, _ := slices.BinarySearchFunc(out, q.cursor, func(v recordView, c string) int { return strings.Compare(v.ID, c) })
+		if start < len(out) && out[start].ID == q.cursor {
+			start++
+		}
+		out = out[start:]
+		if len(out) > q.limit {
+			out = out[:q.limit]
+			next = out[len(out)-1].ID
+		}
+	}
+	writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out, Next: next})
 }
 
 // entryView renders another node's sandbox from its catalog entry: what

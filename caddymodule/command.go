@@ -219,12 +219,17 @@ func wantArgs(cmd *cobra.Command, args []string, names ...string) error {
 }
 
 func (c *cli) lsCommand() *cobra.Command {
-	var state string
+	var state, cursor string
+	var labels []string
+	var limit int
 	cmd := &cobra.Command{
-		Use:   "ls [--state <state>]",
+		Use:   "ls [--state <state>] [--label k=v] [--limit <n> [--cursor <next>]]",
 		Short: "Lists sandboxes",
 	}
 	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state ("+statesList()+")")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "only sandboxes with this label KEY=VALUE (repeatable)")
+	cmd.Flags().IntVar(&limit, "limit", 0, "a page of at most this many sandboxes (1-1000; default: all)")
+	cmd.Flags().StringVar(&cursor, "cursor", "", "the page after this cursor (the next a paged ls printed)")
 	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args); err != nil {
 			return err
@@ -232,15 +237,28 @@ func (c *cli) lsCommand() *cobra.Command {
 		if state != "" && !lifecycle.ValidState(lifecycle.State(state)) {
 			return fmt.Errorf("ls: --state %q is not one of %s", state, statesList())
 		}
+		if cmd.Flags().Changed("limit") && (limit < 1 || limit > lifecycle.MaxPageLimit) {
+			return fmt.Errorf("ls: --limit %d is not from 1 to %d", limit, lifecycle.MaxPageLimit)
+		}
+		want, err := keyValues("label", labels)
+		if err != nil {
+			return fmt.Errorf("ls: %w", err)
+		}
 		var raw []byte
-		recs, err := api.List(ctx, client.ListOptions{State: state}, client.Body(&raw))
+		page, err := api.ListPage(ctx, client.ListOptions{State: state, Labels: want, Limit: limit, Cursor: cursor}, client.Body(&raw))
 		if err != nil {
 			return err
 		}
 		if c.wantJSON() {
 			return printJSON(cmd.OutOrStdout(), raw)
 		}
-		return writeTable(cmd.OutOrStdout(), recs, c.now())
+		if err := writeTable(cmd.OutOrStdout(), page.Sandboxes, c.now()); err != nil {
+			return err
+		}
+		if page.Next != "" {
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "more: --cursor %s\n", page.Next)
+		}
+		return err
 	})
 	return cmd
 }
@@ -440,10 +458,10 @@ func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequ
 	}
 	var err error
 	if b.Env, err = keyValues("env", f.env); err != nil {
-		return b, err
+		return b, fmt.Errorf("create: %w", err)
 	}
 	if b.Labels, err = keyValues("label", f.labels); err != nil {
-		return b, err
+		return b, fmt.Errorf("create: %w", err)
 	}
 	for _, d := range []struct {
 		name string
@@ -470,7 +488,7 @@ func keyValues(flag string, kvs []string) (map[string]string, error) {
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("create: --%s %q is not KEY=VALUE", flag, kv)
+			return nil, fmt.Errorf("--%s %q is not KEY=VALUE", flag, kv)
 		}
 		m[k] = v
 	}

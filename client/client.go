@@ -17,8 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -218,13 +220,33 @@ func sandboxPath(id string) string { return "/v1/sandboxes/" + url.PathEscape(id
 
 // List answers the sandboxes, all or those in opts.State.
 func (c *Client) List(ctx context.Context, opts ListOptions, co ...CallOption) ([]Sandbox, error) {
-	path := "/v1/sandboxes"
+	out, err := c.ListPage(ctx, opts, co...)
+	return out.Sandboxes, err
+}
+
+// ListPage answers one page of sandboxes (every one when opts.Limit and
+// opts.Cursor are unset) with the cursor of the next page.
+func (c *Client) ListPage(ctx context.Context, opts ListOptions, co ...CallOption) (SandboxList, error) {
+	q := url.Values{}
 	if opts.State != "" {
-		path += "?state=" + url.QueryEscape(opts.State)
+		q.Set("state", opts.State)
+	}
+	for _, k := range slices.Sorted(maps.Keys(opts.Labels)) {
+		q.Add("label", k+"="+opts.Labels[k])
+	}
+	if opts.Limit > 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	if opts.Cursor != "" {
+		q.Set("cursor", opts.Cursor)
+	}
+	path := "/v1/sandboxes"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
 	}
 	var out SandboxList
 	err := c.call(ctx, http.MethodGet, path, nil, &out, co)
-	return out.Sandboxes, err
+	return out, err
 }
 
 // Get answers one sandbox.

@@ -145,12 +145,21 @@ func (s *Sandbox) FirstURL() string {
 // SandboxList is the answer of GET /v1/sandboxes.
 type SandboxList struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
+	// Next is the cursor of the next page of a paged list (limit or
+	// cursor given); empty on the last page and for an unpaged list.
+	Next string `json:"next,omitempty"`
 }
 
 // ListOptions filter GET /v1/sandboxes.
 type ListOptions struct {
 	// State lists only the sandboxes in this state; empty lists all.
 	State string
+	// Labels lists only the sandboxes carrying every one of them.
+	Labels map[string]string
+	// Limit, when above 0, asks for a page of at most Limit sandboxes
+	// (up to 1000) after Cursor (the Next of the page before).
+	Limit  int
+	Cursor string
 }
 
 // CreateRequest is the body of POST /v1/sandboxes. The durations are

@@ -575,6 +575,59 @@ func (m *Manager) List(state State) ([]Record, error) {
 	return m.store.List(func(r *Record) bool { return state == "" || r.State == state })
 }
 
+// MaxPageLimit bounds a page of ListPage.
+const MaxPageLimit = 1000
+
+// PageOptions select a page of sandboxes.
+type PageOptions struct {
+	// After is the cursor: the page starts past this id ("" : at the
+	// first). Ids only grow in order (ULIDs, or the caller's), so a sandbox
+	// created or destroyed meanwhile never puts another on two pages.
+	After string
+	// Limit is the most records of the page (1 to MaxPageLimit).
+	Limit int
+	// State and Labels filter (a record must carry every label).
+	State  State
+	Labels map[string]string
+	// Keep, when set, filters further (a tenant's visibility).
+	Keep func(*Record) bool
+}
+
+// ListPage returns a page of sandboxes in id order and the cursor of the
+// next page ("" on the last).
+func (m *Manager) ListPage(o PageOptions) ([]Record, string, error) {
+	if o.State != "" && !ValidState(o.State) {
+		return nil, "", invalid("state %q is not one of %v", o.State, States)
+	}
+	if o.Limit < 1 || o.Limit > MaxPageLimit {
+		return nil, "", invalid("limit: %d is not between 1 and %d", o.Limit, MaxPageLimit)
+	}
+	if o.After != "" && !ValidID(o.After) {
+		return nil, "", invalid("cursor %q is not one this API gave", o.After)
+	}
+	keep := func(r *Record) bool {
+		if o.State != "" && r.State != o.State {
+			return false
+		}
+		for k, v := range o.Labels {
+			if got, ok := r.Spec.Labels[k]; !ok || got != v {
+				return false
+			}
+		}
+		return o.Keep == nil || o.Keep(r)
+	}
+	recs, err := m.store.Page(o.After, o.Limit+1, keep)
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(recs) > o.Limit {
+		recs = recs[:o.Limit]
+		next = recs[len(recs)-1].ID
+	}
+	return recs, next, nil
+}
+
 // History returns the events of sandbox id, oldest first.
 func (m *Manager) History(id string) ([]Event, error) { return m.store.History(id) }
 

@@ -13,6 +13,9 @@ type Store interface {
 	Get(id string) (Record, error)
 	// List returns the records keep accepts (all when keep is nil).
 	List(keep func(*Record) bool) ([]Record, error)
+	// Page returns, in id order, up to limit records with ids above after
+	// ("" : from the first) that keep accepts (all when nil).
+	Page(after string, limit int, keep func(*Record) bool) ([]Record, error)
 	// Create stores a new record and its first event.
 	Create(r Record, reason string) (Record, Event, error)
 	// Transition moves id to state to if its state is one of from, after

@@ -444,5 +444,37 @@ func (s *Store) List(keep func(*lifecycle.Record) bool) ([]lifecycle.Record, err
 	return out, nil
 }
 
+// Page implements lifecycle.Store: a seek to the first record after
+// after, then a walk in key (id) order until limit records are kept. Its
+// cost is the records read, not the store's size.
+func (s *Store) Page(after string, limit int, keep func(*lifecycle.Record) bool) ([]lifecycle.Record, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	out := make([]lifecycle.Record, 0, min(limit, 1024))
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixRecord, PrefetchValues: true, PrefetchSize: min(limit, 100)})
+		defer it.Close()
+		start := prefixRecord
+		if after != "" {
+			start = append(recordKey(after), 0) // the first key past after
+		}
+		for it.Seek(start); it.Valid() && len(out) < limit; it.Next() {
+			r, err := decodeRecord(it.Item())
+			if err != nil {
+				return err
+			}
+			if keep == nil || keep(&r) {
+				out = append(out, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing a page of sandboxes: %w", err)
+	}
+	return out, nil
+}
+
 // Interface guard: the Badger store is a lifecycle.Store.
 var _ lifecycle.Store = (*Store)(nil)

@@ -1,0 +1,95 @@
+package caddymodule
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+// TestListPages: GET /v1/sandboxes pages in id order with limit and
+// cursor, filters by state and label, answers next only while there is
+// more, and never gives a sandbox twice though one is created between
+// pages; bad limits and cursors are 400s; the CLI pages too.
+func TestListPages(t *testing.T) {
+	h := newHarness(t, "")
+	var ids []string
+	for i := range 5 {
+		rec := h.create(nil)
+		ids = append(ids, rec.ID)
+		if i%2 == 0 {
+			h.stop(rec.ID)
+		}
+	}
+	slices.Sort(ids)
+	var page client.SandboxList
+	var got []string
+	var late, lateAfter string
+	cursor := ""
+	for n := 0; ; n++ {
+		path := "/v1/sandboxes?limit=2"
+		if cursor != "" {
+			path += "&cursor=" + cursor
+		}
+		if status := h.api("GET", path, nil, &page); status != 200 {
+			t.Fatalf("GET %s: %d", path, status)
+		}
+		for _, s := range page.Sandboxes {
+			if slices.Contains(got, s.ID) {
+				t.Fatalf("%s on two pages", s.ID)
+			}
+			got = append(got, s.ID)
+		}
+		if n == 0 {
+			// A sandbox created between pages comes on a later page,
+			// once, if its id sorts after the cursor; never otherwise.
+			late = h.create(nil).ID
+			lateAfter = page.Next
+		}
+		if page.Next == "" {
+			break
+		}
+		if len(page.Sandboxes) != 2 || page.Next != page.Sandboxes[1].ID {
+			t.Fatalf("page %+v next %q", len(page.Sandboxes), page.Next)
+		}
+		cursor = page.Next
+	}
+	want := slices.Clone(ids)
+	if late > lateAfter {
+		want = append(want, late)
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("pages gave %v, want %v (created between pages: %s after %s)", got, want, late, lateAfter)
+	}
+	ids = append(ids, late)
+	slices.Sort(ids)
+	var stopped client.SandboxList
+	h.api("GET", "/v1/sandboxes?state=stopped&limit=10", nil, &stopped)
+	if len(stopped.Sandboxes) != 3 || stopped.Next != "" {
+		t.Fatalf("stopped page: %d sandboxes, next %q", len(stopped.Sandboxes), stopped.Next)
+	}
+	var labelled client.SandboxList
+	h.api("GET", "/v1/sandboxes?label="+testenv.LabelRun+"%3Dnope", nil, &labelled)
+	if len(labelled.Sandboxes) != 0 {
+		t.Fatalf("label filter kept %d", len(labelled.Sandboxes))
+	}
+	var e client.ErrorResponse
+	for _, bad := range []string{"limit=0", "limit=1001", "limit=x", "cursor=NOT-AN-ID!", "label=novalue", "state=asleep"} {
+		if status := h.api("GET", "/v1/sandboxes?"+bad, nil, &e); status != http.StatusBadRequest || e.Error.Code != "invalid" {
+			t.Fatalf("?%s: %d %+v", bad, status, e)
+		}
+	}
+	out := runCLI(t, context.Background(), "ls", "--limit", "4", "--api", h.apiURL(""), "--token", testToken).ok(t, "ls --limit 4")
+	if !strings.HasSuffix(out, "more: --cursor "+ids[3]+"\n") {
+		t.Fatalf("ls --limit 4 printed %q", out)
+	}
+	out = runCLI(t, context.Background(), "ls", "--limit", "4", "--cursor", ids[3], "--api", h.apiURL(""), "--token", testToken).ok(t, "ls --cursor")
+	if strings.Contains(out, "more:") || !strings.Contains(out, ids[4]) || !strings.Contains(out, ids[5]) || strings.Contains(out, ids[3]) {
+		t.Fatalf("ls --cursor printed %q", out)
+	}
+}
