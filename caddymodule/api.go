@@ -361,7 +361,15 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 		for i := range recs {
 			out[i] = e.view(&recs[i])
 		}
-		writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out, Next: next})
+		page := client.SandboxList{Sandboxes: out, Next: next}
+		if !who.bound() {
+			// The engine's in-memory counts: what a page cannot tell.
+			page.Counts = map[string]int{}
+			for s, n := range e.mgr.Counts() {
+				page.Counts[string(s)] = n
+			}
+		}
+		writeJSON(w, http.StatusOK, page)
 		return
 	}
 	recs, err := e.mgr.List(q.state)

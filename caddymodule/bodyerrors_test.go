@@ -12,7 +12,7 @@ import (
 // usual error JSON and status, and a message in plain words: which field,
 // what was expected and what came, or where the JSON breaks.
 func TestDecodeBodyMessages(t *testing.T) {
-	const createFields = "(fields: id, image, cmd, env, ports, memory_mb, cpus, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, labels, access, egress, user, readonly_rootfs, cap_add, runtime, disk_mb)"
+	const createFields = "(fields: id, template, pool, image, cmd, env, ports, memory_mb, cpus, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, labels, access, egress, user, readonly_rootfs, cap_add, runtime, disk_mb)"
 	for _, tc := range []struct {
 		name, body string
 		into       func() any

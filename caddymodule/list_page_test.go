@@ -2,6 +2,14 @@ package caddymodule
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/store"
 	"net/http"
 	"slices"
 	"strings"
@@ -26,11 +34,11 @@ func TestListPages(t *testing.T) {
 		}
 	}
 	slices.Sort(ids)
-	var page client.SandboxList
 	var got []string
 	var late, lateAfter string
 	cursor := ""
 	for n := 0; ; n++ {
+		var page client.SandboxList // fresh: a last page has no next to overwrite an old one
 		path := "/v1/sandboxes?limit=2"
 		if cursor != "" {
 			path += "&cursor=" + cursor
@@ -91,5 +99,63 @@ func TestListPages(t *testing.T) {
 	out = runCLI(t, context.Background(), "ls", "--limit", "4", "--cursor", ids[3], "--api", h.apiURL(""), "--token", testToken).ok(t, "ls --cursor")
 	if strings.Contains(out, "more:") || !strings.Contains(out, ids[4]) || !strings.Contains(out, ids[5]) || strings.Contains(out, ids[3]) {
 		t.Fatalf("ls --cursor printed %q", out)
+	}
+}
+
+// TestDashboardPagesInBrowser: with more sandboxes than a page, the
+// dashboard shows the first page, the gateway's own counts of all of
+// them, and adds a page per "Show more" until the last.
+func TestDashboardPagesInBrowser(t *testing.T) {
+	const n = 1200
+	h := newHarnessWithCaddyfile(t, func(h *harness) string {
+		// Records of sandboxes that are gone (killed: reconcile leaves
+		// them), written before the gateway opens the store.
+		st, err := store.Open(store.Options{Dir: filepath.Join(h.dir, "sandwake")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now().UTC()
+		for i := range n {
+			rec := lifecycle.Record{ID: fmt.Sprintf("pg%05d", i), State: lifecycle.Killed, CreatedAt: now, StateSince: now, LastActiveAt: now,
+				Spec: lifecycle.Spec{Image: "gone:1", Ports: []int{8080}, WorkspacePath: "/workspace", Access: lifecycle.AccessPublic}}
+			if _, _, err := st.Create(rec, "test"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return h.caddyfile("")
+	})
+	srv := newDashboardServer(t, h, true)
+	ctx := newBrowser(t, chromedp.WindowSize(1280, 800))
+	rowsShown := func() int { return evaluate[int](t, ctx, `document.querySelectorAll("#rows tr[data-id]").length`) }
+	browse(t, ctx, "signing in",
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(chromedp.ID("token-form")),
+		chromedp.SendKeys(chromedp.ID("token-input"), testToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.ID("more-button")),
+	)
+	if got := rowsShown(); got != 500 {
+		t.Fatalf("first page: %d rows, want 500", got)
+	}
+	if note := evaluate[string](t, ctx, `document.getElementById("more-note").textContent`); note != fmt.Sprintf("Showing the first 500 of %d.", n) {
+		t.Fatalf("more note: %q", note)
+	}
+	if sum := evaluate[string](t, ctx, `document.getElementById("summary").textContent`); !strings.HasPrefix(sum, fmt.Sprintf("%d sandboxes", n)) {
+		t.Fatalf("summary: %q", sum)
+	}
+	for _, want := range []int{1000, n} {
+		browse(t, ctx, "showing more",
+			chromedp.Click(chromedp.ID("more-button")),
+			chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#rows tr[data-id="pg%05d"]`, want-1))),
+		)
+		if got := rowsShown(); got != want {
+			t.Fatalf("after show more: %d rows, want %d", got, want)
+		}
+	}
+	if hidden := evaluate[bool](t, ctx, `document.getElementById("more").hidden`); !hidden {
+		t.Fatal("show more is offered after the last page")
 	}
 }

@@ -148,6 +148,9 @@ type SandboxList struct {
 	// Next is the cursor of the next page of a paged list (limit or
 	// cursor given); empty on the last page and for an unpaged list.
 	Next string `json:"next,omitempty"`
+	// Counts, in a paged list for a token that sees every sandbox, counts
+	// the sandboxes of the gateway by state (all of them, not the page).
+	Counts map[string]int `json:"counts,omitempty"`
 }
 
 // ListOptions filter GET /v1/sandboxes.

@@ -37,7 +37,7 @@ func BenchmarkCreateFromTemplate(b *testing.B) {
 	running := webTemplate(image, 1, 64)
 	running.Name, running.Pool.State = "warm", lifecycle.PoolRunning
 	f := newFixtureWith(b, lifecycle.Config{Templates: []lifecycle.Template{tmpl, running}, PoolInterval: 50 * time.Millisecond},
-		func(o *docker.Options) { o.Instance = instance })
+		func(o *docker.Options) { o.Instance, o.SandboxNetwork = instance, "" })
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

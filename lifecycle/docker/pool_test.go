@@ -28,7 +28,7 @@ func poolFixture(t *testing.T, minIdle int, cfg lifecycle.Config) (*fixture, str
 		cfg.Templates = []lifecycle.Template{webTemplate(image, minIdle, 64)}
 	}
 	cfg.PoolInterval = 100 * time.Millisecond
-	f := newFixtureWith(t, cfg, func(o *docker.Options) { o.Instance = instance })
+	f := newFixtureWith(t, cfg, func(o *docker.Options) { o.Instance, o.SandboxNetwork = instance, "" })
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
