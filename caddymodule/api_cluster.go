@@ -229,6 +229,18 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 			id = got
 			return nil
 		}
+		// The id of a pool container whose claim failed is given back
+		// at once (the container may go back to the pool).
+		req.Release = func(got string) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := c.Release(ctx, got); err != nil {
+				e.log.Warn("releasing the id of a failed claim", zap.String("id", got), zap.Error(err))
+			}
+			if id == got {
+				id = ""
+			}
+		}
 	} else if err := reserve(id); err != nil {
 		writeEngineError(w, err)
 		return

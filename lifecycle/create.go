@@ -29,6 +29,9 @@ type CreateRequest struct {
 	// the create (a claimed container goes back to the pool). A cluster
 	// reserves the id cluster-wide with it.
 	Reserve func(id string) error
+	// Release, when set, is called with an id Reserve took for a pool
+	// container whose claim failed (the create goes on cold, or fails).
+	Release func(id string)
 }
 
 // Create validates req, stores the sandbox as creating, creates and starts its
@@ -94,13 +97,20 @@ func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, 
 		if s := m.pool.take(t.Name); s != nil {
 			if req.Reserve != nil {
 				if err := req.Reserve(s.id); err != nil {
-					m.pool.putBack(t.Name, s)
+					m.putBack(t.Name, s)
 					m.pool.done(s.id)
 					return Record{}, PoolOutcome{}, err
 				}
 			}
 			start := m.cfg.Now()
-			rec, err := m.claim(s, &t, checked)
+			rec, admitted, err := m.claim(s, &t, checked)
+			if err != nil && req.Release != nil {
+				req.Release(s.id) // a failed claim leaves no record of it
+			}
+			if !admitted {
+				m.putBack(t.Name, s) // untouched: after the release, so that it can be claimed again
+			}
+			m.pool.done(s.id)
 			m.pool.poke()
 			if err == nil {
 				out := PoolOutcome{Hit: true}

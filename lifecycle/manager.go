@@ -275,7 +275,8 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 		built:   cfg,
 		pool:    newPool(),
 	}
-	m.pool.setTemplates(cfg.Templates)
+	m.pool.egress = m.effectiveEgress
+	m.pool.setTemplates(cfg.Templates, false)
 	m.activity.clock = cfg.Now
 	recs, err := st.List(nil)
 	if err != nil {
@@ -458,10 +459,13 @@ func (c *Config) Apply(s Settings) {
 
 // Reconfigure applies new settings (see Config.Apply).
 func (m *Manager) Reconfigure(s Settings) {
+	// The pools first: their shapes are worked out again (the defaults
+	// that fill a template in may have changed) before a create can read
+	// the new templates, so that none claims a container of another shape.
+	m.pool.setTemplates(s.Templates, true)
 	m.mu.Lock()
 	m.cfg.Apply(s)
 	m.mu.Unlock()
-	m.pool.setTemplates(s.Templates)
 }
 
 // config returns a copy of the current configuration.

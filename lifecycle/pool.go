@@ -69,6 +69,7 @@ type templatePool struct {
 	t         Template
 	key       string // current shape ("" until the image is resolved)
 	keyAt     time.Time
+	memoryMB  int64       // a container's memory_mb, the gateway's default filled in
 	idle      []*poolSlot // oldest first
 	filling   int
 	failedAt  time.Time
@@ -87,8 +88,11 @@ type pool struct {
 	// sweep leaves them alone.
 	busy    map[string]bool
 	removed map[string]uint64
-	// making holds the firewall entries of containers being made.
+	// making holds the firewall entries of containers being made or
+	// claimed.
 	making map[string]FirewallEntry
+	// egress fills the gateway's default policy into a template's.
+	egress func(Egress) Egress
 	nudge  chan struct{}
 	sem    chan struct{}
 }
@@ -112,10 +116,11 @@ func (p *pool) poke() {
 	}
 }
 
-// setTemplates makes the pools match ts (construction and reloads); a
-// template whose spec changed keeps its idle containers until the refill
-// finds their key stale.
-func (p *pool) setTemplates(ts []Template) {
+// setTemplates makes the pools match ts (construction and reloads). With
+// reshape (a reload) every template's key is worked out again before its
+// idle containers can be claimed; those of another shape are then found
+// stale by the refill.
+func (p *pool) setTemplates(ts []Template, reshape bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.order = p.order[:0]
@@ -128,8 +133,9 @@ func (p *pool) setTemplates(ts []Template) {
 			tp = &templatePool{misses: map[string]uint64{}}
 			p.templates[t.Name] = tp
 		}
-		if !templateEqual(&tp.t, &t) {
+		if reshape || !templateEqual(&tp.t, &t) {
 			tp.key, tp.keyAt = "", time.Time{} // resolved again, then compared
+			tp.failedAt = time.Time{}
 		}
 		tp.t = t
 	}
@@ -142,7 +148,7 @@ func (p *pool) setTemplates(ts []Template) {
 }
 
 func templateEqual(a, b *Template) bool {
-	return a.Name == b.Name && poolKey("", &a.Spec) == poolKey("", &b.Spec) && a.Spec.Image == b.Spec.Image
+	return a.Name == b.Name && poolKey("", a.Pool.State, &a.Spec) == poolKey("", b.Pool.State, &b.Spec) && a.Spec.Image == b.Spec.Image
 }
 
 // Template returns the configured template named name.
@@ -225,10 +231,22 @@ func (p *pool) take(name string) *poolSlot {
 		if s.key == tp.key {
 			tp.idle = slices.Delete(tp.idle, i, i+1)
 			p.busy[s.id] = true
+			// Its rules stay in the firewall's view until the claim ends.
+			if e, ok := p.entry(tp, s); ok {
+				p.making[s.id] = e
+			}
 			return s
 		}
 	}
 	return nil
+}
+
+// entry is the firewall entry of idle container s of pool tp.
+func (p *pool) entry(tp *templatePool, s *poolSlot) (FirewallEntry, bool) {
+	if !s.addr.IsValid() || p.egress == nil {
+		return FirewallEntry{}, false
+	}
+	return FirewallEntry{ID: s.id, Address: s.addr, Egress: p.egress(tp.t.Spec.Egress)}, true
 }
 
 func (p *pool) count(name string, hit bool, reason string) {
@@ -248,6 +266,7 @@ func (p *pool) count(name string, hit bool, reason string) {
 func (p *pool) done(id string) {
 	p.mu.Lock()
 	delete(p.busy, id)
+	delete(p.making, id)
 	p.mu.Unlock()
 }
 
@@ -256,21 +275,20 @@ func (p *pool) done(id string) {
 // replace the pool's, the container is woken, and the record is created
 // running under the container's id, in one synced write. A crash before
 // the write leaves a pool container without a record, which the sweep
-// removes; after it, a sandbox. On failure the container is removed (or,
-// when only admission refused, put back) and the caller creates cold.
-func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (Record, error) {
+// removes; after it, a sandbox. On failure the container is removed, or,
+// when admission refused (admitted false), left untouched for the caller
+// to put back; the caller holds it busy throughout and creates cold.
+func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitted bool, err error) {
 	id := s.id
-	defer m.pool.done(id)
 	release, err := m.admit(m.ctx, id)
 	if err != nil {
-		m.pool.putBack(t.Name, s)
-		return Record{}, err
+		return Record{}, false, err // the caller puts the container back
 	}
 	defer release()
 	unlock := m.locks.lock(id)
 	defer unlock()
 	now := m.cfg.Now().UTC()
-	rec := Record{ID: id, Spec: spec, State: Running, CreatedAt: now, LastActiveAt: now, StateSince: now, VerifiedAt: now,
+	rec = Record{ID: id, Spec: spec, State: Running, CreatedAt: now, LastActiveAt: now, StateSince: now, VerifiedAt: now,
 		Incarnation: NewIncarnation(), Address: s.addr, Template: t.Name, ContainerID: s.container, Upstreams: s.upstreams}
 	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
 		rec.ExpiresAt = now.Add(life)
@@ -279,11 +297,6 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (Record, error) {
 		m.pool.mu.Lock()
 		m.pool.making[id] = FirewallEntry{ID: id, Address: s.addr, Egress: m.effectiveEgress(spec.Egress)}
 		m.pool.mu.Unlock()
-		defer func() {
-			m.pool.mu.Lock()
-			delete(m.pool.making, id)
-			m.pool.mu.Unlock()
-		}()
 	}
 	fwDone := m.firewallShared()
 	err = m.applyEgress(&rec)
@@ -301,11 +314,11 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (Record, error) {
 	}
 	if err != nil {
 		m.dropSlot(s, PoolRemovedFailed)
-		return Record{}, fmt.Errorf("claiming pool container %s of template %s: %w", id, t.Name, err)
+		return Record{}, true, fmt.Errorf("claiming pool container %s of template %s: %w", id, t.Name, err)
 	}
 	m.setState(id, Running)
 	m.log.Info("sandbox claimed from the pool", zap.String("id", id), zap.String("template", t.Name))
-	return rec, nil
+	return rec, true, nil
 }
 
 // effectiveEgress is e with the gateway's default policy filled in.
@@ -318,13 +331,19 @@ func (m *Manager) effectiveEgress(e Egress) Egress {
 	return e
 }
 
-// putBack returns an untouched claimed container to its pool.
-func (p *pool) putBack(name string, s *poolSlot) {
+// putBack returns an untouched claimed container to its pool, or removes
+// it when its template is gone meanwhile.
+func (m *Manager) putBack(name string, s *poolSlot) {
+	p := m.pool
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if tp := p.templates[name]; tp != nil {
+	tp := p.templates[name]
+	if tp != nil && s.key == tp.key {
 		tp.idle = append([]*poolSlot{s}, tp.idle...)
+		p.mu.Unlock()
+		return
 	}
+	p.mu.Unlock()
+	m.dropSlot(s, PoolRemovedStale)
 }
 
 // dropSlot removes pool container s (its container, volume, address and
@@ -338,6 +357,9 @@ func (m *Manager) dropSlot(s *poolSlot, reason string) {
 	if _, err := m.runtime.RemoveVolume(ctx, s.id); err != nil && !errors.Is(err, ErrNotFound) {
 		m.log.Warn("removing pool container's volume", zap.String("id", s.id), zap.Error(err))
 	}
+	m.pool.mu.Lock()
+	delete(m.pool.making, s.id) // before the address can go to another
+	m.pool.mu.Unlock()
 	if s.addr.IsValid() {
 		m.forgetAddress(s.id, s.addr)
 	}
@@ -353,6 +375,7 @@ func (m *Manager) dropSlot(s *poolSlot, reason string) {
 // template first. It rests while the engine's breaker is open.
 func (m *Manager) runPool(interval time.Duration) {
 	defer m.wg.Done()
+	m.sweepAtStart()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -366,6 +389,30 @@ func (m *Manager) runPool(interval time.Duration) {
 	}
 }
 
+// sweepAtStart removes the pool containers an earlier process left before
+// the first fill: they hold addresses this process does not know of.
+func (m *Manager) sweepAtStart() {
+	if len(m.config().Templates) == 0 {
+		return // a reconcile sweeps those of a gateway that had a pool
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, time.Minute)
+	defer cancel()
+	now := m.cfg.Now()
+	containers, err := m.runtime.List(ctx)
+	if err != nil {
+		return
+	}
+	known := map[string]bool{}
+	for i := range containers {
+		if c := &containers[i]; c.Pool != "" {
+			if _, err := m.store.Get(c.SandboxID); err == nil {
+				known[c.SandboxID] = true
+			}
+		}
+	}
+	m.sweepPool(containers, known, now)
+}
+
 // poolPass is one look at every pool.
 func (m *Manager) poolPass() {
 	if open, _ := m.BreakerOpen(); open {
@@ -376,7 +423,16 @@ func (m *Manager) poolPass() {
 	m.refreshKeys(now)
 	var drop []*poolSlot
 	var reasons []string
-	memMax := m.config().PoolMemoryMaxMB
+	cfg := m.config()
+	memMax := cfg.PoolMemoryMaxMB
+	// Under min_free_memory's line (with a container's memory added) the
+	// pool is not refilled: memory pressure would shed it again.
+	var availMB int64 = -1
+	if cfg.MinFreeMemory > 0 && cfg.MemAvailable != nil {
+		if avail, err := cfg.MemAvailable(); err == nil {
+			availMB = int64(avail>>20) - int64(cfg.MinFreeMemory>>20)
+		}
+	}
 	p.mu.Lock()
 	var memUsed int64
 	for name, tp := range p.templates {
@@ -394,6 +450,7 @@ func (m *Manager) poolPass() {
 				memUsed += s.memoryMB
 			}
 		}
+		memUsed += int64(tp.filling) * tp.memoryMB
 		tp.idle = keep
 		if tp.t.Pool.MaxIdle == 0 && len(tp.idle) == 0 && tp.filling == 0 && !slices.Contains(p.order, name) {
 			delete(p.templates, name)
@@ -418,7 +475,10 @@ func (m *Manager) poolPass() {
 			if tp.key == "" || have >= tp.t.Pool.MinIdle || now.Sub(tp.failedAt) < poolFailBackoff {
 				continue
 			}
-			if memMax > 0 && memUsed+tp.t.Spec.MemoryMB > memMax {
+			if memMax > 0 && memUsed+tp.memoryMB > memMax {
+				continue
+			}
+			if availMB >= 0 && availMB < tp.memoryMB+1 {
 				continue
 			}
 			if f := float64(have) / float64(tp.t.Pool.MinIdle); f < bestFill {
@@ -436,7 +496,10 @@ func (m *Manager) poolPass() {
 			return
 		}
 		best.filling++
-		memUsed += best.t.Spec.MemoryMB
+		memUsed += best.memoryMB
+		if availMB >= 0 {
+			availMB -= best.memoryMB
+		}
 		t, key := best.t, best.key
 		id := NewID(now)
 		p.busy[id] = true
@@ -458,20 +521,22 @@ func (m *Manager) refreshKeys(now time.Time) {
 	var due []Template
 	for _, name := range p.order {
 		tp := p.templates[name]
-		if tp.t.Pool.MaxIdle > 0 && (tp.key == "" || now.Sub(tp.keyAt) >= poolImageCheck) {
+		// A template whose image could not be resolved rests as a failed
+		// fill does, instead of pulling again at every pass.
+		if tp.t.Pool.MaxIdle > 0 && (tp.key == "" || now.Sub(tp.keyAt) >= poolImageCheck) && now.Sub(tp.failedAt) >= poolFailBackoff {
 			due = append(due, tp.t)
 		}
 	}
 	p.mu.Unlock()
 	for _, t := range due {
-		key, err := m.templateKey(t)
+		key, mem, err := m.templateKey(t)
 		p.mu.Lock()
 		if tp := p.templates[t.Name]; tp != nil && templateEqual(&tp.t, &t) {
 			if err != nil {
 				tp.lastError = err.Error()
 				tp.failedAt = now
 			} else {
-				tp.key, tp.keyAt = key, now
+				tp.key, tp.keyAt, tp.memoryMB = key, now, mem
 			}
 		}
 		p.mu.Unlock()
@@ -480,7 +545,7 @@ func (m *Manager) refreshKeys(now time.Time) {
 
 // templateKey is t's current shape: its image's id (pulled under the
 // runtime's policy when missing) and its container-shaping fields.
-func (m *Manager) templateKey(t Template) (string, error) {
+func (m *Manager) templateKey(t Template) (string, int64, error) {
 	ctx, cancel := context.WithTimeout(m.ctx, m.config().WakeTimeout)
 	defer cancel()
 	imageID := t.Spec.Image
@@ -494,11 +559,15 @@ func (m *Manager) templateKey(t Template) (string, error) {
 			}
 		}
 		if err != nil {
-			return "", fmt.Errorf("template %s: resolving image %s: %w", t.Name, t.Spec.Image, err)
+			return "", 0, fmt.Errorf("template %s: resolving image %s: %w", t.Name, t.Spec.Image, err)
 		}
 		imageID = id
 	}
-	return poolKey(imageID, &t.Spec), nil
+	spec := t.Spec
+	if err := m.checkSpec(&spec); err != nil {
+		return "", 0, fmt.Errorf("template %s: %w", t.Name, err)
+	}
+	return poolKey(imageID, t.Pool.State, &spec), spec.MemoryMB, nil
 }
 
 // fill makes one pool container of template t: address and rules first
@@ -686,7 +755,7 @@ func (m *Manager) sweepPool(containers []Container, known map[string]bool, liste
 			continue
 		}
 		if _, err := m.store.Get(id); errors.Is(err, ErrNotFound) && !p.held(id) {
-			m.dropSlot(&poolSlot{id: id}, PoolRemovedLeftover)
+			m.dropLeftover(id)
 		}
 		unlock()
 	}
@@ -719,4 +788,34 @@ func (m *Manager) shedPool() bool {
 	m.dropSlot(s, PoolRemovedPressure)
 	p.done(s.id)
 	return true
+}
+
+// dropLeftover removes a pool container without a record that no list
+// knows (an earlier process's). Its volume goes with it when it is empty;
+// one holding files may be a claimed sandbox's whose record was lost (a
+// store restored from an older backup): it is kept, and logged, as an
+// orphan's would be.
+func (m *Manager) dropLeftover(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := m.runtime.Inspect(ctx, id); errors.Is(err, ErrContainerNotFound) {
+		return // an earlier sweep's (its list was older than the removal)
+	}
+	empty := false
+	if wc, ok := m.raw.(WorkspaceChecker); ok {
+		empty, _ = wc.WorkspaceEmpty(ctx, id)
+	}
+	if empty {
+		m.dropSlot(&poolSlot{id: id}, PoolRemovedLeftover)
+		return
+	}
+	if err := m.runtime.Remove(ctx, id); err != nil && !errors.Is(err, ErrContainerNotFound) {
+		m.log.Warn("removing a leftover pool container", zap.String("id", id), zap.Error(err))
+		return
+	}
+	m.pool.mu.Lock()
+	m.pool.removed[PoolRemovedLeftover]++
+	m.pool.mu.Unlock()
+	m.log.Warn("a pool container without a record had files in its workspace: the container was removed, its volume kept (purge it when it is not wanted)",
+		zap.String("id", id))
 }

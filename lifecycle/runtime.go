@@ -99,3 +99,14 @@ type ImageResolver interface {
 	// (ErrImageNotFound when it has none).
 	ImageID(ctx context.Context, ref string) (string, error)
 }
+
+// WorkspaceChecker is implemented by runtimes that can tell whether a
+// sandbox's workspace holds anything. The pool's sweep removes the volume of
+// a pool container left without a record only when it is empty: one that
+// holds files may be a claimed sandbox's whose record was lost (a store
+// restored from an older backup), and is kept.
+type WorkspaceChecker interface {
+	// WorkspaceEmpty reports whether sandbox id's workspace volume holds
+	// no file (false, nil when it cannot be told).
+	WorkspaceEmpty(ctx context.Context, id string) (bool, error)
+}

@@ -183,12 +183,14 @@ func cloneMap(m map[string]string) map[string]string {
 	return out
 }
 
-// poolKey is the shape of a pool container: the image's id and every field
-// that is fixed when a container is made. A container whose key is not its
-// template's current one is stale.
-func poolKey(imageID string, s *Spec) string {
+// poolKey is the shape of a pool container: the image's id, the state it
+// waits in and every field that is fixed when a container is made, as the
+// gateway's defaults (isolation, memory) fill them in. A container whose
+// key is not its template's current one is stale.
+func poolKey(imageID, state string, s *Spec) string {
 	shape := struct {
 		ImageID        string
+		State          string
 		Cmd            []string
 		Env            []string
 		Ports          []int
@@ -203,7 +205,7 @@ func poolKey(imageID string, s *Spec) string {
 		CapAdd         []string
 		DiskMB         int64
 		Runtime        string
-	}{imageID, s.Cmd, envList(s.Env), s.Ports, s.MemoryMB, s.CPUs, s.PidsLimit, s.WorkspacePath, s.ReadyPath, s.ReadyMode,
+	}{imageID, state, s.Cmd, envList(s.Env), s.Ports, s.MemoryMB, s.CPUs, s.PidsLimit, s.WorkspacePath, s.ReadyPath, s.ReadyMode,
 		s.User, s.ReadonlyRootfs, s.CapAdd, s.DiskMB, s.Runtime}
 	b, _ := json.Marshal(shape) // plain values: cannot fail
 	sum := sha256.Sum256(b)

@@ -112,5 +112,26 @@ func DirUsage(ctx context.Context, dirs ...string) (int64, error) {
 	return total, nil
 }
 
-// Interface guard.
-var _ lifecycle.DiskMeter = (*Runtime)(nil)
+// WorkspaceEmpty implements lifecycle.WorkspaceChecker: the volume's
+// directory on this host holds no entry. A volume whose directory cannot
+// be read from here (a remote engine) is not known to be empty.
+func (r *Runtime) WorkspaceEmpty(ctx context.Context, id string) (bool, error) {
+	vol, err := r.cli.VolumeInspect(ctx, VolumeName(id), client.VolumeInspectOptions{})
+	if err != nil {
+		return false, classify("inspecting volume "+VolumeName(id), err, lifecycle.ErrNotFound)
+	}
+	if !r.owns(id, vol.Volume.Labels) || !reachable(vol.Volume.Mountpoint) {
+		return false, nil
+	}
+	entries, err := os.ReadDir(vol.Volume.Mountpoint)
+	if err != nil {
+		return false, nil
+	}
+	return len(entries) == 0, nil
+}
+
+// Interface guards.
+var (
+	_ lifecycle.DiskMeter        = (*Runtime)(nil)
+	_ lifecycle.WorkspaceChecker = (*Runtime)(nil)
+)

@@ -113,7 +113,14 @@ func TestPoolClaim(t *testing.T) {
 	if recs, _ := f.m.List(""); len(recs) != 0 {
 		t.Fatalf("pool containers listed as sandboxes: %d", len(recs))
 	}
-	creates := f.rt.creates.Load()
+	containerOf := map[string]string{}
+	for id := range pooled {
+		ci, err := f.cli.ContainerInspect(context.Background(), docker.ContainerName(id), client.ContainerInspectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		containerOf[id] = ci.Container.ID
+	}
 	rec, out, err := f.m.CreatePooled(context.Background(), lifecycle.CreateRequest{Template: "web",
 		Spec: lifecycle.Spec{Labels: map[string]string{"team": "a"}, Access: lifecycle.AccessPrivate}})
 	if err != nil {
@@ -125,8 +132,10 @@ func TestPoolClaim(t *testing.T) {
 	if _, ok := pooled[rec.ID]; !ok {
 		t.Fatalf("claimed sandbox %s is not one of the pool's containers %v", rec.ID, pooled)
 	}
-	if f.rt.creates.Load() != creates {
-		t.Fatal("a pool hit made a container")
+	// The sandbox runs in the container made before the create (the
+	// refill the claim started makes others).
+	if rec.ContainerID == "" || rec.ContainerID != containerOf[rec.ID] {
+		t.Fatalf("claimed sandbox's container %q, want the pool's %q", rec.ContainerID, containerOf[rec.ID])
 	}
 	mustState(t, f.store, rec.ID, lifecycle.Running)
 	if rec.Template != "web" || rec.Spec.Labels["team"] != "a" || rec.Spec.Access != lifecycle.AccessPrivate || rec.Spec.MemoryMB != 64 {
@@ -379,12 +388,14 @@ func TestPoolDropsDeadAndStale(t *testing.T) {
 	if err := m2.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// The pool's first act sweeps them, and any reconcile would.
 	if _, err := m2.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := m2.PoolRemoved()[lifecycle.PoolRemovedLeftover]; got != 2 {
-		t.Fatalf("removed as leftovers after a restart: %d, want 2", got)
-	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		got := m2.PoolRemoved()[lifecycle.PoolRemovedLeftover]
+		return got == 2, fmt.Sprintf("removed as leftovers after a restart: %d, want 2", got)
+	})
 	waitIdle(t, m2, 2)
 	after := poolContainers(t, f.cli, instance)
 	if _, ok := after[rec.ID]; !ok {
@@ -425,4 +436,51 @@ func TestPoolGoesFirstUnderPressure(t *testing.T) {
 	if r, _ := f.store.Get(rec.ID); r.State != lifecycle.Stopped {
 		t.Fatalf("sandbox is %s after the pool was emptied under pressure", r.State)
 	}
+}
+
+// TestPoolReloadReplacesShape: a reload that changes the pool's state, or
+// a gateway default that shapes containers (here the CPU limit), replaces
+// the idle containers before any is claimed in the old shape.
+func TestPoolReloadReplacesShape(t *testing.T) {
+	f, instance := poolFixture(t, 1, lifecycle.Config{})
+	waitIdle(t, f.m, 1)
+	first := poolContainers(t, f.cli, instance)
+	running := webTemplate(f.image, 1, 64)
+	running.Pool.State = lifecycle.PoolRunning
+	f.m.Reconfigure(lifecycle.Settings{Templates: []lifecycle.Template{running}})
+	var second map[string]string
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		second = poolContainers(t, f.cli, instance)
+		for id, state := range second {
+			if _, old := first[id]; !old && state == "running" && len(second) == 1 && idle(f.m, "web") == 1 {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("pool containers %v (before the reload: %v)", second, first)
+	})
+	rec, out, err := f.m.CreatePooled(context.Background(), lifecycle.CreateRequest{Template: "web"})
+	if err != nil || !out.Hit {
+		t.Fatalf("claim from the running pool: %+v %v", out, err)
+	}
+	if code, _ := get(t, upstream(t, rec), "/healthz"); code != 200 {
+		t.Fatalf("claimed from a running pool: %d", code)
+	}
+	waitIdle(t, f.m, 1)
+	before := poolContainers(t, f.cli, instance)
+	delete(before, rec.ID)
+	f.m.Reconfigure(lifecycle.Settings{Templates: []lifecycle.Template{running}, Isolation: lifecycle.Isolation{CPUs: 0.5}})
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		now := poolContainers(t, f.cli, instance)
+		delete(now, rec.ID)
+		for id := range now {
+			if _, old := before[id]; old {
+				return false, fmt.Sprintf("the container of the old shape %s is still in the pool", id)
+			}
+			ci, err := f.cli.ContainerInspect(context.Background(), docker.ContainerName(id), client.ContainerInspectOptions{})
+			if err != nil || ci.Container.HostConfig.NanoCPUs != 5e8 {
+				return false, fmt.Sprintf("container %s: %v", id, err)
+			}
+		}
+		return len(now) == 1 && idle(f.m, "web") == 1, fmt.Sprintf("pool containers %v", now)
+	})
 }
