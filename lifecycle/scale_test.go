@@ -10,8 +10,8 @@ import (
 )
 
 // benchSizes are the record counts the scale benchmarks run at; the design's
-// target is 10,000 sandboxes on one host.
-var benchSizes = []int{1000, 10000}
+// target is 10,000 sandboxes on one host, the next 100,000 (issue 21).
+var benchSizes = []int{1000, 10000, 100000}
 
 // benchStates cycles through the states a large farm mostly holds.
 var benchStates = []lifecycle.State{lifecycle.Running, lifecycle.Paused, lifecycle.Stopped, lifecycle.Stopped, lifecycle.Stopped, lifecycle.Stopped, lifecycle.Killed, lifecycle.Expired}
