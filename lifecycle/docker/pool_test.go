@@ -484,3 +484,34 @@ func TestPoolReloadReplacesShape(t *testing.T) {
 		return len(now) == 1 && idle(f.m, "web") == 1, fmt.Sprintf("pool containers %v", now)
 	})
 }
+
+// TestPoolOfAnotherInstanceIsLeftAlone: a second gateway on the same engine
+// (another instance, removing orphans, with a pool of its own of the same
+// template) neither removes nor claims the first one's pool containers.
+func TestPoolOfAnotherInstanceIsLeftAlone(t *testing.T) {
+	a, instA := poolFixture(t, 1, lifecycle.Config{})
+	b, _ := poolFixture(t, 1, lifecycle.Config{OrphansRemove: true})
+	waitIdle(t, a.m, 1)
+	waitIdle(t, b.m, 1)
+	poolA := poolContainers(t, a.cli, instA)
+	for range 2 {
+		if stats, err := b.m.Reconcile(context.Background()); err != nil || len(stats.Orphans) != 0 {
+			t.Fatalf("the other gateway's reconcile: orphans %v, %v", stats.Orphans, err)
+		}
+	}
+	rec, out, err := b.m.CreatePooled(context.Background(), lifecycle.CreateRequest{Template: "web"})
+	if err != nil || !out.Hit {
+		t.Fatalf("claim on the other gateway: %+v %v", out, err)
+	}
+	if _, ours := poolA[rec.ID]; ours {
+		t.Fatalf("the other gateway claimed %s, a container of the first's pool", rec.ID)
+	}
+	if got := poolContainers(t, a.cli, instA); len(got) != 1 || idle(a.m, "web") != 1 {
+		t.Fatalf("the first gateway's pool after the other's reconcile and claim: %v (idle %d)", got, idle(a.m, "web"))
+	}
+	for id := range poolA {
+		if _, still := poolContainers(t, a.cli, instA)[id]; !still {
+			t.Fatalf("pool container %s of %s is gone", id, instA)
+		}
+	}
+}
