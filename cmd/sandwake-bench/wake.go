@@ -51,6 +51,11 @@ type rawContainer struct {
 
 // newRawTwin creates and starts the twin of sandbox id's container.
 func newRawTwin(ctx context.Context, cli *client.Client, id string) (*rawContainer, error) {
+	return newRawTwinNamed(ctx, cli, id, "sandwake-bench-raw-"+testenv.RunID())
+}
+
+// newRawTwinNamed is newRawTwin under a name of the caller's.
+func newRawTwinNamed(ctx context.Context, cli *client.Client, id, name string) (*rawContainer, error) {
 	ci, err := cli.ContainerInspect(ctx, docker.ContainerName(id), client.ContainerInspectOptions{})
 	if err != nil {
 		return nil, err
@@ -59,7 +64,7 @@ func newRawTwin(ctx context.Context, cli *client.Client, id string) (*rawContain
 	cfg.Labels = testenv.Labels() // not sandwake's: its reconcile never sees it
 	cfg.ExposedPorts = maps.Clone(cfg.ExposedPorts)
 	hc := *ci.Container.HostConfig
-	r := &rawContainer{cli: cli, name: "sandwake-bench-raw-" + testenv.RunID()}
+	r := &rawContainer{cli: cli, name: name}
 	if _, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: r.name, Config: &cfg, HostConfig: &hc}); err != nil {
 		return nil, fmt.Errorf("creating the raw twin: %w", err)
 	}
