@@ -424,10 +424,16 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		// covers the workspace, and everything where it has none.
 		hc.StorageOpt = map[string]string{"size": fmt.Sprintf("%dm", spec.DiskMB)}
 	}
-	res, err := r.cli.ContainerCreate(ctx, opts)
+	// The engine goes on making a container whose request the client gave
+	// up on: a cancelled create would remove the volume above while the
+	// container still comes, and Docker would then make the volume again,
+	// unlabelled, for it. The call is left to finish (it is quick).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	defer cancel()
+	res, err := r.cli.ContainerCreate(cctx, opts)
 	if err != nil && quota && (cerrdefs.IsInvalidArgument(err) || strings.Contains(strings.ToLower(err.Error()), "storage-opt")) {
 		hc.StorageOpt = nil
-		if res2, err2 := r.cli.ContainerCreate(ctx, opts); err2 == nil {
+		if res2, err2 := r.cli.ContainerCreate(cctx, opts); err2 == nil {
 			// The driver has no quota (fuse-overlayfs, overlay2 on ext4):
 			// the watchdog alone bounds the disk from now on.
 			r.noQuota.Store(true)
@@ -447,6 +453,10 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	r.owned.Store(id, res.ID)
 	return lifecycle.Container{ID: res.ID, SandboxID: id, State: lifecycle.ContainerCreated}, nil
 }
+
+// createTimeout bounds a container create, which runs to its end even when
+// its caller gives up (see Create).
+const createTimeout = 30 * time.Second
 
 // containerLabelsFor adds a pool container's labels to a sandbox's.
 func containerLabelsFor(labels map[string]string, pool lifecycle.PoolTag) map[string]string {
