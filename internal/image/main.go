@@ -120,7 +120,9 @@ func run(tag, goCmd, caBundle string) error {
 	}
 	fmt.Printf("image %s: imported (%s, %d MB): cmd/caddy for linux/%s, Caddyfile.example, user %s (%d)\n",
 		tag, shortID(img.ID), img.Size>>20, ver.Arch, userName, uid)
-	if old.ID != "" && old.ID != img.ID {
+	// Only an image make image made (its content label) is replaced: another
+	// image under the tag is someone else's.
+	if old.ID != "" && old.ID != img.ID && old.Config != nil && old.Config.Labels[labelContent] != "" {
 		// Not forced: an image a container uses stays until it is unused.
 		if _, err := cli.ImageRemove(ctx, old.ID, client.ImageRemoveOptions{}); err == nil {
 			fmt.Printf("removed the image %s named before (%s)\n", tag, shortID(old.ID))
