@@ -379,7 +379,7 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	out := make([]recordView, 0, len(recs))
 	for i := range recs {
-		if who.sees(recs[i].Spec.Labels) && hasLabels(recs[i].Spec.Labels, q.labels) {
+		if who.sees(recs[i].Spec.Labels) && lifecycle.HasLabels(recs[i].Spec.Labels, q.labels) {
 			out = append(out, e.view(&recs[i]))
 		}
 	}
@@ -434,16 +434,6 @@ func parseListQuery(r *http.Request) (listQuery, error) {
 		}
 	}
 	return q, nil
-}
-
-// hasLabels reports whether labels carries every one of want.
-func hasLabels(labels, want map[string]string) bool {
-	for k, v := range want {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
 }
 
 // sandboxID reads and checks the {id} path value; ids are case-insensitive.

@@ -286,13 +286,13 @@ func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine,
 	local := make(map[string]bool, len(recs))
 	for i := range recs {
 		local[recs[i].ID] = true
-		if who.sees(recs[i].Spec.Labels) && hasLabels(recs[i].Spec.Labels, q.labels) {
+		if who.sees(recs[i].Spec.Labels) && lifecycle.HasLabels(recs[i].Spec.Labels, q.labels) {
 			out = append(out, e.view(&recs[i]))
 		}
 	}
 	self := e.cluster.c.Self()
 	for _, en := range e.cluster.c.Entries() {
-		if en.Node == self || local[en.ID] || (state != "" && en.State != state) || !who.sees(en.Labels) || !hasLabels(en.Labels, q.labels) {
+		if en.Node == self || local[en.ID] || (state != "" && en.State != state) || !who.sees(en.Labels) || !lifecycle.HasLabels(en.Labels, q.labels) {
 			continue
 		}
 		out = append(out, e.entryView(&en))

@@ -100,14 +100,7 @@ func principalOf(r *http.Request) *principal {
 }
 
 // sees reports whether p may see a sandbox with labels.
-func (p *principal) sees(labels map[string]string) bool {
-	for k, v := range p.labels {
-		if got, ok := labels[k]; !ok || got != v {
-			return false
-		}
-	}
-	return true
-}
+func (p *principal) sees(labels map[string]string) bool { return lifecycle.HasLabels(labels, p.labels) }
 
 // bound reports whether p is limited to some sandboxes.
 func (p *principal) bound() bool { return len(p.labels) > 0 }

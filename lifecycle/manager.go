@@ -613,12 +613,7 @@ func (m *Manager) ListPage(o PageOptions) ([]Record, string, error) {
 		if o.State != "" && r.State != o.State {
 			return false
 		}
-		for k, v := range o.Labels {
-			if got, ok := r.Spec.Labels[k]; !ok || got != v {
-				return false
-			}
-		}
-		return o.Keep == nil || o.Keep(r)
+		return HasLabels(r.Spec.Labels, o.Labels) && (o.Keep == nil || o.Keep(r))
 	}
 	recs, err := m.store.Page(o.After, o.Limit+1, keep)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -185,7 +186,7 @@ func (m *Manager) Templates() []TemplateStatus {
 	out := make([]TemplateStatus, 0, len(p.order))
 	for _, name := range p.order {
 		tp := p.templates[name]
-		st := TemplateStatus{Template: tp.t, Filling: tp.filling, Hits: tp.hits, Misses: maps2(tp.misses), Refills: tp.refills, LastError: tp.lastError}
+		st := TemplateStatus{Template: tp.t, Filling: tp.filling, Hits: tp.hits, Misses: maps.Clone(tp.misses), Refills: tp.refills, LastError: tp.lastError}
 		for _, s := range tp.idle {
 			if s.key == tp.key {
 				st.Idle++
@@ -200,15 +201,7 @@ func (m *Manager) Templates() []TemplateStatus {
 func (m *Manager) PoolRemoved() map[string]uint64 {
 	m.pool.mu.Lock()
 	defer m.pool.mu.Unlock()
-	return maps2(m.pool.removed)
-}
-
-func maps2(m map[string]uint64) map[string]uint64 {
-	out := make(map[string]uint64, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(m.pool.removed)
 }
 
 // PoolOutcome says whether a create from a template claimed a pool
@@ -622,13 +615,8 @@ func (m *Manager) fillOne(t Template, key, id string) error {
 	if fw := m.built.Firewall; fw != nil && addr.IsValid() {
 		entry := FirewallEntry{ID: id, Address: addr, Egress: m.effectiveEgress(spec.Egress)}
 		m.pool.mu.Lock()
-		m.pool.making[id] = entry
+		m.pool.making[id] = entry // until fill's done, or the drop of a failed fill
 		m.pool.mu.Unlock()
-		defer func() {
-			m.pool.mu.Lock()
-			delete(m.pool.making, id)
-			m.pool.mu.Unlock()
-		}()
 		done := m.firewallShared()
 		err := fw.Apply(entry)
 		done()
@@ -679,10 +667,9 @@ func (m *Manager) poolFirewallEntries() []FirewallEntry {
 		out = append(out, e)
 	}
 	for _, tp := range p.templates {
-		e := m.effectiveEgress(tp.t.Spec.Egress)
 		for _, s := range tp.idle {
-			if s.addr.IsValid() {
-				out = append(out, FirewallEntry{ID: s.id, Address: s.addr, Egress: e})
+			if e, ok := p.entry(tp, s); ok {
+				out = append(out, e)
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -131,8 +132,8 @@ var shapingFields = []struct {
 // takes it.
 func fromTemplate(t *Template, caller *Spec, mode string) (Spec, error) {
 	spec := t.Spec
-	spec.Env = cloneMap(t.Spec.Env)
-	spec.Labels = cloneMap(t.Spec.Labels)
+	spec.Env = maps.Clone(t.Spec.Env)
+	spec.Labels = maps.Clone(t.Spec.Labels)
 	for _, f := range shapingFields {
 		if !f.set(caller) {
 			continue
@@ -170,17 +171,6 @@ func fromTemplate(t *Template, caller *Spec, mode string) (Spec, error) {
 		spec.MaxLifetime = caller.MaxLifetime
 	}
 	return spec, nil
-}
-
-func cloneMap(m map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // poolKey is the shape of a pool container: the image's id, the state it
@@ -231,4 +221,15 @@ func templateNames(ts []Template) string {
 		names[i] = ts[i].Name
 	}
 	return strings.Join(names, ", ")
+}
+
+// HasLabels reports whether labels carries every one of want (a label
+// filter, a tenant's labels).
+func HasLabels(labels, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
 }
