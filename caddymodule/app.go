@@ -128,6 +128,14 @@ type App struct {
 	// MaxHeldPerClient caps the requests of one client held through wakes
 	// at once; past it, 429 too_many_held. 0 means no cap. Default: 1000.
 	MaxHeldPerClient *int `json:"max_held_per_client,omitempty"`
+	// MaxOpenPerSandbox caps the exchanges (requests, websockets, event
+	// streams) open to one sandbox at once; past it, requests wait their
+	// turn, first in first out, up to hold_timeout, then get 503 busy. It
+	// lets a wake storm through as fast as the app answers instead of all
+	// at once, and keeps Docker's per-port proxy (which gives up on every
+	// connection of its port when it runs out of file descriptors) far
+	// from its limit. 0 means no cap. Default: 256.
+	MaxOpenPerSandbox *int `json:"max_open_per_sandbox,omitempty"`
 	// WakeTimeout bounds one wake: start plus readiness. Default: 60s.
 	WakeTimeout caddy.Duration `json:"wake_timeout,omitempty"`
 	// HoldTimeout is how long a non-browser request to a sleeping sandbox is
@@ -328,6 +336,7 @@ const (
 	DefaultDisk              = "10GiB"
 	DefaultDiskCheckInterval = lifecycle.DefaultDiskInterval
 	DefaultMaxHeldPerClient  = 1000
+	DefaultMaxOpenPerSandbox = 256
 	DefaultMemory            = "512MiB"
 )
 
@@ -414,6 +423,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.MaxHeldPerClient == nil {
 		n := DefaultMaxHeldPerClient
 		a.MaxHeldPerClient = &n
+	}
+	if a.MaxOpenPerSandbox == nil {
+		n := DefaultMaxOpenPerSandbox
+		a.MaxOpenPerSandbox = &n
 	}
 	a.previewSecret = caddy.NewReplacer().ReplaceKnown(a.PreviewSecret, "")
 	if a.PreviewSecret != "" && len(a.previewSecret) < 16 {
@@ -729,7 +742,9 @@ func (a *App) engine() *engine {
 type settings struct {
 	domain      string
 	holdTimeout time.Duration
-	previewURL  string
+	// maxOpen is max_open_per_sandbox (0: no cap).
+	maxOpen    int64
+	previewURL string
 	// previewSecret signs preview tokens (configured, or the stored one).
 	previewSecret []byte
 	robotsTxt     bool
@@ -928,7 +943,7 @@ func (e *engine) apply(a *App) {
 		xrt = xrt[:1:1]
 	}
 	e.current.Store(&settings{
-		domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), previewURL: a.PreviewURL,
+		domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), maxOpen: int64(*a.MaxOpenPerSandbox), previewURL: a.PreviewURL,
 		previewSecret: secret, robotsTxt: *a.RobotsTxt, xRobotsTag: xrt,
 	})
 	e.guard.configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)

@@ -57,6 +57,9 @@ func (a *App) checkBounds() error {
 	if r := a.WakeRatePerClient; r != nil && (!(*r >= 0) || math.IsInf(*r, 0) || *r > 1e6) {
 		return fmt.Errorf("wake_rate_per_client %v is not a number of wakes per second from 0 to 1e6", *r)
 	}
+	if n := a.MaxOpenPerSandbox; n != nil && *n < 0 {
+		return fmt.Errorf("max_open_per_sandbox must not be negative (got %d)", *n)
+	}
 	if n := a.MaxHeldPerClient; n != nil && *n < 0 {
 		return fmt.Errorf("max_held_per_client must not be negative (got %d)", *n)
 	}

@@ -44,6 +44,7 @@ func init() {
 //		orphans        keep | remove
 //		wake_timeout   <duration>
 //		hold_timeout   <duration>
+//		max_open_per_sandbox <n>
 //		max_resident   <n>
 //		keepalive_max  <duration>
 //		activity_flush <duration>
@@ -153,6 +154,16 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("max_held_per_client %q: want a whole number >= 0", v)
 			}
 			a.MaxHeldPerClient = &n
+		case "max_open_per_sandbox":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return d.Errf("max_open_per_sandbox %q: want a whole number >= 0", v)
+			}
+			a.MaxOpenPerSandbox = &n
 		case "wake_burst":
 			var v string
 			if !d.AllArgs(&v) {
@@ -458,6 +469,15 @@ func parsePreview(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 		return nil, err
 	}
 	proxy.DynamicUpstreamsRaw = caddyconfig.JSONModuleObject(Upstreams{}, "source", "sandwake", nil)
+	if proxy.TransportRaw == nil {
+		// Caddy keeps 32 idle connections per upstream; a sandbox lets
+		// max_open_per_sandbox exchanges through at once, and once they are
+		// answered their connections are reused rather than dialled again
+		// (through Docker's proxy, which dials the container in turn).
+		proxy.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
+			KeepAlive: &reverseproxy.KeepAlive{MaxIdleConnsPerHost: DefaultMaxOpenPerSandbox},
+		}, "protocol", "http", nil)
+	}
 
 	route := caddyhttp.Route{
 		HandlersRaw: []json.RawMessage{

@@ -134,7 +134,10 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 		body = &unreadBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	err := g.proxy(w, r, next, rt, port)
+	err := g.proxy(w, r, next, s, rt, port)
+	if err == errAnswered {
+		return nil
+	}
 	if err == errGoingDown {
 		return g.holdThrough(w, r, next, e, s, rt, port)
 	}
@@ -180,7 +183,11 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 		if up := fresh.upstreams[port]; up == nil || rt.upstreams[port] == nil || up.dial == rt.upstreams[port].dial {
 			return err // Docker agrees it runs where we sent it: the app itself failed
 		}
-		return g.proxy(w, r, next, fresh, port) // restarted outside sandwake on a new port
+		// Restarted outside sandwake on a new port.
+		if err := g.proxy(w, r, next, s, fresh, port); err != errAnswered {
+			return err
+		}
+		return nil
 	case lifecycle.Creating:
 		return err
 	default:
@@ -312,23 +319,63 @@ func isUpstreamFailure(err error) bool {
 // the sandbox, or did since the route was read.
 var errGoingDown = errors.New("sandbox going down")
 
-// proxy is the hot path: no store, no Docker, no lock, no allocation of its
-// own. The request is registered as open before it is sent (Activity.Enter),
-// so a pause or stop either sees it and backs off or has marked the sandbox
-// first, and then proxy sends nothing and returns errGoingDown.
-func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, rt *route, port int) error {
+// errAnswered: proxy answered the request itself (503 busy) and sent
+// nothing upstream.
+var errAnswered = errors.New("answered by the gate")
+
+// errBusy is a held request's failure cause when its sandbox stayed at
+// max_open_per_sandbox (for traces).
+var errBusy = errors.New("the sandbox had max_open_per_sandbox exchanges open until hold_timeout")
+
+// proxy is the hot path: no store, no Docker, no allocation of its own, and
+// no lock but the sandbox's slot count (max_open_per_sandbox), taken without
+// waiting while slots are free. Past the bound the request waits its turn
+// (waitSlot). The request is registered as open before it is sent
+// (Activity.Enter), so a pause or stop either sees it and backs off or has
+// marked the sandbox first, and then proxy sends nothing and returns
+// errGoingDown.
+func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, s *settings, rt *route, port int) error {
 	ups := rt.upstreams[port]
 	if ups == nil {
 		writeJSONError(w, http.StatusBadGateway, "no_upstream", fmt.Sprintf("sandbox %s has no address for port %d", rt.id, port), 1)
 		return nil
 	}
 	a := rt.activity
+	if s.maxOpen > 0 {
+		sl := a.TakeSlot(s.maxOpen)
+		if sl == nil {
+			if sl = g.waitSlot(w, r, s, rt); sl == nil {
+				return errAnswered
+			}
+		}
+		defer sl.Release()
+	}
 	if !a.Enter(rt.downs) {
 		return errGoingDown
 	}
 	defer a.Finish() // long exchanges (websockets, SSE) count until they end
 	caddyhttp.SetVar(r.Context(), varUpstream, ups)
 	return next.ServeHTTP(w, r)
+}
+
+// waitSlot waits, first in first out, for one of the max_open_per_sandbox
+// slots of rt's sandbox, up to hold_timeout. When none came it answers 503
+// busy (unless the client left) and returns nil.
+func (g *Gate) waitSlot(w http.ResponseWriter, r *http.Request, s *settings, rt *route) *lifecycle.Slots {
+	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
+	defer cancel()
+	metricSlotWaiting.Inc()
+	sl, err := rt.activity.WaitSlot(ctx, s.maxOpen)
+	metricSlotWaiting.Dec()
+	if err == nil {
+		return sl
+	}
+	if r.Context().Err() == nil {
+		countRequest(outcomeBusy)
+		writeJSONError(w, http.StatusServiceUnavailable, "busy",
+			fmt.Sprintf("sandbox %s had %d exchanges open (max_open_per_sandbox) for %s; retry", rt.id, s.maxOpen, s.holdTimeout), 1)
+	}
+	return nil
 }
 
 // serveSleeping answers a request to a sandbox that is not running.
@@ -433,8 +480,12 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 			return nil
 		}
 		proxied := tr.child(ctx, spanProxy)
-		err = g.proxy(w, r, next, woke, port)
+		err = g.proxy(w, r, next, s, woke, port)
 		proxied.end(err)
+		if err == errAnswered {
+			outcome, cause = wakeBusy, errBusy
+			return nil
+		}
 		if err != errGoingDown {
 			outcome, cause = wakeReady, nil
 			countRequest(outcomeHeldProxied)

@@ -48,7 +48,7 @@ func hotPathGate(tb testing.TB) (*Gate, *lifecycletest.Runtime) {
 	tb.Cleanup(func() { c.Close() })
 	e.core, e.mgr = c, c.Manager
 	e.routes = newRouteCache(c.Manager)
-	e.current.Store(&settings{domain: "localhost", holdTimeout: time.Second})
+	e.current.Store(&settings{domain: "localhost", holdTimeout: time.Second, maxOpen: DefaultMaxOpenPerSandbox})
 	e.ready.Store(true)
 	app := &App{eng: new(atomic.Pointer[engine])}
 	app.eng.Store(e)

@@ -38,6 +38,9 @@ const (
 	outcomeBackoff         = "backoff"      // wakes of this sandbox keep failing
 	outcomeRateLimited     = "rate_limited" // past wake_rate
 	outcomeInterrupted     = "interrupted"  // sandwake stopped the sandbox mid-request (body partly sent): 503
+	// outcomeBusy: the sandbox had max_open_per_sandbox exchanges open
+	// until hold_timeout passed: 503.
+	outcomeBusy = "busy"
 	// cluster mode
 	outcomeHostUnavailable = "host_unavailable" // the sandbox's node is lost: 503
 	outcomeUnsignedForward = "unsigned_forward" // claimed to be forwarded by a node, not signed: 403
@@ -61,6 +64,10 @@ var (
 		Help:    "Time from the start of a wake to running (or failure), by state woken from.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 	}, []string{"from"})
+	metricSlotWaiting = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "requests_waiting_slot",
+		Help: "Requests waiting for one of their sandbox's max_open_per_sandbox slots now.",
+	})
 	metricWaitersCollapsed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sandwake", Name: "wake_waiters_collapsed_total",
 		Help: "Requests that joined a wake already in flight instead of starting one.",
@@ -189,7 +196,7 @@ func observePoolClaim(template string, out lifecycle.PoolOutcome, took time.Dura
 }
 
 var collectors = []prometheus.Collector{
-	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, statesCollector{},
+	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, metricSlotWaiting, statesCollector{},
 	metricReaperActions, metricCorrections, metricDeliveries, metricDiskQuotaStops,
 	metricPoolClaims, metricPoolClaimSeconds,
 }

@@ -32,6 +32,7 @@ const (
 	wakeNotWoken    = "not_woken"    // a wake to join had ended, the sandbox down
 	wakeWarmingPage = "warming_page" // a browser got the warming page
 	wakeRequested   = "requested"    // POST /.well-known/sandwake/wake
+	wakeBusy        = "busy"         // woken, but no slot came (max_open_per_sandbox)
 )
 
 // wakeTrace is the sandwake.wake span of one request, or none (the zero

@@ -28,6 +28,9 @@ type Activity struct {
 	// them is stale even if the sandbox is up again.
 	downs atomic.Uint64
 	clock func() time.Time
+	// lim bounds the exchanges open at once (see Slots); nil until the
+	// first bounded request.
+	lim atomic.Pointer[Slots]
 	// flushed is the last value written to the store, guarded by the
 	// manager's flushMu.
 	flushed int64

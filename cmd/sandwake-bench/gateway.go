@@ -182,6 +182,10 @@ func (g *gateway) stop() {
 		}
 	}
 	g.log.Close()
+	if d := os.Getenv("SANDWAKE_BENCH_KEEP_LOG"); d != "" {
+		b, _ := os.ReadFile(g.log.Name())
+		os.WriteFile(filepath.Join(d, fmt.Sprintf("caddy-%d.log", g.previewPort)), b, 0o644)
+	}
 }
 
 // logTail is the end of Caddy's log, for error messages.

@@ -8,7 +8,9 @@
 //   - wake latency: raw Docker unpause / start plus readiness poll vs the first
 //     byte through sandwake, from paused and from stopped;
 //   - wake storm: concurrent requests to a stopped sandbox (Docker start calls,
-//     answers, p99);
+//     answers, p50, p99), each round followed by the same storm at the
+//     sandbox running (the floor: what the machine takes to answer that many
+//     requests with no wake);
 //   - scale: 10,000 records (gate lookup, reaper pass, boot reconcile, memory
 //     per sandbox) and real containers woken in sequence and at once;
 //   - cluster: a 3-member etcd and three Caddy nodes; a small GET forwarded
@@ -32,7 +34,8 @@
 // `make bench` builds bin/caddy and runs it (BENCH_FLAGS passes flags). The
 // full run takes 7–9 minutes on 2 cores; --quick takes about 2–3 (shorter
 // cells, fewer wakes, one storm, 20 containers); --skip-containers leaves out
-// the real-containers part, the longest.
+// the real-containers part, the longest. With SANDWAKE_BENCH_KEEP_LOG=<dir>,
+// each gateway's Caddy log is copied there when it stops.
 package main
 
 import (

@@ -29,6 +29,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -94,6 +95,25 @@ func newMux(workspace string) *http.ServeMux {
 	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "ok\n")
+	})
+	// /wait answers after ms milliseconds; /inflight tells how many /wait
+	// requests are being served now and the most there ever were at once
+	// (what a gateway's bound on open exchanges is checked by).
+	var inflight, maxInflight atomic.Int64
+	mux.HandleFunc("/wait", func(w http.ResponseWriter, r *http.Request) {
+		n := inflight.Add(1)
+		defer inflight.Add(-1)
+		for m := maxInflight.Load(); n > m && !maxInflight.CompareAndSwap(m, n); m = maxInflight.Load() {
+		}
+		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+		case <-r.Context().Done():
+		}
+		io.WriteString(w, "waited\n")
+	})
+	mux.HandleFunc("/inflight", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%d %d\n", inflight.Load(), maxInflight.Load())
 	})
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)

@@ -1,0 +1,131 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+
+	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+// inflight asks the app of sandbox id, straight at its port published on
+// 127.0.0.1 (not through the gateway, whose slots it would need), how many
+// /wait requests it serves now and the most it ever served at once.
+func (h *harness) inflight(id string) (now, most int) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ci, err := h.cli.ContainerInspect(ctx, docker.ContainerName(id), client.ContainerInspectOptions{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var addr string
+	for _, b := range ci.Container.NetworkSettings.Ports[network.MustParsePort("8080/tcp")] {
+		addr = "127.0.0.1:" + b.HostPort
+	}
+	if addr == "" {
+		h.t.Fatalf("sandbox %s publishes no port 8080", id)
+	}
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/inflight", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if _, err := fmt.Sscan(string(b), &now, &most); err != nil {
+		h.t.Fatalf("inflight %q: %v", b, err)
+	}
+	return now, most
+}
+
+// TestWakeStormReleasedWithinSlots: a storm held through a wake reaches the
+// app at most max_open_per_sandbox at a time, every request answered by the
+// app (a bound that did not hold, or lost a request, fails it).
+func TestWakeStormReleasedWithinSlots(t *testing.T) {
+	const slots, n = 4, 120
+	h := newHarness(t, fmt.Sprintf("max_open_per_sandbox %d", slots))
+	rec := h.create(map[string]string{"STARTUP_DELAY": "100ms"})
+	host := h.host(rec.ID, 8080)
+	h.stop(rec.ID)
+	since := time.Now()
+
+	var wg sync.WaitGroup
+	bad := make(chan string, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, body, err := h.previewErr("GET", host, "/wait?ms=20", nil, http.Header{"Accept": {"application/json"}})
+			switch {
+			case err != nil:
+				bad <- err.Error()
+			case resp.StatusCode != 200 || body != "waited\n":
+				bad <- fmt.Sprintf("request %d: %d %.120q", i, resp.StatusCode, body)
+			}
+		}()
+	}
+	wg.Wait()
+	close(bad)
+	for b := range bad {
+		t.Error(b)
+	}
+	if starts := h.startEvents(rec.ID, since); starts != 1 {
+		t.Errorf("%d docker starts, want 1", starts)
+	}
+	now, most := h.inflight(rec.ID)
+	if most > slots || most < 1 || now != 0 {
+		t.Fatalf("the app served up to %d requests at once (now %d); max_open_per_sandbox is %d", most, now, slots)
+	}
+}
+
+// TestSlotsFullAnswersBusy: while a sandbox has max_open_per_sandbox long
+// exchanges open, another request waits its turn up to hold_timeout, then
+// gets 503 busy; once they end, requests go through again.
+func TestSlotsFullAnswersBusy(t *testing.T) {
+	const slots = 2
+	h := newHarness(t, fmt.Sprintf("max_open_per_sandbox %d\n\t\thold_timeout 1s", slots))
+	rec := h.create(nil)
+	host := h.host(rec.ID, 8080)
+
+	var wg sync.WaitGroup
+	long := make(chan string, slots)
+	for range slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, body, err := h.previewErr("GET", host, "/wait?ms=4000", nil, nil)
+			if err != nil {
+				long <- err.Error()
+			} else if resp.StatusCode != 200 {
+				long <- fmt.Sprintf("long request: %d %.120q", resp.StatusCode, body)
+			}
+		}()
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		now, _ := h.inflight(rec.ID)
+		return now == slots, fmt.Sprintf("%d long requests at the app", now)
+	})
+	resp, body := h.preview("GET", host, "/healthz", nil, nil)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `"busy"`) || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("request past the slots: %d %v %.200q", resp.StatusCode, resp.Header, body)
+	}
+	wg.Wait()
+	close(long)
+	for b := range long {
+		t.Error(b)
+	}
+	resp, body = h.preview("GET", host, "/healthz", nil, nil)
+	if resp.StatusCode != 200 || body != "ok\n" {
+		t.Fatalf("after the slots were released: %d %.200q", resp.StatusCode, body)
+	}
+}
