@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -29,11 +28,19 @@ const (
 // keeps it current. Writers hold mu; the request path reads index only
 // (Lookup: no lock, no allocation, no etcd call).
 type catalog struct {
-	mu      sync.RWMutex
-	entries map[string]Entry
-	// index mirrors entries (id → *Entry, each entry never modified once
-	// stored) for Lookup; it is written under mu, in the same order.
-	index sync.Map
+	mu sync.RWMutex
+	// entries holds each entry once; an entry is never modified once
+	// stored (a change stores a new one).
+	entries map[string]*Entry
+	// index mirrors entries (the same pointers) for Lookup; it is written
+	// under mu, in the same order. A catalog being loaded has none
+	// (noIndex): its changes are applied to the live index at the end.
+	index   sync.Map
+	noIndex bool
+	// names interns the few distinct strings entries repeat (node names,
+	// states, reasons, access): a million entries on three nodes hold
+	// three node names, not a million copies.
+	names *interner
 	// live are the nodes whose lease-bound key exists.
 	live map[string]NodeInfo
 	// seen keeps the last registration of every node ever live here, so a
@@ -48,7 +55,10 @@ type catalog struct {
 }
 
 func (cat *catalog) init() {
-	cat.entries = map[string]Entry{}
+	cat.entries = map[string]*Entry{}
+	if cat.names == nil {
+		cat.names = new(interner)
+	}
 	cat.live = map[string]NodeInfo{}
 	cat.seen = map[string]NodeInfo{}
 	cat.drain = map[string]bool{}
@@ -99,7 +109,10 @@ func (c *Cluster) Lookup(id string) (Entry, bool) {
 // Entries returns the whole catalog from memory, sorted by id.
 func (c *Cluster) Entries() []Entry {
 	c.cache.mu.RLock()
-	out := slices.Collect(maps.Values(c.cache.entries))
+	out := make([]Entry, 0, len(c.cache.entries))
+	for _, e := range c.cache.entries {
+		out = append(out, *e)
+	}
 	c.cache.mu.RUnlock()
 	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.ID, b.ID) })
 	return out
@@ -160,33 +173,61 @@ func (c *Cluster) runCatalog(first chan struct{}) {
 	}
 }
 
+// catalogPage is how many keys one read of a catalog load asks for: a
+// catalog of a million entries is read in pages of a few megabytes at one
+// revision, never as one answer of hundreds that etcd must build and hold.
+var catalogPage int64 = 5000
+
 // loadCatalog replaces the cache with etcd's current content and tells
-// the watchers what changed since the cache was last current.
+// the watchers what changed since the cache was last current. It reads in
+// pages of catalogPage keys, all at the revision of the first; if that
+// revision is compacted away meanwhile, the load fails and is tried again.
 func (c *Cluster) loadCatalog() (int64, error) {
-	var resp *clientv3.GetResponse
-	err := c.callRead(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
-		resp, err = c.cli.Get(ctx, c.cfg.Prefix, clientv3.WithPrefix())
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	var fresh catalog
+	fresh := catalog{noIndex: true, names: c.cache.names}
 	fresh.init()
-	for _, kv := range resp.Kvs {
-		c.applyTo(&fresh, mvccpb.PUT, kv, nil)
+	from, end := c.cfg.Prefix, clientv3.GetPrefixRangeEnd(c.cfg.Prefix)
+	var rev int64
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(catalogPage)}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		var resp *clientv3.GetResponse
+		err := c.callRead(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
+			resp, err = c.cli.Get(ctx, from, opts...)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			c.applyTo(&fresh, mvccpb.PUT, kv, nil)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
 	cat := &c.cache
 	cat.mu.Lock()
 	var changes []Change
+	var stored []*Entry // the live index's new pointers, as changes[i]
 	for id, old := range cat.entries {
 		if _, ok := fresh.entries[id]; !ok {
-			changes = append(changes, Change{Entry: old, Deleted: true})
+			changes = append(changes, Change{Entry: *old, Deleted: true})
+			stored = append(stored, nil)
 		}
 	}
 	for id, e := range fresh.entries {
 		if old, ok := cat.entries[id]; !ok || old.Revision != e.Revision {
-			changes = append(changes, Change{Entry: e})
+			changes = append(changes, Change{Entry: *e})
+			stored = append(stored, e)
+		} else {
+			// Unchanged: keep the pointer Lookup's index already holds.
+			fresh.entries[id] = old
 		}
 	}
 	fresh.seen = cat.seen
@@ -194,18 +235,18 @@ func (c *Cluster) loadCatalog() (int64, error) {
 		fresh.seen[name] = info
 	}
 	cat.entries, cat.live, cat.seen, cat.drain, cat.counts, cat.ignored = fresh.entries, fresh.live, fresh.seen, fresh.drain, fresh.counts, fresh.ignored
-	for _, ch := range changes {
+	for i, ch := range changes {
 		if ch.Deleted {
 			cat.index.Delete(ch.Entry.ID)
 		} else {
-			cat.index.Store(ch.Entry.ID, &ch.Entry)
+			cat.index.Store(ch.Entry.ID, stored[i])
 		}
 	}
 	cat.mu.Unlock()
 	slices.SortFunc(changes, func(a, b Change) int { return int(a.Entry.Revision - b.Entry.Revision) })
 	c.reclaim(changes)
 	c.notify(changes)
-	return resp.Header.Revision, nil
+	return rev, nil
 }
 
 // followCatalog applies the watch's events from revision from on until
@@ -268,13 +309,17 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 	switch {
 	case strings.HasPrefix(rest, sandboxesDir):
 		id := rest[len(sandboxesDir):]
-		old, had := cat.entries[id]
+		var old Entry
+		oldp, had := cat.entries[id]
 		if had {
+			old = *oldp
 			cat.uncount(old.Node)
 		}
 		if !put {
 			delete(cat.entries, id)
-			cat.index.Delete(id)
+			if !cat.noIndex {
+				cat.index.Delete(id)
+			}
 			if !had && prev != nil {
 				old, _ = decodeEntry(id, prev)
 			}
@@ -286,8 +331,11 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 		if err != nil {
 			c.log.Warn("ignoring a malformed catalog entry", zap.Error(err))
 		}
-		cat.entries[id] = e
-		cat.index.Store(id, &e)
+		cat.names.entry(&e)
+		cat.entries[id] = &e
+		if !cat.noIndex {
+			cat.index.Store(id, &e)
+		}
 		cat.counts[e.Node]++
 		return Change{Entry: e}, true
 	case strings.HasPrefix(rest, nodesDir):
@@ -347,6 +395,33 @@ func (c *Cluster) checkRegistration(name string, kv *mvccpb.KeyValue) (nodeRecor
 		return nodeRecord{}, fmt.Errorf("its certificate: %w", err)
 	}
 	return rec, nil
+}
+
+// interner hands out one copy of each string it is given.
+type interner struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+// entry interns e's repeated strings.
+func (in *interner) entry(e *Entry) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.m == nil {
+		in.m = map[string]string{}
+	}
+	for _, s := range []*string{&e.Node, (*string)(&e.State), &e.Reason, &e.Access} {
+		if *s == "" {
+			continue
+		}
+		if v, ok := in.m[*s]; ok {
+			*s = v
+		} else if len(in.m) < 4096 {
+			// Bounded: node names and states are few; anything else
+			// (a malformed catalog) is left as it is.
+			in.m[*s] = *s
+		}
+	}
 }
 
 func (cat *catalog) uncount(node string) {

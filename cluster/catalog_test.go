@@ -11,7 +11,7 @@ func filledCatalog(tb testing.TB, n int) *Cluster {
 	for i := range n {
 		id := fmt.Sprintf("sb-%d", i)
 		e := Entry{ID: id, Node: "node-a", Ports: []int{8080}}
-		c.cache.entries[id] = e
+		c.cache.entries[id] = &e
 		c.cache.index.Store(id, &e)
 	}
 	return c

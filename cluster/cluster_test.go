@@ -105,14 +105,14 @@ func testPrefix() string { return "/sw-test-" + randomHex(4) + "/" }
 
 // startNode starts node name on the etcd cluster under prefix; it is
 // closed when the test ends.
-func startNode(t *testing.T, endpoints []string, prefix, name string, src Source) *Cluster {
+func startNode(t testing.TB, endpoints []string, prefix, name string, src Source) *Cluster {
 	t.Helper()
 	return startNodeWith(t, endpoints, prefix, name, src, nil)
 }
 
 // startNodeWith is startNode with an interceptor on the node's etcd calls
 // (nil: none).
-func startNodeWith(t *testing.T, endpoints []string, prefix, name string, src Source, icpt *interceptor) *Cluster {
+func startNodeWith(t testing.TB, endpoints []string, prefix, name string, src Source, icpt *interceptor) *Cluster {
 	t.Helper()
 	c, err := New(Config{
 		Endpoints: endpoints,
@@ -193,7 +193,7 @@ func rawEntry(t *testing.T, cli *clientv3.Client, prefix, id string) (Entry, boo
 	return e, true
 }
 
-func newClient(t *testing.T, endpoints []string) *clientv3.Client {
+func newClient(t testing.TB, endpoints []string) *clientv3.Client {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, TLS: etcdtest.ClientTLS(endpoints)})
 	if err != nil {
 		t.Fatal(err)
@@ -668,7 +668,7 @@ func TestCatalogReloadsAfterCompaction(t *testing.T) {
 	a.cache.index.Delete("kept")
 	a.cache.uncount("node-a")
 	ghost := Entry{ID: "ghost", Node: "node-a", Revision: 1}
-	a.cache.entries["ghost"] = ghost
+	a.cache.entries["ghost"] = &ghost
 	a.cache.index.Store("ghost", &ghost)
 	a.cache.counts["node-a"]++
 	a.cache.mu.Unlock()

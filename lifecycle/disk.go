@@ -67,7 +67,7 @@ func (m *Manager) diskPass() {
 // DiskCheckOnce measures every running or paused sandbox with a disk quota
 // and stops those over it; it answers how many it stopped.
 func (m *Manager) DiskCheckOnce(ctx context.Context, meter DiskMeter) (stopped int, err error) {
-	recs, err := m.store.List(func(r *Record) bool {
+	recs, err := m.residentRecords(func(r *Record) bool {
 		return (r.State == Running || r.State == Paused) && r.Spec.DiskMB > 0
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -220,8 +221,14 @@ type Manager struct {
 	closed   bool
 	states   map[string]State // every sandbox's current state, mirrored from the store
 	resident int              // running + paused, from states
-	reserved int              // admissions granted to wakes and creates in flight
-	waking   map[string]time.Time
+	// residents are the ids of those sandboxes: the loops that only act on
+	// running and paused sandboxes (idle tiers, pressure, disk) read their
+	// records alone, not the whole store.
+	residents map[string]struct{}
+	// reapPasses counts the reaper loop's passes (see reapPass).
+	reapPasses int
+	reserved   int // admissions granted to wakes and creates in flight
+	waking     map[string]time.Time
 	// wakeSpans holds the span of each traced wake's leader while its
 	// flight runs, for the spans of requests that join it to link to.
 	wakeSpans map[string]trace.SpanContext
@@ -261,19 +268,20 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	br := &breaker{rt: rt, now: cfg.Now}
 	m := &Manager{
-		store:   st,
-		runtime: br,
-		raw:     rt,
-		breaker: br,
-		cfg:     cfg,
-		log:     cfg.Logger,
-		ctx:     ctx,
-		cancel:  cancel,
-		states:  make(map[string]State),
-		addrs:   make(map[netip.Addr]string),
-		events:  newWorkQueue(),
-		built:   cfg,
-		pool:    newPool(),
+		store:     st,
+		runtime:   br,
+		raw:       rt,
+		breaker:   br,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		ctx:       ctx,
+		cancel:    cancel,
+		states:    make(map[string]State),
+		residents: make(map[string]struct{}),
+		addrs:     make(map[netip.Addr]string),
+		events:    newWorkQueue(),
+		built:     cfg,
+		pool:      newPool(),
 	}
 	m.pool.egress = m.effectiveEgress
 	m.pool.setTemplates(cfg.Templates, false)
@@ -491,6 +499,7 @@ func (m *Manager) setState(id string, to State) {
 	defer m.mu.Unlock()
 	if from, ok := m.states[id]; ok && Resident(from) {
 		m.resident--
+		delete(m.residents, id)
 		// Room is freed only by leaving residency (running → paused
 		// is not room): a wake waiting for room is woken only for it.
 		if !Resident(to) {
@@ -504,7 +513,36 @@ func (m *Manager) setState(id string, to State) {
 	m.states[id] = to
 	if Resident(to) {
 		m.resident++
+		m.residents[id] = struct{}{}
 	}
+}
+
+// residentRecords returns the records of the running and paused sandboxes
+// that keep: a read of each, not a scan of the store. A sandbox that left
+// residency or was deleted since the ids were taken is left out if its
+// record says so (keep sees the record as stored).
+func (m *Manager) residentRecords(keep func(*Record) bool) ([]Record, error) {
+	m.mu.Lock()
+	ids := make([]string, 0, len(m.residents))
+	for id := range m.residents {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	slices.Sort(ids)
+	var out []Record
+	for _, id := range ids {
+		r, err := m.store.Get(id)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if keep == nil || keep(&r) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
 // Counts returns how many sandboxes are in each state.

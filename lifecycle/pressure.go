@@ -93,7 +93,7 @@ func (m *Manager) evictOne(ctx context.Context, exclude, reason string, minResid
 		}
 		return true
 	}
-	cands, err := m.store.List(func(r *Record) bool {
+	cands, err := m.residentRecords(func(r *Record) bool {
 		return r.ID != exclude && Resident(r.State) && !m.busy(r, now) && !recent(r, now)
 	})
 	if err != nil {

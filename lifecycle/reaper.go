@@ -104,20 +104,50 @@ func (m *Manager) reapDecision(r *Record, cfg *Config, now time.Time) (reaper, a
 	return "", ""
 }
 
+// fullReapEvery is how often the reaper loop's pass reads every record
+// (expiry of sandboxes that are not running or paused); the passes between
+// read the running and paused sandboxes alone, whose idle tiers and expiry
+// they decide as a full pass would. At 1,000,000 records a full pass takes
+// seconds; a resident one costs the few hundred sandboxes max_resident lets
+// be running or paused.
+const fullReapEvery = 6
+
 // ReapOnce runs one pass of the idle tiers and expiry over every record, then
 // relieves memory and residency pressure. Each candidate is decided again
 // under its lock just before acting, so a request that arrived after the scan
 // wins.
 func (m *Manager) ReapOnce(ctx context.Context) (ReapStats, error) {
+	return m.reap(ctx, true)
+}
+
+// ReapResidentOnce is ReapOnce over the running and paused sandboxes only,
+// the pass the reaper loop runs between its full ones: idle tiers and
+// expiry of those sandboxes, then pressure, without reading the others.
+func (m *Manager) ReapResidentOnce(ctx context.Context) (ReapStats, error) {
+	return m.reap(ctx, false)
+}
+
+// reap is a reaper pass: over every record (full), or over the running and
+// paused sandboxes only.
+func (m *Manager) reap(ctx context.Context, full bool) (ReapStats, error) {
 	var stats ReapStats
 	cfg := m.config()
 	now := cfg.Now()
 	var candidates []string
-	recs, err := m.store.List(func(r *Record) bool {
+	due := func(r *Record) bool {
 		stats.Scanned++
 		_, action := m.reapDecision(r, &cfg, now)
 		return action != ""
-	})
+	}
+	var (
+		recs []Record
+		err  error
+	)
+	if full {
+		recs, err = m.store.List(due)
+	} else {
+		recs, err = m.residentRecords(due)
+	}
 	if err != nil {
 		return stats, err
 	}
@@ -176,9 +206,15 @@ func (m *Manager) reapOne(ctx context.Context, id string) (reaper, action string
 	return reaper, action, err
 }
 
-// reapPass is the reaper loop's step: a pass, then event-log pruning.
+// reapPass is the reaper loop's step: a pass (every fullReapEvery-th over
+// every record, the first included; the others over the running and paused
+// sandboxes), then event-log pruning.
 func (m *Manager) reapPass() {
-	stats, err := m.ReapOnce(m.ctx)
+	m.mu.Lock()
+	full := m.reapPasses%fullReapEvery == 0
+	m.reapPasses++
+	m.mu.Unlock()
+	stats, err := m.reap(m.ctx, full)
 	if err != nil && m.ctx.Err() == nil {
 		m.log.Warn("reaper pass", zap.Error(err))
 	}

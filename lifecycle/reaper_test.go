@@ -565,3 +565,46 @@ func TestExpiredWakeRecreateGetsANewLifetime(t *testing.T) {
 			got, e.lastReason(t, "app1"))
 	}
 }
+
+// TestReapResidentPass: the passes between full ones read the running and
+// paused sandboxes alone, and decide their idle tiers and expiry as a full
+// pass does; a stopped sandbox's expiry waits for the next full pass.
+func TestReapResidentPass(t *testing.T) {
+	e, clock := newClockEnv(t, lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: time.Hour})
+	for i := range 40 {
+		e.seed(t, fmt.Sprintf("cold%02d", i), lifecycle.Stopped)
+	}
+	e.seed(t, "hot", lifecycle.Running)
+	e.seed(t, "warm", lifecycle.Paused)
+	e.seed(t, "old", lifecycle.Running)
+
+	clock.at(3 * time.Minute)
+	stats, err := e.m.ReapResidentOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Scanned != 3 {
+		t.Fatalf("a resident pass read %d records, want the 3 running or paused", stats.Scanned)
+	}
+	wantActions(t, stats, map[string]map[string]int{"idle": {lifecycle.ActionPause: 2}})
+	if got := e.state(t, "hot"); got != lifecycle.Paused {
+		t.Fatalf("hot after a resident pass at +3m: %s, want paused", got)
+	}
+
+	// Past the lifetime: resident sandboxes expire in a resident pass,
+	// stopped ones in the next full pass.
+	clock.at(time.Hour)
+	stats, err = e.m.ReapResidentOnce(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantActions(t, stats, map[string]map[string]int{"expiry": {lifecycle.ActionExpire: 3}})
+	if got := e.state(t, "cold07"); got != lifecycle.Stopped {
+		t.Fatalf("a stopped sandbox after a resident pass: %s, want stopped until a full pass", got)
+	}
+	stats = reap(t, e.m)
+	if stats.Scanned != 43 {
+		t.Fatalf("a full pass read %d records, want 43", stats.Scanned)
+	}
+	wantActions(t, stats, map[string]map[string]int{"expiry": {lifecycle.ActionExpire: 40}})
+}

@@ -304,7 +304,14 @@ func (g *gateway) baseURL(path string) string {
 }
 
 // rss is the resident set size of the Caddy process, from /proc.
-func (g *gateway) rss() (int64, error) {
+func (g *gateway) rss() (int64, error) { return g.status("VmRSS") }
+
+// rssAnon is the anonymous part of the RSS: without the pages of mapped
+// files (Badger's tables and value log), which the kernel can drop.
+func (g *gateway) rssAnon() (int64, error) { return g.status("RssAnon") }
+
+// status reads a size field of the Caddy process's /proc status.
+func (g *gateway) status(field string) (int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", g.cmd.Process.Pid))
 	if err != nil {
 		return 0, err
@@ -312,12 +319,12 @@ func (g *gateway) rss() (int64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10, err
 		}
 	}
-	return 0, errors.New("no VmRSS in /proc status")
+	return 0, fmt.Errorf("no %s in /proc status", field)
 }
 
 // cpuTime is the CPU time (user + system, all threads) the Caddy process

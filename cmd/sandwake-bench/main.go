@@ -49,6 +49,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,7 +78,9 @@ type options struct {
 	only           string
 	perSide        time.Duration
 	wakes          int
-	stormN         int
+	stormN         int   // requests per storm of the cluster scenario
+	stormSizes     []int // requests per storm of the wake storm scenario
+	stormList      string
 	stormRounds    int
 	records        int
 	containers     int
@@ -96,7 +99,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, egress, records, cluster, soak (default: all but soak)")
 	fs.DurationVar(&o.perSide, "duration", 0, "hot path: measured time per side per cell (default 3s, 1s with --quick)")
 	fs.IntVar(&o.wakes, "wakes", 0, "wake latency: wakes of each kind and side (default 20, 6 with --quick)")
-	fs.IntVar(&o.stormN, "storm", 1000, "wake storm: concurrent requests")
+	fs.StringVar(&o.stormList, "storm", "", "wake storm: concurrent requests, a comma-separated list of storm sizes (default 100,1000,5000; 1000 with --quick); the cluster storm takes the largest up to 1000")
 	fs.IntVar(&o.stormRounds, "storm-rounds", 0, "wake storm and cluster storm: rounds (default 3, 1 with --quick)")
 	fs.IntVar(&o.records, "records", 10000, "scale: records in the store")
 	fs.IntVar(&o.containers, "containers", 0, "scale: real containers (default 100, 20 with --quick)")
@@ -132,6 +135,25 @@ func parseFlags(args []string) (options, error) {
 		if o.quick {
 			o.perSide = time.Second
 		}
+	}
+	if o.stormList == "" {
+		o.stormList = "100,1000,5000"
+		if o.quick {
+			o.stormList = "1000"
+		}
+	}
+	for _, f := range strings.Split(o.stormList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 20000 {
+			return o, fmt.Errorf("--storm %q: want storm sizes from 1 to 20000, separated by commas", o.stormList)
+		}
+		o.stormSizes = append(o.stormSizes, n)
+		if n <= 1000 && n > o.stormN {
+			o.stormN = n
+		}
+	}
+	if o.stormN == 0 {
+		o.stormN = o.stormSizes[0]
 	}
 	def(&o.wakes, 20, 6)
 	def(&o.stormRounds, 3, 1)
@@ -362,12 +384,14 @@ func (b *bench) mainScenarios(ctx context.Context) error {
 		rawStart = percentile(sortedCopy(w.rawStopped), 50)
 	}
 	if b.o.runs("storm") {
-		t, err := wakeStorm(ctx, g, b.cli, id, b.o.stormN, b.o.stormRounds, rawStart)
-		if t != nil && len(t.rows) > 0 {
-			b.show(t)
-		}
-		if err != nil {
-			return err
+		for _, n := range b.o.stormSizes {
+			t, err := wakeStorm(ctx, g, b.cli, id, n, b.o.stormRounds, rawStart)
+			if t != nil && len(t.rows) > 0 {
+				b.show(t)
+			}
+			if err != nil {
+				return err
+			}
 		}
 	}
 	if b.o.runs("containers") {

@@ -114,9 +114,10 @@ func (r *listedRuntime) List(context.Context) ([]lifecycle.Container, error) {
 func (r *listedRuntime) Ping(context.Context) error { return nil }
 
 // engineCosts times, over a seeded store, one reaper pass with nothing due
-// (mean of passes) and a boot: loading the records (NewManager) plus one
-// full reconcile (mean of boots).
-func engineCosts(s *seededStore, passes, boots int) (reap, boot time.Duration, err error) {
+// (mean of passes), full and over the running and paused sandboxes alone
+// (the loop's pass between full ones), and a boot: loading the records
+// (NewManager) plus one full reconcile (mean of boots).
+func engineCosts(s *seededStore, passes, boots int) (reap, reapResident, boot time.Duration, err error) {
 	rt := &listedRuntime{containers: s.containers}
 	now := func() time.Time { return s.at.Add(time.Minute) }
 	ctx := context.Background()
@@ -125,7 +126,7 @@ func engineCosts(s *seededStore, passes, boots int) (reap, boot time.Duration, e
 		MaxResident: s.n, Now: now}
 	eng, err := engine.Open(engine.Options{Dir: s.dir, Runtime: rt, Manager: cfg})
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer eng.Close()
 	st, m := eng.Store(), eng.Manager
@@ -136,30 +137,47 @@ func engineCosts(s *seededStore, passes, boots int) (reap, boot time.Duration, e
 		total += time.Since(t0)
 		if err != nil || stats.Scanned != s.n || stats.Total() != 0 || stats.Errors != 0 {
 			m.Close()
-			return 0, 0, fmt.Errorf("reaper pass over %d records: %+v, %v", s.n, stats, err)
+			return 0, 0, 0, fmt.Errorf("reaper pass over %d records: %+v, %v", s.n, stats, err)
+		}
+	}
+	reap = total / time.Duration(passes)
+	total = 0
+	resident := 0
+	for _, c := range s.containers {
+		if c.State == lifecycle.ContainerRunning || c.State == lifecycle.ContainerPaused {
+			resident++
+		}
+	}
+	for range passes {
+		t0 := time.Now()
+		stats, err := m.ReapResidentOnce(ctx)
+		total += time.Since(t0)
+		if err != nil || stats.Scanned != resident || stats.Total() != 0 || stats.Errors != 0 {
+			m.Close()
+			return 0, 0, 0, fmt.Errorf("resident reaper pass over %d records: %+v, %v", resident, stats, err)
 		}
 	}
 	m.Close()
-	reap = total / time.Duration(passes)
+	reapResident = total / time.Duration(passes)
 
 	total = 0
 	for range boots {
 		t0 := time.Now()
 		m, err := lifecycle.NewManager(st, rt, lifecycle.Config{Now: now})
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		stats, err := m.Reconcile(ctx)
 		total += time.Since(t0)
 		m.Close()
 		if err != nil || stats.Records != s.n || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
-			return 0, 0, fmt.Errorf("reconcile over %d records: %+v, %v", s.n, stats, err)
+			return 0, 0, 0, fmt.Errorf("reconcile over %d records: %+v, %v", s.n, stats, err)
 		}
 	}
 	if rt.calls.Load() != 0 {
-		return 0, 0, fmt.Errorf("the engine was asked %d times for more than its list", rt.calls.Load())
+		return 0, 0, 0, fmt.Errorf("the engine was asked %d times for more than its list", rt.calls.Load())
 	}
-	return reap, total / time.Duration(boots), nil
+	return reap, reapResident, total / time.Duration(boots), nil
 }
 
 // nullWriter is a ResponseWriter that keeps only the status.
@@ -319,10 +337,10 @@ func server(handlers ...map[string]any) map[string]any {
 // requests every sandbox's status once (its route and activity loaded), and
 // returns the process's RSS and Go heap in use after a collection. Docker is
 // unreachable on purpose, so that the seeded records stay as they are.
-func gatewayMemory(ctx context.Context, bin, dir string, storage string, n int) (rss, heap int64, err error) {
+func gatewayMemory(ctx context.Context, bin, dir string, storage string, n int) (rss, anon, heap int64, err error) {
 	g, err := newGateway(bin, dir, true)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if storage != "" {
 		g.storage = storage
@@ -339,7 +357,7 @@ func gatewayMemory(ctx context.Context, bin, dir string, storage string, n int) 
 		return resp.StatusCode
 	}
 	if err := g.start(ctx, func() bool { return status("nosuch") == 404 }); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer g.stop()
 	var (
@@ -360,13 +378,16 @@ func gatewayMemory(ctx context.Context, bin, dir string, storage string, n int) 
 	}
 	wg.Wait()
 	if failed.Load() > 0 {
-		return 0, 0, fmt.Errorf("%d of %d status requests failed", failed.Load(), n)
+		return 0, 0, 0, fmt.Errorf("%d of %d status requests failed", failed.Load(), n)
 	}
 	if heap, err = g.heapInUse(ctx); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	rss, err = g.rss()
-	return rss, heap, err
+	if rss, err = g.rss(); err != nil {
+		return 0, 0, 0, err
+	}
+	anon, err = g.rssAnon()
+	return rss, anon, heap, err
 }
 
 // scaleRecords runs the records part of the scale scenario: seeded stores of
@@ -391,13 +412,13 @@ func scaleRecords(ctx context.Context, bin, tmp string, small, large int) (*tabl
 	}
 
 	type costs struct {
-		reap, boot time.Duration
+		reap, reapResident, boot time.Duration
 		gate       gateCost
 	}
 	var c [2]costs
 	for i, n := range []int{small, large} {
 		var err error
-		if c[i].reap, c[i].boot, err = engineCosts(stores[n], 5, 3); err != nil {
+		if c[i].reap, c[i].reapResident, c[i].boot, err = engineCosts(stores[n], 5, 3); err != nil {
 			return t, err
 		}
 		if c[i].gate, err = gateLookup(stores[n], filepath.Join(tmp, fmt.Sprintf("inproc-%d", n))); err != nil {
@@ -415,22 +436,25 @@ func scaleRecords(ctx context.Context, bin, tmp string, small, large int) (*tabl
 	t.add(ratioRow("Caddy handler chain, static response alone", c[0].gate.plainNs, c[1].gate.plainNs, fmtNanos, info))
 	t.add(ratioRow("reaper pass, nothing due", c[0].reap.Seconds(), c[1].reap.Seconds(), fmtSeconds, info))
 	t.add(ratioRow("reaper pass, per record", perRecord(c[0].reap, small), perRecord(c[1].reap, large), fmtNanos, info))
+	t.add(ratioRow("reaper pass over running + paused only (5 of 6 loop passes; a quarter of the records here)", c[0].reapResident.Seconds(), c[1].reapResident.Seconds(), fmtSeconds, info))
 	t.add(ratioRow("boot: load records + full reconcile", c[0].boot.Seconds(), c[1].boot.Seconds(), fmtSeconds, info))
 	t.add(ratioRow("boot, per record", perRecord(c[0].boot, small), perRecord(c[1].boot, large), fmtNanos, info))
 
 	// Memory: the gateway over an empty store vs over the large one.
-	rss0, heap0, err := gatewayMemory(ctx, bin, filepath.Join(tmp, "mem-empty"), "", 0)
+	rss0, anon0, heap0, err := gatewayMemory(ctx, bin, filepath.Join(tmp, "mem-empty"), "", 0)
 	if err != nil {
 		return t, fmt.Errorf("memory, empty store: %w", err)
 	}
-	rss1, heap1, err := gatewayMemory(ctx, bin, filepath.Join(tmp, "mem-large"), stores[large].dir, large)
+	rss1, anon1, heap1, err := gatewayMemory(ctx, bin, filepath.Join(tmp, "mem-large"), stores[large].dir, large)
 	if err != nil {
 		return t, fmt.Errorf("memory, %d records: %w", large, err)
 	}
 	progress("scale: gateway RSS %s empty, %s with %d records", fmtBytes(float64(rss0)), fmtBytes(float64(rss1)), large)
 	t.add(ratioRow(fmt.Sprintf("gateway RSS: empty store vs %s records, all routes loaded", groupThousands(int64(large))), float64(rss0), float64(rss1), fmtBytes, info))
+	t.add(ratioRow("gateway anonymous RSS (without mapped store files)", float64(anon0), float64(anon1), fmtBytes, info))
 	t.add(ratioRow("gateway Go heap in use after GC", float64(heap0), float64(heap1), fmtBytes, info))
-	t.add(valueRow("memory per sandbox (RSS delta / records)", "", float64(rss1-rss0)/float64(large), fmtBytes, info))
+	t.add(valueRow("memory per sandbox (RSS delta / records)", "", float64(rss1-rss0)/float64(large), fmtBytes, atMost(2048)))
+	t.add(valueRow("memory per sandbox (anonymous RSS delta / records)", "", float64(anon1-anon0)/float64(large), fmtBytes, info))
 	t.add(valueRow("memory per sandbox (heap delta / records)", "", float64(heap1-heap0)/float64(large), fmtBytes, info))
 	for _, s := range stores {
 		os.RemoveAll(s.dir)
