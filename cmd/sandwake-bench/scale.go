@@ -413,7 +413,7 @@ func scaleRecords(ctx context.Context, bin, tmp string, small, large int) (*tabl
 
 	type costs struct {
 		reap, reapResident, boot time.Duration
-		gate       gateCost
+		gate                     gateCost
 	}
 	var c [2]costs
 	for i, n := range []int{small, large} {
