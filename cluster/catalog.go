@@ -173,19 +173,19 @@ func (c *Cluster) runCatalog(first chan struct{}) {
 	}
 }
 
-// catalogPage is how many keys one read of a catalog load asks for: a
-// catalog of a million entries is read in pages of a few megabytes at one
-// revision, never as one answer of hundreds that etcd must build and hold.
-var catalogPage int64 = 5000
+// catalogPage is how many keys one read of getAll asks for: a catalog of a
+// million entries (about 330 MB) is read in twenty answers of about 16 MB at
+// one revision, never as one that etcd must build and hold whole. Not
+// smaller: etcd 3.4 walks its index from a page's first key to the range's
+// end for every page, so a page costs the keys after it, not its own.
+var catalogPage int64 = 50_000
 
-// loadCatalog replaces the cache with etcd's current content and tells
-// the watchers what changed since the cache was last current. It reads in
-// pages of catalogPage keys, all at the revision of the first; if that
-// revision is compacted away meanwhile, the load fails and is tried again.
-func (c *Cluster) loadCatalog() (int64, error) {
-	fresh := catalog{noIndex: true, names: c.cache.names}
-	fresh.init()
-	from, end := c.cfg.Prefix, clientv3.GetPrefixRangeEnd(c.cfg.Prefix)
+// getAll reads every key under prefix in pages of catalogPage keys, all at
+// the revision of the first page, and calls fn with each page's keys; it
+// returns that revision. If the revision is compacted away meanwhile, it
+// fails (the caller tries again).
+func (c *Cluster) getAll(what, prefix string, fn func([]*mvccpb.KeyValue)) (int64, error) {
+	from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 	var rev int64
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(catalogPage)}
@@ -193,7 +193,7 @@ func (c *Cluster) loadCatalog() (int64, error) {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
 		var resp *clientv3.GetResponse
-		err := c.callRead(c.ctx, "loading the catalog", func(ctx context.Context) (err error) {
+		err := c.callRead(c.ctx, what, func(ctx context.Context) (err error) {
 			resp, err = c.cli.Get(ctx, from, opts...)
 			return err
 		})
@@ -203,13 +203,27 @@ func (c *Cluster) loadCatalog() (int64, error) {
 		if rev == 0 {
 			rev = resp.Header.Revision
 		}
-		for _, kv := range resp.Kvs {
-			c.applyTo(&fresh, mvccpb.PUT, kv, nil)
-		}
+		fn(resp.Kvs)
 		if !resp.More || len(resp.Kvs) == 0 {
-			break
+			return rev, nil
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// loadCatalog replaces the cache with etcd's current content and tells
+// the watchers what changed since the cache was last current. It reads in
+// pages (getAll).
+func (c *Cluster) loadCatalog() (int64, error) {
+	fresh := catalog{noIndex: true, names: c.cache.names}
+	fresh.init()
+	rev, err := c.getAll("loading the catalog", c.cfg.Prefix, func(kvs []*mvccpb.KeyValue) {
+		for _, kv := range kvs {
+			c.applyTo(&fresh, mvccpb.PUT, kv, nil)
+		}
+	})
+	if err != nil {
+		return 0, err
 	}
 	cat := &c.cache
 	cat.mu.Lock()

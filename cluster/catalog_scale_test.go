@@ -120,6 +120,8 @@ func BenchmarkCatalogAtScale(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("SANDWAKE_BENCH_CATALOG")); err == nil && v > 0 {
 		n = v
 	}
+	defer func(d time.Duration) { startTimeout = d }(startTimeout)
+	startTimeout = 10 * time.Minute
 	ec := etcdtest.Start(b, 1)
 	prefix := testPrefix()
 	cli := newClient(b, ec.Endpoints())

@@ -131,7 +131,7 @@ func startNodeWith(t testing.TB, endpoints []string, prefix, name string, src So
 	if icpt != nil {
 		c.dialOptions = append(c.dialOptions, icpt.dialOption())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -139,6 +139,10 @@ func startNodeWith(t testing.TB, endpoints []string, prefix, name string, src So
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// startTimeout bounds a test node's start (benchmarks over large catalogs
+// raise it).
+var startTimeout = 10 * time.Second
 
 // crash stops c the way a killed process does: its goroutines stop and its
 // connection closes, but its lease is not revoked.

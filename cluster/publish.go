@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -278,24 +279,27 @@ func (c *Cluster) republish() error {
 		c.log.Error("listing local records to republish", zap.Error(err))
 		return fmt.Errorf("listing local records to republish: %w", err)
 	}
-	var resp *clientv3.GetResponse
-	err = c.callRead(c.ctx, "reading the catalog to republish", func(ctx context.Context) (err error) {
-		resp, err = c.cli.Get(ctx, c.sandboxesPrefix(), clientv3.WithPrefix())
-		return err
+	local := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		local[r.ID] = true
+	}
+	// Kept: the entries of this node's records and those naming this
+	// node; a million others are compared with nothing here.
+	inEtcd := map[string]*Entry{}
+	_, err = c.getAll("reading the catalog to republish", c.sandboxesPrefix(), func(kvs []*mvccpb.KeyValue) {
+		for _, kv := range kvs {
+			id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
+			e, _ := decodeEntry(id, kv)
+			if local[id] || e.Node == c.cfg.Node {
+				inEtcd[id] = &e
+			}
+		}
 	})
 	if err != nil {
 		return err
 	}
-	inEtcd := make(map[string]*Entry, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
-		e, _ := decodeEntry(id, kv)
-		inEtcd[id] = &e
-	}
-	local := make(map[string]bool, len(recs))
 	written, deleted := 0, 0
 	for _, r := range recs {
-		local[r.ID] = true
 		want := c.entryOf(r)
 		// The read above is etcd's current state: an entry already so
 		// needs no transaction (a republish after every etcd hiccup would
