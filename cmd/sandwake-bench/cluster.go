@@ -57,7 +57,7 @@ func (b *bench) clusterScenario(ctx context.Context, cfg clusterConfig) error {
 		return err
 	}
 	for i := range 3 {
-		g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, fmt.Sprintf("node%d", i+1)), false)
+		g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, fmt.Sprintf("node%d", i+1)), b.o.profile != "")
 		if err != nil {
 			return err
 		}
@@ -144,6 +144,11 @@ func (b *bench) clusterScenario(ctx context.Context, cfg clusterConfig) error {
 	}
 	if err != nil {
 		return err
+	}
+	if b.o.profile != "" {
+		if err := c.profileForwarded(ctx, id, b.o.profile, 10*time.Second); err != nil {
+			return err
+		}
 	}
 	t, err = c.spreadStorm(ctx, b.cli, id, cfg.stormN, cfg.stormRounds)
 	if t != nil && len(t.rows) > 0 {
@@ -267,6 +272,28 @@ const clusterForwardTitle = "Cluster: straight to the owner (baseline) vs forwar
 // forwarded compares a small GET sent straight to the owner's (node 1's)
 // preview listener with the same GET through node 2's, which proxies it,
 // signed, to node 1. The two sides alternate in slices as in the hot path.
+// profileForwarded loads forwarded GETs (through node 2, c=16) for d while
+// taking CPU profiles of node 2 (the forwarder, into base+".forwarder") and
+// node 1 (the owner, base+".owner"), and prints their tops.
+func (c *cluster) profileForwarded(ctx context.Context, id, base string, d time.Duration) error {
+	fwd := startProfile(ctx, c.nodes[1], base+".forwarder", d)
+	own := startProfile(ctx, c.nodes[0], base+".owner", d)
+	req := request{name: "GET /healthz", method: "GET", path: "/healthz", wantLen: 3}
+	load(ctx, loopbackClient(16), c.nodes[1].previewURL(id, ""), req, 16, d+time.Second)
+	for _, ch := range []<-chan error{fwd, own} {
+		if err := <-ch; err != nil {
+			return err
+		}
+	}
+	for i, node := range []string{"forwarder", "owner"} {
+		fmt.Printf("\nCPU profile of node %d (the %s) under forwarded load (GET, c=16, %s): %s.%s\n", 2-i, node, d, base, node)
+		if err := printProfile(ctx, c.nodes[1-i], base+"."+node, "sandwake/"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (*table, error) {
 	req := request{name: "GET /healthz (3 B)", method: "GET", path: "/healthz", wantLen: 3}
 	directURL, fwdURL := c.nodes[0].previewURL(id, ""), c.nodes[1].previewURL(id, "")

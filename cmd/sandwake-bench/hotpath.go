@@ -204,6 +204,20 @@ func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*ta
 // while taking a CPU profile of Caddy through its admin endpoint, saves it to
 // path and prints the top of it.
 func profileHotPath(ctx context.Context, g *gateway, id, path string, d time.Duration) error {
+	done := startProfile(ctx, g, path, d)
+	req := request{name: "GET /healthz", method: "GET", path: "/healthz", wantLen: 3}
+	load(ctx, loopbackClient(16), g.previewURL(id, ""), req, 16, d+time.Second)
+	if err := <-done; err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(path)
+	fmt.Printf("\nCPU profile of Caddy under sandwake load (GET, c=16, %s): %s\n", d, abs)
+	return printProfile(ctx, g, path, "sandwake/caddymodule")
+}
+
+// startProfile takes a CPU profile of g's Caddy for d through its admin
+// endpoint, into path; the channel tells when it is written.
+func startProfile(ctx context.Context, g *gateway, path string, d time.Duration) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		url := g.adminURL(fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())))
@@ -229,13 +243,12 @@ func profileHotPath(ctx context.Context, g *gateway, id, path string, d time.Dur
 		}
 		done <- err
 	}()
-	req := request{name: "GET /healthz", method: "GET", path: "/healthz", wantLen: 3}
-	load(ctx, loopbackClient(16), g.previewURL(id, ""), req, 16, d+time.Second)
-	if err := <-done; err != nil {
-		return err
-	}
-	abs, _ := filepath.Abs(path)
-	fmt.Printf("\nCPU profile of Caddy under sandwake load (GET, c=16, %s): %s\n", d, abs)
+	return done
+}
+
+// printProfile prints the top of a CPU profile of g's Caddy, then the
+// cumulative share of the frames under focus (a package path).
+func printProfile(ctx context.Context, g *gateway, path, focus string) error {
 	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=25", g.bin, path).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go tool pprof: %v\n%s", err, out)
@@ -243,7 +256,7 @@ func profileHotPath(ctx context.Context, g *gateway, id, path string, d time.Dur
 	fmt.Println(strings.TrimSpace(string(out)))
 	// sandwake's share: the gate's cumulative time minus what it hands on
 	// to reverse_proxy.
-	out, err = exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-cum", "-nodecount=400", "-focus=sandwake/caddymodule", g.bin, path).CombinedOutput()
+	out, err = exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-cum", "-nodecount=400", "-focus="+focus, g.bin, path).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go tool pprof: %v\n%s", err, out)
 	}
