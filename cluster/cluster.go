@@ -186,6 +186,10 @@ type Cluster struct {
 
 	cache catalog
 
+	// macs holds keyed HMAC-SHA256 hashes of cfg.Secret for Sign and
+	// Verify (*macState; Reset restores a hash's keyed state).
+	macs sync.Pool
+
 	subsMu sync.Mutex
 	subs   []func(Change)
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash"
 	"net/http"
 	"strconv"
 	"strings"
@@ -21,9 +22,14 @@ const maxSkew = time.Minute
 // "<node>;<unix seconds>;<hex hmac>" over node, time, method, host and
 // request URI with the cluster secret.
 func (c *Cluster) Sign(r *http.Request) {
-	ts := strconv.FormatInt(c.now().Unix(), 10)
-	mac := c.mac(c.cfg.Node, ts, r)
-	r.Header.Set(ForwardHeader, c.cfg.Node+";"+ts+";"+hex.EncodeToString(mac))
+	var ts [20]byte
+	var mac [sha256.Size]byte
+	t := strconv.AppendInt(ts[:0], c.now().Unix(), 10)
+	c.mac(mac[:0], c.cfg.Node, t, r)
+	v := make([]byte, 0, len(c.cfg.Node)+len(t)+2+hex.EncodedLen(len(mac)))
+	v = append(append(append(append(v, c.cfg.Node...), ';'), t...), ';')
+	v = hex.AppendEncode(v, mac[:])
+	r.Header[ForwardHeader] = []string{string(v)}
 }
 
 // Verify checks r's ForwardHeader: ok=false when r carries none;
@@ -38,20 +44,21 @@ func (c *Cluster) Verify(r *http.Request) (node string, ok bool, err error) {
 	if len(vals) > 1 {
 		return "", false, fmt.Errorf("%w: %d %s headers", ErrUnsigned, len(vals), ForwardHeader)
 	}
-	parts := strings.Split(vals[0], ";")
-	if len(parts) != 3 || parts[0] == "" {
+	node, rest, ok1 := strings.Cut(vals[0], ";")
+	ts, sig, ok2 := strings.Cut(rest, ";")
+	if !ok1 || !ok2 || node == "" || strings.Contains(sig, ";") {
 		return "", false, fmt.Errorf("%w: %s is not <node>;<unix seconds>;<hmac>", ErrUnsigned, ForwardHeader)
 	}
-	node, ts, sig := parts[0], parts[1], parts[2]
 	secs, perr := strconv.ParseInt(ts, 10, 64)
 	if perr != nil {
 		return "", false, fmt.Errorf("%w: bad time %q", ErrUnsigned, ts)
 	}
-	got, herr := hex.DecodeString(sig)
-	if herr != nil {
+	var got, want [sha256.Size]byte
+	n, herr := hex.Decode(got[:], []byte(sig))
+	if herr != nil || hex.DecodedLen(len(sig)) > len(got) {
 		return "", false, fmt.Errorf("%w: signature is not hex", ErrUnsigned)
 	}
-	if !hmac.Equal(got, c.mac(node, ts, r)) {
+	if !hmac.Equal(got[:n], c.mac(want[:0], node, []byte(ts), r)) {
 		return "", false, fmt.Errorf("%w: wrong signature (claimed node %s)", ErrUnsigned, node)
 	}
 	// Checked after the signature, so the message about time is only
@@ -62,8 +69,10 @@ func (c *Cluster) Verify(r *http.Request) (node string, ok bool, err error) {
 	return node, true, nil
 }
 
-// mac is the HMAC-SHA256 of a forwarded request's signed fields.
-func (c *Cluster) mac(node, ts string, r *http.Request) []byte {
+// mac appends to dst the HMAC-SHA256 of a forwarded request's signed
+// fields. Its keyed hashes come from c.macs: a forwarded request is signed
+// once and verified once, and a new keyed hash costs two hashes of the key.
+func (c *Cluster) mac(dst []byte, node string, ts []byte, r *http.Request) []byte {
 	method := r.Method
 	if method == "" {
 		method = http.MethodGet
@@ -81,10 +90,30 @@ func (c *Cluster) mac(node, ts string, r *http.Request) []byte {
 	if r.URL != nil {
 		uri = r.URL.RequestURI()
 	}
-	h := hmac.New(sha256.New, c.cfg.Secret)
-	for _, f := range []string{node, ts, method, host, uri} {
-		h.Write([]byte(f))
-		h.Write([]byte{0})
+	m, _ := c.macs.Get().(*macState)
+	if m == nil {
+		m = &macState{h: hmac.New(sha256.New, c.cfg.Secret)}
 	}
-	return h.Sum(nil)
+	defer c.macs.Put(m)
+	// One Write of the fields, each ended by a zero byte, from the
+	// state's own buffer: what a hash.Hash is handed escapes, so that a
+	// buffer of the caller's would be allocated on every request.
+	b := append(m.buf[:0], node...)
+	b = append(append(b, 0), ts...)
+	b = append(append(b, 0), method...)
+	b = append(append(b, 0), host...)
+	b = append(append(b, 0), uri...)
+	m.buf = append(b, 0)
+	m.h.Reset()
+	m.h.Write(m.buf)
+	m.sum = m.h.Sum(m.sum[:0])
+	return append(dst, m.sum...)
+}
+
+// macState is a keyed HMAC-SHA256 hash with its buffers, kept in
+// Cluster.macs between requests.
+type macState struct {
+	h   hash.Hash
+	buf []byte
+	sum []byte
 }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -62,13 +63,33 @@ func newGateway(bin, dir string, admin bool) (*gateway, error) {
 	return g, nil
 }
 
+// handedOut holds the ports freePort gave in this run: a port is free again
+// once its probe closes, and the kernel may hand it to the next probe, so
+// that two listeners of one run (a node's admin and peer ports, say) would
+// collide at start.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// freePort returns a loopback port no listener holds now and that this run
+// has not handed out before.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no free loopback port that this run has not used")
 }
 
 // caddyfile renders the gateway's configuration. Idle tiers are off so that
