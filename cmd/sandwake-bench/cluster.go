@@ -56,10 +56,17 @@ func (b *bench) clusterScenario(ctx context.Context, cfg clusterConfig) error {
 	if err != nil {
 		return err
 	}
+	id := "c" + testenv.RunID()
 	for i := range 3 {
 		g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, fmt.Sprintf("node%d", i+1)), b.o.profile != "")
 		if err != nil {
 			return err
+		}
+		if i == 1 {
+			// The two-proxy floor: node 2's plain reverse_proxy site in
+			// front of node 1's preview listener, no TLS, no signature.
+			g.baseTo = fmt.Sprintf("127.0.0.1:%d", c.nodes[0].previewPort)
+			g.baseHost = previewHost(id)
 		}
 		name := fmt.Sprintf("n%d-%s", i+1, testenv.RunID())
 		peerPort, err := freePort()
@@ -103,7 +110,6 @@ func (b *bench) clusterScenario(ctx context.Context, cfg clusterConfig) error {
 	if err := c.waitLive(ctx, 0, 1); err != nil {
 		return err
 	}
-	id := "c" + testenv.RunID()
 	if err := c.createOnFirst(ctx, id, b.image); err != nil {
 		return err
 	}
@@ -296,12 +302,12 @@ func (c *cluster) profileForwarded(ctx context.Context, id, base string, d time.
 
 func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (*table, error) {
 	req := request{name: "GET /healthz (3 B)", method: "GET", path: "/healthz", wantLen: 3}
-	directURL, fwdURL := c.nodes[0].previewURL(id, ""), c.nodes[1].previewURL(id, "")
+	directURL, fwdURL, floorURL := c.nodes[0].previewURL(id, ""), c.nodes[1].previewURL(id, ""), c.nodes[1].baseURL("")
 	maxConc := 0
 	for _, n := range cfg.concs {
 		maxConc = max(maxConc, n)
 	}
-	directC, fwdC := loopbackClient(maxConc), loopbackClient(maxConc)
+	directC, fwdC, floorC := loopbackClient(maxConc), loopbackClient(maxConc), loopbackClient(maxConc)
 	// Node 2 routes to node 1 once the catalog reached it: one answer
 	// through it first.
 	var last string
@@ -323,7 +329,7 @@ func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (
 	t := &table{
 		title: clusterForwardTitle,
 		sides: [2]string{"direct", "forwarded"},
-		note: fmt.Sprintf("3 nodes, 3-member etcd; sandbox on node 1, GET sent to node 1 vs to node 2 (which proxies it over mutual TLS, signed, to node 1's peer listener); %s per side per cell after %s warm-up, alternated in %d slices; CPU = all three Caddy processes; ratio = forwarded / direct",
+		note: fmt.Sprintf("3 nodes, 3-member etcd; sandbox on node 1, GET sent to node 1 vs to node 2 (which proxies it over mutual TLS, signed, to node 1's peer listener); the two-proxy floor: node 2's plain reverse_proxy site (no TLS, no signature) in front of node 1's preview listener; %s per side per cell after %s warm-up, alternated in %d slices; CPU = all three Caddy processes; ratio = forwarded / direct, or forwarded / floor",
 			cfg.perSide, cfg.warmup, cfg.rounds),
 	}
 	slice := cfg.perSide / time.Duration(cfg.rounds)
@@ -336,14 +342,17 @@ func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (
 	for _, conc := range cfg.concs {
 		load(ctx, directC, directURL, req, conc, cfg.warmup)
 		load(ctx, fwdC, fwdURL, req, conc, cfg.warmup)
-		var direct, fwd loadResult
+		load(ctx, floorC, floorURL, req, conc, cfg.warmup)
+		var direct, fwd, floor loadResult
+		sides := []func(){
+			func() { direct.merge(measured(directC, directURL, conc)) },
+			func() { fwd.merge(measured(fwdC, fwdURL, conc)) },
+			func() { floor.merge(measured(floorC, floorURL, conc)) },
+		}
 		for r := range cfg.rounds {
-			if r%2 == 0 {
-				direct.merge(measured(directC, directURL, conc))
-				fwd.merge(measured(fwdC, fwdURL, conc))
-			} else {
-				fwd.merge(measured(fwdC, fwdURL, conc))
-				direct.merge(measured(directC, directURL, conc))
+			// Each side first in turn.
+			for k := range sides {
+				sides[(r+k)%len(sides)]()
 			}
 		}
 		if ctx.Err() != nil {
@@ -352,18 +361,27 @@ func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (
 		for _, side := range []struct {
 			name string
 			r    *loadResult
-		}{{"direct", &direct}, {"forwarded", &fwd}} {
+		}{{"direct", &direct}, {"forwarded", &fwd}, {"two plain proxies", &floor}} {
 			if side.r.bad > 0 || side.r.ok == 0 {
 				return t, fmt.Errorf("cluster, c=%d, %s: %d failed of %d: %v", conc, side.name, side.r.bad, side.r.bad+side.r.ok, side.r.err)
 			}
 		}
-		ds, fs := sortedCopy(direct.durs), sortedCopy(fwd.durs)
+		ds, fs, ls := sortedCopy(direct.durs), sortedCopy(fwd.durs), sortedCopy(floor.durs)
 		cell := fmt.Sprintf("%s c=%d", req.name, conc)
 		t.add(ratioRow(cell+" throughput", direct.throughput(), fwd.throughput(), fmtRate, info))
 		t.add(ratioRow(cell+" p50", percentile(ds, 50).Seconds(), percentile(fs, 50).Seconds(), fmtSeconds, info))
+		if conc == 1 {
+			// Issue 21: forwarding adds at most 0.3 ms at c=1.
+			added := percentile(fs, 50) - percentile(ds, 50)
+			t.add(valueRow(cell+" p50 added by forwarding", "", added.Seconds(), fmtSeconds, goal{op: "<=", limit: 0.0003, format: fmtSeconds}))
+		}
 		t.add(ratioRow(cell+" p99", percentile(ds, 99).Seconds(), percentile(fs, 99).Seconds(), fmtSeconds, info))
-		t.add(ratioRow(cell+" Caddy CPU/request", direct.cpuPerRequest(), fwd.cpuPerRequest(), fmtNanos, info))
-		progress("cluster: %s: direct %.0f vs forwarded %.0f req/s", cell, direct.throughput(), fwd.throughput())
+		// Two proxies cost about twice one: the goal is 2.1.
+		t.add(ratioRow(cell+" Caddy CPU/request", direct.cpuPerRequest(), fwd.cpuPerRequest(), fmtNanos, atMost(2.1)))
+		t.add(ratioRow(cell+" vs the two-proxy floor: throughput", floor.throughput(), fwd.throughput(), fmtRate, info))
+		t.add(ratioRow(cell+" vs the two-proxy floor: p50", percentile(ls, 50).Seconds(), percentile(fs, 50).Seconds(), fmtSeconds, info))
+		t.add(ratioRow(cell+" vs the two-proxy floor: CPU/request", floor.cpuPerRequest(), fwd.cpuPerRequest(), fmtNanos, info))
+		progress("cluster: %s: direct %.0f, forwarded %.0f, two plain proxies %.0f req/s", cell, direct.throughput(), fwd.throughput(), floor.throughput())
 	}
 	return t, nil
 }

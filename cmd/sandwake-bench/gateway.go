@@ -37,6 +37,7 @@ type gateway struct {
 	adminPort   int    // 0: admin off
 	basePort    int    // port of the plain reverse_proxy site
 	baseTo      string // its upstream; "" = no baseline site
+	baseHost    string // the Host it sends upstream; "" = the client's
 	extra       string // extra lines in the sandwake global option
 
 	cmd    *exec.Cmd
@@ -128,7 +129,16 @@ http://127.0.0.1:%d {
 }
 `, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(),
 		withDefaults(g.extra), g.previewPort, g.apiPort, benchToken)
-	if g.baseTo != "" {
+	switch {
+	case g.baseTo != "" && g.baseHost != "":
+		fmt.Fprintf(&b, `http://127.0.0.1:%d {
+	bind 127.0.0.1
+	reverse_proxy %s {
+		header_up Host %s
+	}
+}
+`, g.basePort, g.baseTo, g.baseHost)
+	case g.baseTo != "":
 		fmt.Fprintf(&b, `http://127.0.0.1:%d {
 	bind 127.0.0.1
 	reverse_proxy %s
@@ -316,8 +326,11 @@ func (g *gateway) createSandbox(ctx context.Context, id, image string, memoryMB 
 
 // previewURL is the URL of path on sandbox id's port 8080.
 func (g *gateway) previewURL(id, path string) string {
-	return fmt.Sprintf("http://s-%s-8080.preview.localhost:%d%s", id, g.previewPort, path)
+	return fmt.Sprintf("http://%s:%d%s", previewHost(id), g.previewPort, path)
 }
+
+// previewHost is the preview host of sandbox id's port 8080.
+func previewHost(id string) string { return "s-" + id + "-8080.preview.localhost" }
 
 // baseURL is the URL of path on the plain reverse_proxy site.
 func (g *gateway) baseURL(path string) string {
