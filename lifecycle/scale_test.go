@@ -44,38 +44,19 @@ func seedRecords(b *testing.B, e *testEnv, n int) {
 // BenchmarkReapPass is one reaper pass (idle tiers, expiry, pressure) over n
 // records of which none is due: the steady-state cost of the reaper loop.
 func BenchmarkReapPass(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
-			cfg := lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour, MaxResident: n,
-				Now: func() time.Time { return testClock.Add(time.Minute) }}
-			e := newTestEnvWith(b, cfg, nil)
-			seedRecords(b, e, n)
-			// A new manager reads the records, as one started over them would.
-			m, err := lifecycle.NewManager(e.st, e.rt, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer m.Close()
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			start := time.Now()
-			for b.Loop() {
-				stats, err := m.ReapOnce(ctx)
-				if err != nil || stats.Scanned != n || stats.Total() != 0 || stats.Errors != 0 {
-					b.Fatalf("reap pass: %+v, %v", stats, err)
-				}
-			}
-			elapsed := time.Since(start)
-			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
-		})
-	}
+	benchReap(b, (*lifecycle.Manager).ReapOnce, func(n int) int { return n })
 }
 
 // BenchmarkReapResidentPass is the reaper loop's pass between full ones:
 // over the running and paused sandboxes alone (a quarter of the seeded
 // records here; in a real farm the few hundred max_resident allows).
 func BenchmarkReapResidentPass(b *testing.B) {
+	benchReap(b, (*lifecycle.Manager).ReapResidentOnce, func(n int) int { return n / 4 })
+}
+
+// benchReap times pass over each of benchSizes records, none due, checking
+// that it read scanned(n) of them.
+func benchReap(b *testing.B, pass func(*lifecycle.Manager, context.Context) (lifecycle.ReapStats, error), scanned func(n int) int) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
 			cfg := lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour, MaxResident: n,
@@ -93,8 +74,8 @@ func BenchmarkReapResidentPass(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			for b.Loop() {
-				stats, err := m.ReapResidentOnce(ctx)
-				if err != nil || stats.Scanned != n/4 || stats.Total() != 0 || stats.Errors != 0 {
+				stats, err := pass(m, ctx)
+				if err != nil || stats.Scanned != scanned(n) || stats.Total() != 0 || stats.Errors != 0 {
 					b.Fatalf("reap pass: %+v, %v", stats, err)
 				}
 			}
