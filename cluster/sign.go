@@ -53,12 +53,16 @@ func (c *Cluster) Verify(r *http.Request) (node string, ok bool, err error) {
 	if perr != nil {
 		return "", false, fmt.Errorf("%w: bad time %q", ErrUnsigned, ts)
 	}
+	// The length first: hex.Decode writes past a destination too short
+	// for its input.
 	var got, want [sha256.Size]byte
-	n, herr := hex.Decode(got[:], []byte(sig))
-	if herr != nil || hex.DecodedLen(len(sig)) > len(got) {
+	if len(sig) != hex.EncodedLen(len(got)) {
+		return "", false, fmt.Errorf("%w: signature is not %d hex digits", ErrUnsigned, hex.EncodedLen(len(got)))
+	}
+	if _, herr := hex.Decode(got[:], []byte(sig)); herr != nil {
 		return "", false, fmt.Errorf("%w: signature is not hex", ErrUnsigned)
 	}
-	if !hmac.Equal(got[:n], c.mac(want[:0], node, []byte(ts), r)) {
+	if !hmac.Equal(got[:], c.mac(want[:0], node, []byte(ts), r)) {
 		return "", false, fmt.Errorf("%w: wrong signature (claimed node %s)", ErrUnsigned, node)
 	}
 	// Checked after the signature, so the message about time is only

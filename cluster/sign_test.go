@@ -98,9 +98,25 @@ func TestSignVerify(t *testing.T) {
 		}, wantErr: "is not <node>"},
 		{name: "bad hex", req: func() *http.Request {
 			r := received(outgoing())
-			r.Header.Set(ForwardHeader, "node-a;1800000000;zz")
+			r.Header.Set(ForwardHeader, "node-a;1800000000;"+strings.Repeat("zz", 32))
 			return r
 		}, wantErr: "not hex"},
+		{name: "short signature", req: func() *http.Request {
+			r := received(outgoing())
+			r.Header.Set(ForwardHeader, "node-a;1800000000;abcd")
+			return r
+		}, wantErr: "not 64 hex digits"},
+		// Longer than the digest: refused, not decoded past its buffer.
+		{name: "long signature", req: func() *http.Request {
+			r := signed(good)
+			r.Header.Set(ForwardHeader, r.Header.Get(ForwardHeader)+"00")
+			return r
+		}, wantErr: "not 64 hex digits"},
+		{name: "four fields", req: func() *http.Request {
+			r := signed(good)
+			r.Header.Set(ForwardHeader, r.Header.Get(ForwardHeader)+";x")
+			return r
+		}, wantErr: "is not <node>"},
 		{name: "two headers", req: func() *http.Request {
 			r := signed(good)
 			r.Header.Add(ForwardHeader, r.Header.Get(ForwardHeader))
