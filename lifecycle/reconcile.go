@@ -79,20 +79,45 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 			byID[id] = &containers[i]
 		}
 	}
-	recs, err := m.store.List(nil)
-	if err != nil {
-		return stats, fmt.Errorf("reconcile: %w", err)
+	// Which records need a closer look is decided on the state mirror,
+	// taken after the list as the store was read before: a settled
+	// sandbox (the common case: a stopped one with its exited container)
+	// costs a map lookup, not a decode. Each of the others is read from
+	// the store under its lock (reconcileLocked), whose word it is then.
+	// known: the listed containers that have a record.
+	var closer []string
+	known := make(map[string]bool, len(byID))
+	var unmirrored []string
+	m.mu.Lock()
+	stats.Records = len(m.states)
+	for id, s := range m.states {
+		if !settled(s, byID[id]) {
+			closer = append(closer, id)
+		}
 	}
-	stats.Records = len(recs)
-	known := make(map[string]bool, len(recs))
-	for i := range recs {
-		id := recs[i].ID
-		known[id] = true
+	for id := range byID {
+		if _, ok := m.states[id]; ok {
+			known[id] = true
+		} else {
+			unmirrored = append(unmirrored, id)
+		}
+	}
+	m.mu.Unlock()
+	// A container whose id the mirror lacks is an orphan only if the
+	// store has no record either: a record being written (a pool claim)
+	// is in the store before the mirror.
+	for _, id := range unmirrored {
+		switch _, err := m.store.Get(id); {
+		case err == nil:
+			known[id] = true
+		case !errors.Is(err, ErrNotFound):
+			return stats, fmt.Errorf("reconcile: %w", err)
+		}
+	}
+	slices.Sort(closer)
+	for _, id := range closer {
 		if ctx.Err() != nil {
 			return stats, ctx.Err()
-		}
-		if settled(recs[i].State, byID[id]) {
-			continue // the common case: nothing to look at closer
 		}
 		unlock, ok := m.locks.tryLock(id)
 		if !ok {

@@ -682,3 +682,68 @@ func TestEventsDuringStartup(t *testing.T) {
 		t.Fatalf("Start after Close: %v, want ErrClosed", err)
 	}
 }
+
+// countingStore counts the reads a Manager makes of its store.
+type countingStore struct {
+	lifecycle.Store
+	gets, lists atomic.Int64
+}
+
+func (s *countingStore) Get(id string) (lifecycle.Record, error) {
+	s.gets.Add(1)
+	return s.Store.Get(id)
+}
+
+func (s *countingStore) List(keep func(*lifecycle.Record) bool) ([]lifecycle.Record, error) {
+	s.lists.Add(1)
+	return s.Store.List(keep)
+}
+
+// TestReconcileReadsOnlyWhatDiffers: a full reconcile decides on the state
+// mirror which sandboxes need a closer look, and reads the records of those
+// alone: the drifted one, and the store's word on a container the mirror
+// does not know (the orphan). A farm of stopped sandboxes costs it no
+// decode, yet every correction and orphan is found as before, and a record
+// the mirror has not caught up with (a claim being written) is no orphan.
+func TestReconcileReadsOnlyWhatDiffers(t *testing.T) {
+	e := newTestEnv(t, lifecycle.Config{})
+	for i := range 200 {
+		e.seed(t, fmt.Sprintf("cold%03d", i), lifecycle.Stopped)
+	}
+	e.seed(t, "hot", lifecycle.Running)
+	e.seed(t, "drifted", lifecycle.Running)
+	e.rt.Put("drifted", lifecycle.ContainerExited) // it exited behind sandwake's back
+	e.rt.Put("orphan", lifecycle.ContainerRunning) // no record
+	// A record the store holds and the new manager's mirror will not:
+	// written after that manager read the store.
+	cs := &countingStore{Store: e.st}
+	m, err := lifecycle.NewManager(cs, e.rt, lifecycle.Config{Now: func() time.Time { return testClock }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	e.seed(t, "claimed", lifecycle.Running)
+	cs.gets.Store(0)
+	cs.lists.Store(0)
+
+	stats, err := m.Reconcile(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Records != 202 || stats.Containers != 204 {
+		t.Fatalf("stats = %+v, want 202 records (the mirror's) and 204 containers", stats)
+	}
+	if !maps.Equal(stats.Corrections, map[string]int{lifecycle.CorrectionExited: 1}) {
+		t.Fatalf("corrections = %v, want the drifted sandbox's exit", stats.Corrections)
+	}
+	if got := e.state(t, "drifted"); got != lifecycle.Stopped {
+		t.Fatalf("drifted is %s, want stopped", got)
+	}
+	if !slices.Equal(stats.Orphans, []string{"orphan"}) {
+		t.Fatalf("orphans = %v, want [orphan] (claimed has a record)", stats.Orphans)
+	}
+	// drifted (under its lock), orphan and claimed (not in the mirror).
+	if lists, gets := cs.lists.Load(), cs.gets.Load(); lists != 0 || gets != 3 {
+		t.Fatalf("reconcile listed the store %d times and read %d records; want 0 lists and 3 reads", lists, gets)
+	}
+}
