@@ -471,9 +471,11 @@ func parsePreview(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 	proxy.DynamicUpstreamsRaw = caddyconfig.JSONModuleObject(Upstreams{}, "source", "sandwake", nil)
 	if proxy.TransportRaw == nil {
 		// Caddy keeps 32 idle connections per upstream; a sandbox lets
-		// max_open_per_sandbox exchanges through at once, and once they are
-		// answered their connections are reused rather than dialled again
-		// (through Docker's proxy, which dials the container in turn).
+		// max_open_per_sandbox exchanges (256 by default) through at once,
+		// and once they are answered their connections are reused rather
+		// than dialled again (through Docker's proxy, which dials the
+		// container in turn). The site's handler is built before the app's
+		// settings are known: it keeps the default's number.
 		proxy.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
 			KeepAlive: &reverseproxy.KeepAlive{MaxIdleConnsPerHost: DefaultMaxOpenPerSandbox},
 		}, "protocol", "http", nil)

@@ -341,7 +341,7 @@ func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 		return nil
 	}
 	a := rt.activity
-	if s.maxOpen > 0 {
+	if s.maxOpen > 0 && !isUpgrade(r) {
 		sl := a.TakeSlot(s.maxOpen)
 		if sl == nil {
 			if sl = g.waitSlot(w, r, s, rt); sl == nil {
@@ -356,6 +356,16 @@ func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 	defer a.Finish() // long exchanges (websockets, SSE) count until they end
 	caddyhttp.SetVar(r.Context(), varUpstream, ups)
 	return next.ServeHTTP(w, r)
+}
+
+// isUpgrade reports whether r asks to switch protocols (a websocket, over
+// HTTP/1.1's Upgrade or HTTP/2's extended CONNECT). Such exchanges take no
+// slot: a slot paces requests through a storm, while a websocket is a tunnel
+// for as long as its page is open, and a preview's open tabs (a dev
+// server's hot reload each) would otherwise hold every slot and leave the
+// next visitor 503 busy.
+func isUpgrade(r *http.Request) bool {
+	return len(r.Header["Upgrade"]) > 0 || r.Method == http.MethodConnect
 }
 
 // waitSlot waits, first in first out, for one of the max_open_per_sandbox

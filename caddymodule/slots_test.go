@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
@@ -127,5 +128,48 @@ func TestSlotsFullAnswersBusy(t *testing.T) {
 	resp, body = h.preview("GET", host, "/healthz", nil, nil)
 	if resp.StatusCode != 200 || body != "ok\n" {
 		t.Fatalf("after the slots were released: %d %.200q", resp.StatusCode, body)
+	}
+}
+
+// TestWebsocketsTakeNoSlot: websockets are tunnels, not requests to pace:
+// more of them than max_open_per_sandbox stay open and echo, and a plain
+// request still goes through at once (a websocket holding a slot for its
+// life would leave the third dial, then every request, 503 busy).
+func TestWebsocketsTakeNoSlot(t *testing.T) {
+	const slots, sockets = 2, 5
+	h := newHarness(t, fmt.Sprintf("max_open_per_sandbox %d\n\t\thold_timeout 1s", slots))
+	rec := h.create(nil)
+	url := "ws://" + h.host(rec.ID, 8080) + "/ws"
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var conns []*websocket.Conn
+	defer func() {
+		for _, c := range conns {
+			c.CloseNow()
+		}
+	}()
+	for i := range sockets {
+		c, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: h.client})
+		if err != nil {
+			status := 0
+			if resp != nil {
+				status = resp.StatusCode
+			}
+			t.Fatalf("websocket %d of %d (max_open_per_sandbox %d): %v (status %d)", i+1, sockets, slots, err, status)
+		}
+		conns = append(conns, c)
+	}
+	for i, c := range conns {
+		msg := fmt.Sprintf("socket %d", i)
+		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatalf("writing on %s: %v", msg, err)
+		}
+		if _, got, err := c.Read(ctx); err != nil || string(got) != msg {
+			t.Fatalf("echo on %s: %q, %v", msg, got, err)
+		}
+	}
+	resp, body := h.preview("GET", h.host(rec.ID, 8080), "/healthz", nil, nil)
+	if resp.StatusCode != 200 || body != "ok\n" {
+		t.Fatalf("a request beside %d websockets: %d %.200q", sockets, resp.StatusCode, body)
 	}
 }

@@ -49,6 +49,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -99,7 +100,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, egress, records, cluster, soak (default: all but soak)")
 	fs.DurationVar(&o.perSide, "duration", 0, "hot path: measured time per side per cell (default 3s, 1s with --quick)")
 	fs.IntVar(&o.wakes, "wakes", 0, "wake latency: wakes of each kind and side (default 20, 6 with --quick)")
-	fs.StringVar(&o.stormList, "storm", "", "wake storm: concurrent requests, a comma-separated list of storm sizes (default 100,1000,5000; 1000 with --quick); the cluster storm takes the largest up to 1000")
+	fs.StringVar(&o.stormList, "storm", "", "wake storm: concurrent requests, a comma-separated list of storm sizes (default 100,1000,5000; 1000 with --quick); the cluster storm takes the largest up to 1000 (the smallest when all are larger)")
 	fs.IntVar(&o.stormRounds, "storm-rounds", 0, "wake storm and cluster storm: rounds (default 3, 1 with --quick)")
 	fs.IntVar(&o.records, "records", 10000, "scale: records in the store")
 	fs.IntVar(&o.containers, "containers", 0, "scale: real containers (default 100, 20 with --quick)")
@@ -153,7 +154,7 @@ func parseFlags(args []string) (options, error) {
 		}
 	}
 	if o.stormN == 0 {
-		o.stormN = o.stormSizes[0]
+		o.stormN = slices.Min(o.stormSizes)
 	}
 	def(&o.wakes, 20, 6)
 	def(&o.stormRounds, 3, 1)
