@@ -114,3 +114,33 @@ func BenchmarkBootReconcile(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkReconcilePass is the periodic reconcile (every
+// reconcile_interval) over n records whose containers all agree with them:
+// the steady-state cost of the reconcile loop.
+func BenchmarkReconcilePass(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			cfg := lifecycle.Config{Now: func() time.Time { return testClock.Add(time.Minute) }}
+			e := newTestEnvWith(b, cfg, nil)
+			seedRecords(b, e, n)
+			m, err := lifecycle.NewManager(e.st, e.rt, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				stats, err := m.Reconcile(ctx)
+				if err != nil || stats.Records != n || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
+					b.Fatalf("reconcile: records %d, corrections %v, orphans %d, %v", stats.Records, stats.Corrections, len(stats.Orphans), err)
+				}
+			}
+			elapsed := time.Since(start)
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
+		})
+	}
+}
