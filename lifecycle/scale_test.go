@@ -41,106 +41,104 @@ func seedRecords(b *testing.B, e *testEnv, n int) {
 	}
 }
 
+// reapConfig has idle tiers and an expiry none of the seeded records is due
+// for.
+func reapConfig(n int) lifecycle.Config {
+	return lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour, MaxResident: n,
+		Now: func() time.Time { return testClock.Add(time.Minute) }}
+}
+
+// plainConfig has the defaults.
+func plainConfig(int) lifecycle.Config {
+	return lifecycle.Config{Now: func() time.Time { return testClock.Add(time.Minute) }}
+}
+
+// benchOver runs, for each of benchSizes, pass over a store of n seeded
+// records, timing it and reporting ns/record. pass gets the store's
+// environment and a Manager that read the records as one started over them
+// would.
+func benchOver(b *testing.B, config func(n int) lifecycle.Config, pass func(ctx context.Context, e *testEnv, m *lifecycle.Manager, n int) error) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			e := newTestEnvWith(b, config(n), nil)
+			seedRecords(b, e, n)
+			m, err := lifecycle.NewManager(e.st, e.rt, config(n))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer m.Close()
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				if err := pass(ctx, e, m, n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			elapsed := time.Since(start)
+			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
+		})
+	}
+}
+
+// reapChecked is nil when a reaper pass read want records and did nothing.
+func reapChecked(stats lifecycle.ReapStats, err error, want int) error {
+	if err != nil || stats.Scanned != want || stats.Total() != 0 || stats.Errors != 0 {
+		return fmt.Errorf("reap pass: %+v, %v; want %d records read, nothing done", stats, err, want)
+	}
+	return nil
+}
+
+// reconcileChecked is nil when a reconcile counted n records and corrected
+// nothing.
+func reconcileChecked(stats lifecycle.ReconcileStats, err error, n int) error {
+	if err != nil || stats.Records != n || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
+		return fmt.Errorf("reconcile: records %d, corrections %v, orphans %d, %v", stats.Records, stats.Corrections, len(stats.Orphans), err)
+	}
+	return nil
+}
+
 // BenchmarkReapPass is one reaper pass (idle tiers, expiry, pressure) over n
 // records of which none is due: the steady-state cost of the reaper loop.
 func BenchmarkReapPass(b *testing.B) {
-	benchReap(b, (*lifecycle.Manager).ReapOnce, func(n int) int { return n })
+	benchOver(b, reapConfig, func(ctx context.Context, _ *testEnv, m *lifecycle.Manager, n int) error {
+		stats, err := m.ReapOnce(ctx)
+		return reapChecked(stats, err, n)
+	})
 }
 
 // BenchmarkReapResidentPass is the reaper loop's pass between full ones:
 // over the running and paused sandboxes alone (a quarter of the seeded
 // records here; in a real farm the few hundred max_resident allows).
 func BenchmarkReapResidentPass(b *testing.B) {
-	benchReap(b, (*lifecycle.Manager).ReapResidentOnce, func(n int) int { return n / 4 })
-}
-
-// benchReap times pass over each of benchSizes records, none due, checking
-// that it read scanned(n) of them.
-func benchReap(b *testing.B, pass func(*lifecycle.Manager, context.Context) (lifecycle.ReapStats, error), scanned func(n int) int) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
-			cfg := lifecycle.Config{IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute, MaxLifetime: 24 * time.Hour, MaxResident: n,
-				Now: func() time.Time { return testClock.Add(time.Minute) }}
-			e := newTestEnvWith(b, cfg, nil)
-			seedRecords(b, e, n)
-			// A new manager reads the records, as one started over them would.
-			m, err := lifecycle.NewManager(e.st, e.rt, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer m.Close()
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			start := time.Now()
-			for b.Loop() {
-				stats, err := pass(m, ctx)
-				if err != nil || stats.Scanned != scanned(n) || stats.Total() != 0 || stats.Errors != 0 {
-					b.Fatalf("reap pass: %+v, %v", stats, err)
-				}
-			}
-			elapsed := time.Since(start)
-			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
-		})
-	}
+	benchOver(b, reapConfig, func(ctx context.Context, _ *testEnv, m *lifecycle.Manager, n int) error {
+		stats, err := m.ReapResidentOnce(ctx)
+		return reapChecked(stats, err, n/4)
+	})
 }
 
 // BenchmarkBootReconcile is what a start over n records costs before the
 // gateway serves: loading the records (NewManager) and one full reconcile
 // against the engine's container list.
 func BenchmarkBootReconcile(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
-			cfg := lifecycle.Config{Now: func() time.Time { return testClock.Add(time.Minute) }}
-			e := newTestEnvWith(b, cfg, nil)
-			seedRecords(b, e, n)
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			start := time.Now()
-			for b.Loop() {
-				m, err := lifecycle.NewManager(e.st, e.rt, cfg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				stats, err := m.Reconcile(ctx)
-				if err != nil || stats.Records != n || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
-					b.Fatalf("reconcile: records %d, corrections %v, orphans %d, %v", stats.Records, stats.Corrections, len(stats.Orphans), err)
-				}
-				m.Close()
-			}
-			elapsed := time.Since(start)
-			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
-		})
-	}
+	benchOver(b, plainConfig, func(ctx context.Context, e *testEnv, _ *lifecycle.Manager, n int) error {
+		m, err := lifecycle.NewManager(e.st, e.rt, plainConfig(n))
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		stats, err := m.Reconcile(ctx)
+		return reconcileChecked(stats, err, n)
+	})
 }
 
 // BenchmarkReconcilePass is the periodic reconcile (every
 // reconcile_interval) over n records whose containers all agree with them:
 // the steady-state cost of the reconcile loop.
 func BenchmarkReconcilePass(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
-			cfg := lifecycle.Config{Now: func() time.Time { return testClock.Add(time.Minute) }}
-			e := newTestEnvWith(b, cfg, nil)
-			seedRecords(b, e, n)
-			m, err := lifecycle.NewManager(e.st, e.rt, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer m.Close()
-			ctx := context.Background()
-			b.ReportAllocs()
-			b.ResetTimer()
-			start := time.Now()
-			for b.Loop() {
-				stats, err := m.Reconcile(ctx)
-				if err != nil || stats.Records != n || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
-					b.Fatalf("reconcile: records %d, corrections %v, orphans %d, %v", stats.Records, stats.Corrections, len(stats.Orphans), err)
-				}
-			}
-			elapsed := time.Since(start)
-			b.ReportMetric(float64(elapsed.Nanoseconds())/float64(n)/float64(b.N), "ns/record")
-		})
-	}
+	benchOver(b, plainConfig, func(ctx context.Context, _ *testEnv, m *lifecycle.Manager, n int) error {
+		stats, err := m.Reconcile(ctx)
+		return reconcileChecked(stats, err, n)
+	})
 }
