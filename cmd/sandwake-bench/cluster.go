@@ -407,7 +407,7 @@ func (c *cluster) spreadStorm(ctx context.Context, cli *client.Client, id string
 		if err := c.waitCatalog(ctx, id, "stopped"); err != nil {
 			return stormResult{}, err
 		}
-		res, err := fire(ctx, cli, id, gws, n)
+		res, err := fire(ctx, cli, id, gws, n, nil)
 		if err != nil {
 			return res, err
 		}

@@ -21,6 +21,7 @@ type stormResult struct {
 	durs     []time.Duration
 	wall     time.Duration  // from firing to the last answer
 	failures map[string]int // what the others got
+	cpu      cpuShares      // from firing to the last answer, when probed
 }
 
 // storm stops sandbox id through the API, then fires n concurrent GETs
@@ -30,13 +31,14 @@ func storm(ctx context.Context, g *gateway, cli *client.Client, id string, n int
 	if err := g.act(ctx, id, "stop", "stopped"); err != nil {
 		return stormResult{}, err
 	}
-	return fire(ctx, cli, id, []*gateway{g}, n)
+	return fire(ctx, cli, id, []*gateway{g}, n, nil)
 }
 
 // fire sends n concurrent GETs for sandbox id's /healthz, request i to
 // gateway gws[i % len(gws)], and counts the engine's start events of its
-// container meanwhile.
-func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n int) (stormResult, error) {
+// container meanwhile. With a probe, it notes where the CPU went from
+// firing to the last answer.
+func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n int, probe *cpuProbe) (stormResult, error) {
 	res := stormResult{failures: map[string]int{}}
 	c := loopbackClient(n)
 	var (
@@ -77,10 +79,18 @@ func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n 
 			res.durs = append(res.durs, d)
 		}()
 	}
+	var before cpuShares
+	var t0 time.Time
+	if probe != nil {
+		before, t0 = probe.snapshot()
+	}
 	since := time.Now()
 	close(fire)
 	wg.Wait()
 	res.wall = time.Since(since)
+	if probe != nil {
+		res.cpu = probe.since(before, t0)
+	}
 	// The next storm starts from no open connection, as this one did.
 	c.CloseIdleConnections()
 	// The engine stamps events itself; a margin on both sides keeps
@@ -133,16 +143,23 @@ func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n
 		base = fmtDuration(rawStart)
 	}
 	var all, hot []time.Duration
+	var shares cpuShares
 	for r := range rounds {
 		res, err := storm(ctx, g, cli, id, n)
 		if err != nil {
 			return t, err
 		}
-		// The floor: the same storm at the sandbox running, no wake.
-		warm, err := fire(ctx, cli, id, []*gateway{g}, n)
+		// The floor: the same storm at the sandbox running, no wake, and
+		// where the machine's CPU goes meanwhile.
+		probe, err := newCPUProbe(ctx, g, cli, id)
 		if err != nil {
 			return t, err
 		}
+		warm, err := fire(ctx, cli, id, []*gateway{g}, n, probe)
+		if err != nil {
+			return t, err
+		}
+		shares.add(warm.cpu)
 		label := fmt.Sprintf("round %d: ", r+1)
 		t.add(valueRow(label+"Docker start calls", "", float64(res.starts), fmtCount, exactly(1)))
 		t.add(valueRow(label+"answered 200", "", float64(res.answered), fmtCount, exactly(float64(n))))
@@ -163,6 +180,9 @@ func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n
 	p50, p99, hot99 := percentile(ds, 50), percentile(ds, 99), percentile(hs, 99)
 	t.add(valueRow("p50 time to answer, all rounds", "", p50.Seconds(), fmtSeconds, info))
 	t.add(valueRow("p99, same storm at the running sandbox (no wake)", "", hot99.Seconds(), fmtSeconds, info))
+	for _, r := range shares.rows("same storm at the running sandbox: ") {
+		t.add(r)
+	}
 	if rawStart > 0 {
 		// The measure: p99 against one wake's first byte.
 		goal := atMost(1.5)
