@@ -202,6 +202,12 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 	if _, _, err := m.store.Create(rec, "create"); err != nil {
 		fwDone()
 		m.release(id, addr)
+		if errors.Is(err, ErrStoreUnavailable) {
+			// The write may have landed all the same: read it again once
+			// the store takes writes (a record left creating becomes
+			// error).
+			m.markUnrecorded(id)
+		}
 		return Record{}, err
 	}
 	m.setState(id, Creating)

@@ -307,6 +307,11 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 	}
 	if err != nil {
 		m.dropSlot(s, PoolRemovedFailed)
+		if errors.Is(err, ErrStoreUnavailable) {
+			// The record may have landed all the same: read it again once
+			// the store takes writes (its container is gone: killed).
+			m.markUnrecorded(id)
+		}
 		return Record{}, true, fmt.Errorf("claiming pool container %s of template %s: %w", id, t.Name, err)
 	}
 	m.setState(id, Running)

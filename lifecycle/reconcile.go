@@ -84,29 +84,37 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	// sandbox (the common case: a stopped one with its exited container)
 	// costs a map lookup, not a decode. Each of the others is read from
 	// the store under its lock (reconcileLocked), whose word it is then.
+	// The mirror is copied under m.mu, which wakes and transitions take:
+	// the walk and the comparisons run after it is let go.
+	m.mu.Lock()
+	mirror := make([]idState, 0, len(m.states))
+	for id, s := range m.states {
+		mirror = append(mirror, idState{id, s})
+	}
+	m.mu.Unlock()
+	stats.Records = len(mirror)
 	// known: the listed containers that have a record.
 	var closer []string
 	known := make(map[string]bool, len(byID))
-	var unmirrored []string
-	m.mu.Lock()
-	stats.Records = len(m.states)
-	for id, s := range m.states {
-		if !settled(s, byID[id]) {
-			closer = append(closer, id)
+	for _, e := range mirror {
+		c := byID[e.id]
+		if c != nil {
+			known[e.id] = true
+		}
+		if !settled(e.state, c) {
+			closer = append(closer, e.id)
 		}
 	}
-	for id := range byID {
-		if _, ok := m.states[id]; ok {
-			known[id] = true
-		} else {
-			unmirrored = append(unmirrored, id)
-		}
-	}
-	m.mu.Unlock()
-	// A container whose id the mirror lacks is an orphan only if the
-	// store has no record either: a record being written (a pool claim)
+	// A container whose id the mirror does not know is an orphan only if
+	// the store has no record either: a record being written (a pool claim)
 	// is in the store before the mirror.
-	for _, id := range unmirrored {
+	for id := range byID {
+		if known[id] {
+			continue
+		}
+		if ctx.Err() != nil {
+			return stats, ctx.Err()
+		}
 		switch _, err := m.store.Get(id); {
 		case err == nil:
 			known[id] = true
@@ -165,6 +173,29 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
+// mirrorStored brings the state mirror in line with what the store holds
+// for id (to == "": no record), under id's lock. The mirror follows every
+// write that reports success; a write that reported a failure yet landed (a
+// store that failed to sync its log after applying the write) would leave
+// it wrong for good, and the full reconcile, which decides on the mirror,
+// would then pass the sandbox over for good.
+func (m *Manager) mirrorStored(id string, to State) {
+	m.mu.Lock()
+	from, ok := m.states[id]
+	m.mu.Unlock()
+	if (to == "" && !ok) || (ok && from == to) {
+		return
+	}
+	m.log.Warn("state mirror repaired from the store", zap.String("id", id), zap.String("mirror", string(from)), zap.String("store", string(to)))
+	m.setState(id, to)
+}
+
+// idState is one entry of the state mirror.
+type idState struct {
+	id    string
+	state State
+}
+
 // LastReconcile is when a full reconcile last succeeded (zero: never).
 func (m *Manager) LastReconcile() time.Time {
 	m.mu.Lock()
@@ -192,11 +223,13 @@ func (m *Manager) ReconcileOne(ctx context.Context, id string) (*Correction, err
 func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Container, inspect bool) (*Correction, error) {
 	rec, err := m.store.Get(id)
 	if errors.Is(err, ErrNotFound) {
+		m.mirrorStored(id, "")
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
+	m.mirrorStored(id, rec.State)
 	if rec.State == Creating {
 		// Create holds the sandbox's lock from its record's birth to its
 		// end, and only this process writes the store: a creating record

@@ -747,3 +747,42 @@ func TestReconcileReadsOnlyWhatDiffers(t *testing.T) {
 		t.Fatalf("reconcile listed the store %d times and read %d records; want 0 lists and 3 reads", lists, gets)
 	}
 }
+
+// TestReconcileRepairsTheMirror: a state mirror left wrong (a stop whose
+// write reported a failure yet landed) is set right from the store the first
+// time reconcile reads the record, so that a later change of the container
+// behind sandwake's back is still seen. Without the repair, the mirror's
+// "running" matches the restarted container and the sandbox is passed over
+// for good, its record stopped.
+func TestReconcileRepairsTheMirror(t *testing.T) {
+	e := newTestEnv(t, lifecycle.Config{})
+	e.seed(t, "app1", lifecycle.Stopped)
+	e.m.SetState("app1", lifecycle.Running) // the mirror missed the stop
+	ctx := context.Background()
+	if _, err := e.m.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.m.Counts(); c[lifecycle.Running] != 0 || c[lifecycle.Stopped] != 1 {
+		t.Fatalf("mirror after a reconcile read the record: %v, want app1 stopped", c)
+	}
+	// Started outside sandwake: the record must follow.
+	e.rt.Put("app1", lifecycle.ContainerRunning)
+	stats, err := e.m.Reconcile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(stats.Corrections, map[string]int{lifecycle.CorrectionRunning: 1}) {
+		t.Fatalf("corrections = %v, want app1 adopted as running", stats.Corrections)
+	}
+	if got := e.state(t, "app1"); got != lifecycle.Running {
+		t.Fatalf("app1 is %s, want running", got)
+	}
+	// A mirror entry with no record behind it goes once read.
+	e.m.SetState("ghost", lifecycle.Stopped)
+	if _, err := e.m.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.m.Counts(); c[lifecycle.Stopped] != 0 {
+		t.Fatalf("mirror after a reconcile read ghost's missing record: %v, want no stopped sandbox", c)
+	}
+}
