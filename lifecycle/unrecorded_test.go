@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
 
 	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
@@ -168,4 +170,53 @@ func TestStoreFullDestroy(t *testing.T) {
 	if got := e.state(t, "sf4"); got != "" {
 		t.Fatalf("record after the second destroy: %s, want none", got)
 	}
+}
+
+// landedStore is a store whose Create writes the record and then reports
+// the store unavailable, as Badger does when it applied a write but could
+// not sync its log.
+type landedStore struct{ lifecycle.Store }
+
+func (s landedStore) Create(r lifecycle.Record, reason string) (lifecycle.Record, lifecycle.Event, error) {
+	rec, ev, err := s.Store.Create(r, reason)
+	if err != nil {
+		return rec, ev, err
+	}
+	return rec, ev, fmt.Errorf("%w: log sync failed after the write", lifecycle.ErrStoreUnavailable)
+}
+
+// TestCreateWhoseWriteLandedIsRecorded: a create whose record write reported
+// a failure yet landed answers the failure, and the record is read again
+// once the store takes writes: left creating with no create running, it
+// becomes error, and the state mirror knows it (without the re-read it
+// stayed creating for good, unseen by the reconcile, which decides on the
+// mirror).
+func TestCreateWhoseWriteLandedIsRecorded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(srv.Close)
+	cfg := lifecycle.Config{Now: func() time.Time { return testClock }, StoreRetry: 5 * time.Millisecond}
+	st, err := store.Open(store.Options{InMemory: true, Now: cfg.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	rt := lifecycletest.NewRuntime(map[int]string{testPort: srv.Listener.Addr().String()})
+	m, err := lifecycle.NewManager(landedStore{st}, rt, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+
+	if _, err := m.Create(context.Background(), lifecycle.CreateRequest{ID: "landed", Spec: testSpec()}); !errors.Is(err, lifecycle.ErrStoreUnavailable) {
+		t.Fatalf("create over a store that failed after writing: %v, want ErrStoreUnavailable", err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		rec, err := st.Get("landed")
+		if err != nil {
+			return false, err.Error()
+		}
+		c := m.Counts()
+		return rec.State == lifecycle.Error && c[lifecycle.Error] == 1 && m.Unrecorded() == 0,
+			fmt.Sprintf("record %s, mirror %v, %d unrecorded", rec.State, c, m.Unrecorded())
+	})
 }
