@@ -275,9 +275,6 @@ func (c *cluster) cpuTime() time.Duration {
 
 const clusterForwardTitle = "Cluster: straight to the owner (baseline) vs forwarded through another gateway"
 
-// forwarded compares a small GET sent straight to the owner's (node 1's)
-// preview listener with the same GET through node 2's, which proxies it,
-// signed, to node 1. The two sides alternate in slices as in the hot path.
 // profileForwarded loads forwarded GETs (through node 2, c=16) for d while
 // taking CPU profiles of node 2 (the forwarder, into base+".forwarder") and
 // node 1 (the owner, base+".owner"), and prints their tops.
@@ -300,6 +297,11 @@ func (c *cluster) profileForwarded(ctx context.Context, id, base string, d time.
 	return nil
 }
 
+// forwarded compares a small GET sent straight to the owner's (node 1's)
+// preview listener with the same GET through node 2's, which proxies it,
+// signed, to node 1, and with the two-proxy floor (node 2's plain
+// reverse_proxy site in front of node 1's preview listener). The sides
+// alternate in slices as in the hot path, each first in turn.
 func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (*table, error) {
 	req := request{name: "GET /healthz (3 B)", method: "GET", path: "/healthz", wantLen: 3}
 	directURL, fwdURL, floorURL := c.nodes[0].previewURL(id, ""), c.nodes[1].previewURL(id, ""), c.nodes[1].baseURL("")

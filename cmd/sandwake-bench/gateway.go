@@ -129,21 +129,16 @@ http://127.0.0.1:%d {
 }
 `, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(),
 		withDefaults(g.extra), g.previewPort, g.apiPort, benchToken)
-	switch {
-	case g.baseTo != "" && g.baseHost != "":
+	if g.baseTo != "" {
+		var host string
+		if g.baseHost != "" {
+			host = fmt.Sprintf(" {\n\t\theader_up Host %s\n\t}", g.baseHost)
+		}
 		fmt.Fprintf(&b, `http://127.0.0.1:%d {
 	bind 127.0.0.1
-	reverse_proxy %s {
-		header_up Host %s
-	}
+	reverse_proxy %s%s
 }
-`, g.basePort, g.baseTo, g.baseHost)
-	case g.baseTo != "":
-		fmt.Fprintf(&b, `http://127.0.0.1:%d {
-	bind 127.0.0.1
-	reverse_proxy %s
-}
-`, g.basePort, g.baseTo)
+`, g.basePort, g.baseTo, host)
 	}
 	return b.String()
 }
