@@ -51,6 +51,22 @@ func TestSignVerify(t *testing.T) {
 		return received(out)
 	}
 	good := signer(t, "node-a", "shared", now)
+	// withHeader is an unsigned request carrying header v.
+	withHeader := func(v string) func() *http.Request {
+		return func() *http.Request {
+			r := received(outgoing())
+			r.Header.Set(ForwardHeader, v)
+			return r
+		}
+	}
+	// resigned is a signed request whose header edit changed.
+	resigned := func(edit func(string) string) func() *http.Request {
+		return func() *http.Request {
+			r := signed(good)
+			r.Header.Set(ForwardHeader, edit(r.Header.Get(ForwardHeader)))
+			return r
+		}
+	}
 
 	tests := []struct {
 		name    string
@@ -83,40 +99,16 @@ func TestSignVerify(t *testing.T) {
 			r.Method = http.MethodDelete
 			return r
 		}, wantErr: "wrong signature"},
-		{name: "tampered node", req: func() *http.Request {
-			r := signed(good)
-			r.Header.Set(ForwardHeader, "node-x"+strings.TrimPrefix(r.Header.Get(ForwardHeader), "node-a"))
-			return r
-		}, wantErr: "wrong signature"},
+		{name: "tampered node", req: resigned(func(v string) string { return "node-x" + strings.TrimPrefix(v, "node-a") }), wantErr: "wrong signature"},
 		{name: "stale", req: func() *http.Request { return signed(signer(t, "node-a", "shared", now.Add(-2*time.Minute))) }, wantErr: "more than 1m0s"},
 		{name: "future", req: func() *http.Request { return signed(signer(t, "node-a", "shared", now.Add(2*time.Minute))) }, wantErr: "more than 1m0s"},
 		{name: "wrong secret", req: func() *http.Request { return signed(signer(t, "node-a", "other", now)) }, wantErr: "wrong signature"},
-		{name: "malformed", req: func() *http.Request {
-			r := received(outgoing())
-			r.Header.Set(ForwardHeader, "node-a")
-			return r
-		}, wantErr: "is not <node>"},
-		{name: "bad hex", req: func() *http.Request {
-			r := received(outgoing())
-			r.Header.Set(ForwardHeader, "node-a;1800000000;"+strings.Repeat("zz", 32))
-			return r
-		}, wantErr: "not hex"},
-		{name: "short signature", req: func() *http.Request {
-			r := received(outgoing())
-			r.Header.Set(ForwardHeader, "node-a;1800000000;abcd")
-			return r
-		}, wantErr: "not 64 hex digits"},
+		{name: "malformed", req: withHeader("node-a"), wantErr: "is not <node>"},
+		{name: "bad hex", req: withHeader("node-a;1800000000;" + strings.Repeat("zz", 32)), wantErr: "not hex"},
+		{name: "short signature", req: withHeader("node-a;1800000000;abcd"), wantErr: "not 64 hex digits"},
 		// Longer than the digest: refused, not decoded past its buffer.
-		{name: "long signature", req: func() *http.Request {
-			r := signed(good)
-			r.Header.Set(ForwardHeader, r.Header.Get(ForwardHeader)+"00")
-			return r
-		}, wantErr: "not 64 hex digits"},
-		{name: "four fields", req: func() *http.Request {
-			r := signed(good)
-			r.Header.Set(ForwardHeader, r.Header.Get(ForwardHeader)+";x")
-			return r
-		}, wantErr: "is not <node>"},
+		{name: "long signature", req: resigned(func(v string) string { return v + "00" }), wantErr: "not 64 hex digits"},
+		{name: "four fields", req: resigned(func(v string) string { return v + ";x" }), wantErr: "is not <node>"},
 		{name: "two headers", req: func() *http.Request {
 			r := signed(good)
 			r.Header.Add(ForwardHeader, r.Header.Get(ForwardHeader))
