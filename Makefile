@@ -1,7 +1,7 @@
 # sandwake — make targets. `make test` is what CI runs (.ci/run).
 GO                  ?= go
 STATICCHECK_VERSION ?= v0.8.2
-XCADDY_VERSION      ?= v0.4.4
+XCADDY_VERSION      ?= v0.4.5
 IMAGE               ?= sandwake:dev
 
 .PHONY: run build image test vet lint tools bench bench-engine xcaddy fmt clean clean-demo

@@ -8,8 +8,8 @@ import (
 	// Caddy's standard modules.
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	// sandwake.
-	_ "github.com/sandwake/sandwake/caddymodule"
+	// sandwake: the module root, as xcaddy's main.go imports it.
+	_ "github.com/sandwake/sandwake"
 )
 
 func main() {
