@@ -327,7 +327,7 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 		api.createInCluster(w, r, e, &body, spec)
 		return
 	}
-	rec, pool, err := e.mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec, Template: body.Template, Pool: body.Pool})
+	rec, pool, err := e.mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec, Template: body.Template, Pool: body.Pool, Tenant: principalOf(r).labels})
 	if err != nil {
 		writeEngineError(w, err)
 		return
@@ -604,6 +604,10 @@ func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
 		writeEngineError(w, err)
 		return
 	}
+	// Only the incarnations the caller sees: another tenant's earlier
+	// sandbox of the same id is not its history.
+	who := principalOf(r)
+	evs = slices.DeleteFunc(evs, func(ev lifecycle.Event) bool { return !who.seesEvent(&ev) })
 	if len(evs) == 0 {
 		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %s: no history", id), 0)
 		return
@@ -663,10 +667,10 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 	if stream.comment("sandwake events") != nil {
 		return
 	}
-	seen := newVisibility(e, principalOf(r))
+	who := principalOf(r)
 	send := func(ev lifecycle.Event) error {
 		last = ev.ID
-		if (filter != "" && ev.SandboxID != filter) || !seen.event(ev.SandboxID) {
+		if (filter != "" && ev.SandboxID != filter) || !who.seesEvent(&ev) {
 			return nil
 		}
 		return stream.event(ev)
@@ -719,7 +723,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 					remoteC = remote.C
 					continue
 				}
-				if (filter != "" && ev.SandboxID != filter) || !seen.event(ev.SandboxID) {
+				if (filter != "" && ev.SandboxID != filter) || !who.sees(ev.Labels) {
 					continue
 				}
 				if writeRemoteSSE(stream.w, ev) != nil || stream.flush() != nil {

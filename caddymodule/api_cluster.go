@@ -219,7 +219,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		}
 		return nil
 	}
-	req := lifecycle.CreateRequest{ID: id, Spec: spec, Template: body.Template, Pool: body.Pool}
+	req := lifecycle.CreateRequest{ID: id, Spec: spec, Template: body.Template, Pool: body.Pool, Tenant: principalOf(r).labels}
 	if pooled {
 		id = "" // until reserved
 		req.Reserve = func(got string) error {

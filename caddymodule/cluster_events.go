@@ -23,6 +23,11 @@ type remoteEvent struct {
 	To        lifecycle.State `json:"to,omitempty"`
 	Reason    string          `json:"reason,omitempty"`
 	At        time.Time       `json:"at"`
+	// Incarnation and Labels are the sandbox's, from its owner's signed
+	// catalog entry: streams show a token the events it sees (as for
+	// this node's own events).
+	Incarnation string            `json:"incarnation,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 }
 
 // remoteEvents turns the catalog watch into events for the API's streams:
@@ -65,7 +70,7 @@ func (r *remoteEvents) observe(ch cluster.Change) {
 	if en.Node == r.self || r.closed {
 		return
 	}
-	ev := remoteEvent{SandboxID: en.ID, Node: en.Node, Reason: en.Reason, At: en.UpdatedAt}
+	ev := remoteEvent{SandboxID: en.ID, Node: en.Node, Reason: en.Reason, At: en.UpdatedAt, Incarnation: en.Incarnation, Labels: en.Labels}
 	switch {
 	case ch.Deleted:
 		ev.Type, ev.From = "sandbox.destroyed", prev

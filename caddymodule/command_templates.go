@@ -54,6 +54,11 @@ func writeTemplates(w io.Writer, ts []client.Template) error {
 		if t.MemoryMB > 0 {
 			mem = fmt.Sprintf("%d MiB", t.MemoryMB)
 		}
+		if t.Pool == nil {
+			// A tenant's token: the pool's figures are the gateway's.
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t-\t-\t-\n", t.Name, t.Image, strings.Join(ports, ","), mem)
+			continue
+		}
 		idle := "no pool"
 		if t.Pool.MaxIdle > 0 {
 			idle = fmt.Sprintf("%d/%d", t.Pool.Idle, t.Pool.MinIdle)

@@ -190,8 +190,11 @@ func writeForbidden(w http.ResponseWriter, r *http.Request, p *principal, need S
 }
 
 // visible reports whether who may see sandbox id: its labels, from this
-// node's record or, for another node's sandbox, the catalog. An unknown id
-// is not visible.
+// node's record or, for another node's sandbox, the catalog (whose entries
+// are signed by their owners); for an id without either, the labels of
+// the record that made its kept volume (a tenant purges its own destroyed
+// sandboxes' volumes and reads their history). An unknown id is not
+// visible.
 func (e *engine) visible(id string, who *principal) bool {
 	if !who.bound() {
 		return true
@@ -204,35 +207,17 @@ func (e *engine) visible(id string, who *principal) bool {
 			return who.sees(en.Labels)
 		}
 	}
+	if o, err := e.mgr.VolumeOwner(id); err == nil {
+		return who.sees(o.Labels)
+	}
 	return false
 }
 
-// visibility filters an event stream for a principal, remembering each
-// sandbox's answer: a sandbox's labels never change, and a destroyed
-// sandbox's last events must still reach the tenant that saw it.
-type visibility struct {
-	e   *engine
-	who *principal
-	ids map[string]bool
-}
-
-func newVisibility(e *engine, who *principal) *visibility {
-	return &visibility{e: e, who: who, ids: map[string]bool{}}
-}
-
-// event reports whether the stream's principal may see an event of id. An
-// event of a sandbox that is gone and was never seen is withheld.
-func (v *visibility) event(id string) bool {
-	if !v.who.bound() {
-		return true
-	}
-	ok, known := v.ids[id]
-	if !known {
-		ok = v.e.visible(id, v.who)
-		v.ids[id] = ok
-	}
-	return ok
-}
+// seesEvent reports whether p may see ev: an event carries the labels of the
+// sandbox incarnation it is of, so an id destroyed and created again by
+// another tenant starts a fresh history for each (events logged before
+// events carried labels are seen by unscoped tokens only).
+func (p *principal) seesEvent(ev *lifecycle.Event) bool { return p.sees(ev.Labels) }
 
 // unbound wraps a handler that acts on the whole gateway or cluster (the
 // nodes): a token bound to labels may not call it.

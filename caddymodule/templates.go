@@ -236,8 +236,13 @@ func unmarshalTemplate(d *caddyfile.Dispenser) (TemplateConfig, error) {
 func (api *API) templates(w http.ResponseWriter, r *http.Request, e *engine) {
 	sts := e.mgr.Templates()
 	out := client.TemplateList{Templates: make([]client.Template, 0, len(sts))}
+	bound := principalOf(r).bound()
 	for i := range sts {
-		out.Templates = append(out.Templates, templateView(&sts[i]))
+		v := templateView(&sts[i])
+		if bound {
+			v.Pool = nil // the whole gateway's figures: not a tenant's to see
+		}
+		out.Templates = append(out.Templates, v)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -249,7 +254,7 @@ func templateView(st *lifecycle.TemplateStatus) client.Template {
 		MemoryMB: t.Spec.MemoryMB, CPUs: t.Spec.CPUs, WorkspacePath: t.Spec.WorkspacePath, ReadyPath: t.Spec.ReadyPath,
 		IdlePause: optDuration(t.Spec.IdlePause), IdleStop: optDuration(t.Spec.IdleStop), MaxLifetime: optDuration(t.Spec.MaxLifetime),
 		Labels: t.Spec.Labels, Access: t.Spec.Access,
-		Pool: client.PoolStatus{
+		Pool: &client.PoolStatus{
 			Idle: st.Idle, Filling: st.Filling, MinIdle: t.Pool.MinIdle, MaxIdle: t.Pool.MaxIdle, State: t.Pool.State,
 			Hits: st.Hits, MissReasons: st.Misses, Refills: st.Refills, LastError: st.LastError,
 		},

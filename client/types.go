@@ -96,7 +96,9 @@ type Template struct {
 	MaxLifetime   string            `json:"max_lifetime,omitempty"`
 	Labels        map[string]string `json:"labels,omitempty"`
 	Access        string            `json:"access"`
-	Pool          PoolStatus        `json:"pool"`
+	// Pool is the template's warm pool; absent for a token bound to a
+	// tenant, since its figures are the whole gateway's.
+	Pool *PoolStatus `json:"pool,omitempty"`
 }
 
 // PoolStatus is a template's warm pool: its settings and figures.

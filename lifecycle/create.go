@@ -32,6 +32,10 @@ type CreateRequest struct {
 	// Release, when set, is called with an id Reserve took for a pool
 	// container whose claim failed (the create goes on cold, or fails).
 	Release func(id string)
+	// Tenant is the caller's label selector (a tenant's token); nil for
+	// an unscoped caller. A bound caller may not create an id whose kept
+	// workspace volume another tenant's record made (see takeVolume).
+	Tenant map[string]string
 }
 
 // Create validates req, stores the sandbox as creating, creates and starts its
@@ -58,7 +62,7 @@ func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, 
 		if req.Pool != "" {
 			return Record{}, PoolOutcome{}, invalid("pool: %q needs a template", req.Pool)
 		}
-		rec, err := m.createCold(ctx, req.ID, req.Spec, "", req.Reserve)
+		rec, err := m.createCold(ctx, req.ID, req.Spec, "", req.Reserve, req.Tenant)
 		return rec, PoolOutcome{}, err
 	}
 	t, ok := m.Template(req.Template)
@@ -136,12 +140,12 @@ func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, 
 	if mode == PoolRequire {
 		return Record{}, out, fmt.Errorf("%w: template %s: no idle pool container could be claimed (%s); retry, or create without \"pool\":\"require\"", ErrPoolEmpty, t.Name, reason)
 	}
-	rec, err := m.createCold(ctx, req.ID, spec, t.Name, req.Reserve)
+	rec, err := m.createCold(ctx, req.ID, spec, t.Name, req.Reserve, req.Tenant)
 	return rec, out, err
 }
 
 // createCold makes a sandbox's container from nothing (see Create).
-func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, template string, reserve func(string) error) (Record, error) {
+func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, template string, reserve func(string) error, tenant map[string]string) (Record, error) {
 	id := reqID
 	if id == "" {
 		id = NewID(m.cfg.Now())
@@ -189,6 +193,12 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 	if err := m.egressReady(wctx); err != nil {
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
+	// The id's past belongs to the tenant whose record made its kept
+	// volume: checked under the id's lock, which destroy and purge take.
+	freshVolume, err := m.takeVolume(wctx, id, tenant)
+	if err != nil {
+		return Record{}, err
+	}
 	addr, err := m.allocate(wctx, id)
 	if err != nil {
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
@@ -219,8 +229,11 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
 	fwDone()
-	spec.Address = addr
+	spec.Address, spec.Incarnation = addr, rec.Incarnation
 	c, err := m.runtime.Create(wctx, id, spec)
+	if err == nil && freshVolume {
+		m.recordOwner(&rec)
+	}
 	if err == nil {
 		c, err = m.runtime.Start(wctx, id)
 	}

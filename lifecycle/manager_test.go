@@ -126,7 +126,8 @@ func TestCreate(t *testing.T) {
 	if rec.Spec.WorkspacePath != lifecycle.DefaultWorkspacePath || rec.Spec.ReadyMode != lifecycle.ReadyHTTP || rec.Spec.Access != lifecycle.AccessPublic {
 		t.Fatalf("spec defaults not filled: %+v", rec.Spec)
 	}
-	wantCalls(t, e.rt, map[string]int{"Create": 1, "Start": 1})
+	// The create asked whether a kept volume of the id exists (whose).
+	wantCalls(t, e.rt, map[string]int{"VolumeOwner": 1, "Create": 1, "Start": 1})
 	evs := e.history(t, "app1")
 	if len(evs) != 2 ||
 		evs[0].Type != "sandbox.creating" || evs[0].From != "" || evs[0].To != lifecycle.Creating ||

@@ -201,7 +201,7 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 			return Record{}, fmt.Errorf("updating sandbox %s: %w", id, err)
 		}
 		// Watchers and webhooks learn of it as of any change that matters.
-		if _, err := m.store.AppendEvent(Event{Type: EventEgress, SandboxID: id, Reason: rec.Spec.Egress.Policy}); err != nil {
+		if _, err := m.store.AppendEvent(Event{Type: EventEgress, SandboxID: id, Reason: rec.Spec.Egress.Policy, Incarnation: rec.Incarnation, Labels: rec.Spec.Labels}); err != nil {
 			m.log.Warn("recording the egress change", zap.String("id", id), zap.Error(err))
 		}
 	}
@@ -312,7 +312,7 @@ func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, er
 			m.forgetAddress(id, rec.Address)
 		}
 	} else {
-		_, err = m.store.AppendEvent(Event{Type: EventPurged, SandboxID: id, Reason: reason})
+		_, err = m.store.PurgeVolume(Event{Type: EventPurged, SandboxID: id, Reason: reason})
 	}
 	return freed, err
 }

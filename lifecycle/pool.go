@@ -315,6 +315,8 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 		return Record{}, true, fmt.Errorf("claiming pool container %s of template %s: %w", id, t.Name, err)
 	}
 	m.setState(id, Running)
+	// The pool made the volume for this claim: the claiming record owns it.
+	m.recordOwner(&rec)
 	m.log.Info("sandbox claimed from the pool", zap.String("id", id), zap.String("template", t.Name))
 	return rec, true, nil
 }

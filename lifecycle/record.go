@@ -74,6 +74,11 @@ type Spec struct {
 	// by the Manager from the record before the runtime creates the
 	// container (not stored here: Record.Address is).
 	Address netip.Addr `json:"-"`
+	// Incarnation is the record's incarnation, set by the Manager before
+	// the runtime creates the container (not stored here:
+	// Record.Incarnation is): a workspace volume the create makes records
+	// it with Labels, as its owner (see VolumeOwner).
+	Incarnation string `json:"-"`
 	// Pool marks a container made for a template's warm pool (labels on
 	// the container, not stored here).
 	Pool PoolTag `json:"-"`
@@ -139,6 +144,13 @@ type Event struct {
 	To        State     `json:"to,omitempty"`
 	Reason    string    `json:"reason,omitempty"`
 	At        time.Time `json:"at"`
+	// Incarnation and Labels are those of the sandbox the event is of
+	// (an id destroyed and created again is another incarnation, perhaps
+	// another tenant's): history and event streams show a token only the
+	// events whose labels it matches. Empty on events logged before they
+	// were recorded, which only an unscoped token sees.
+	Incarnation string            `json:"incarnation,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
 }
 
 // EventType names the event of a transition into state to.

@@ -26,10 +26,20 @@ type Store interface {
 	// UpdateMany changes the records of ids in one batch (missing ids are
 	// skipped).
 	UpdateMany(ids []string, mutate func(*Record)) error
-	// Delete removes a record, appending an event of eventType.
+	// Delete removes a record, appending an event of eventType; an
+	// EventPurged also forgets the volume's owner.
 	Delete(id, eventType, reason string) (Event, error)
 	// AppendEvent appends an event not tied to a transition.
 	AppendEvent(ev Event) (Event, error)
+	// VolumeOwner returns whose sandbox id's workspace volume is, as
+	// recorded when a record made it (ErrNotFound: nothing recorded);
+	// SetVolumeOwner records it.
+	VolumeOwner(id string) (VolumeOwner, error)
+	SetVolumeOwner(id string, o VolumeOwner) error
+	// PurgeVolume forgets whose sandbox ev.SandboxID's volume was and
+	// appends ev (an EventPurged of a sandbox without a record), carrying
+	// the owner's incarnation and labels, in one transaction.
+	PurgeVolume(ev Event) (Event, error)
 	// History returns the events of a sandbox, oldest first.
 	History(sandbox string) ([]Event, error)
 	// LastEventID is the id of the newest event (0: none).

@@ -127,6 +127,7 @@ var (
 	prefixEvent   = []byte("ev/")
 	prefixHistory = []byte("eh/") // eh/<sandbox>\x00<seq>: index of a sandbox's events
 	prefixOutbox  = []byte("ob/") // ob/<target>\x00<seq>: pending webhook delivery
+	prefixOwner   = []byte("vo/") // vo/<sandbox>: whose its workspace volume is (lifecycle.VolumeOwner)
 )
 
 // Open opens (creating when needed) the store described by opts.

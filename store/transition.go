@@ -99,7 +99,8 @@ func (s *Store) Create(r lifecycle.Record, reason string) (lifecycle.Record, lif
 			return err
 		}
 		var err error
-		ev, err = appendEvent(lifecycle.Event{Type: lifecycle.EventType(r.State), SandboxID: r.ID, To: r.State, Reason: reason, At: r.StateSince})
+		ev, err = appendEvent(lifecycle.Event{Type: lifecycle.EventType(r.State), SandboxID: r.ID, To: r.State, Reason: reason, At: r.StateSince,
+			Incarnation: r.Incarnation, Labels: r.Spec.Labels})
 		return err
 	})
 	if err != nil {
@@ -143,7 +144,8 @@ func (s *Store) Transition(id string, from []lifecycle.State, to lifecycle.State
 		if err := putRecord(txn, &rec); err != nil {
 			return err
 		}
-		ev, err = appendEvent(lifecycle.Event{Type: lifecycle.EventType(to), SandboxID: id, From: prev, To: to, Reason: reason, At: at})
+		ev, err = appendEvent(lifecycle.Event{Type: lifecycle.EventType(to), SandboxID: id, From: prev, To: to, Reason: reason, At: at,
+			Incarnation: rec.Incarnation, Labels: rec.Spec.Labels})
 		return err
 	})
 	if err != nil {
@@ -204,7 +206,8 @@ func (s *Store) UpdateMany(ids []string, mutate func(*lifecycle.Record)) error {
 }
 
 // Delete removes record id and appends an event of type eventType (EventDestroyed
-// or EventPurged) from its last state.
+// or EventPurged) from its last state. A purge also forgets whose the
+// sandbox's volume was.
 func (s *Store) Delete(id, eventType, reason string) (lifecycle.Event, error) {
 	var ev lifecycle.Event
 	err := s.write(func(txn *badger.Txn, appendEvent func(lifecycle.Event) (lifecycle.Event, error)) error {
@@ -215,7 +218,14 @@ func (s *Store) Delete(id, eventType, reason string) (lifecycle.Event, error) {
 		if err := txn.Delete(recordKey(id)); err != nil {
 			return err
 		}
-		ev, err = appendEvent(lifecycle.Event{Type: eventType, SandboxID: id, From: rec.State, Reason: reason})
+		if eventType == lifecycle.EventPurged {
+			// The volume went with the record: nobody owns it now.
+			if err := txn.Delete(ownerKey(id)); err != nil {
+				return err
+			}
+		}
+		ev, err = appendEvent(lifecycle.Event{Type: eventType, SandboxID: id, From: rec.State, Reason: reason,
+			Incarnation: rec.Incarnation, Labels: rec.Spec.Labels})
 		return err
 	})
 	if err != nil {

@@ -36,6 +36,11 @@ const (
 	// warm pool: the template and the shape it was made in.
 	LabelPool    = "sandwake.pool"
 	LabelPoolKey = "sandwake.pool.key"
+	// LabelOwnerIncarnation and LabelOwnerPrefix+<key> record on a
+	// workspace volume the incarnation and labels of the record whose
+	// create made it: whose the volume's files are (lifecycle.VolumeOwner).
+	LabelOwnerIncarnation = "sandwake.owner.incarnation"
+	LabelOwnerPrefix      = "sandwake.owner.label."
 )
 
 // Image pull policies.
@@ -325,7 +330,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		// Creating a volume under an existing name returns that volume, so
 		// its labels are checked again: another gateway may have made it
 		// between the inspect and the create.
-		made, err := r.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: VolumeName(id), Labels: labels})
+		made, err := r.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: VolumeName(id), Labels: volumeLabels(labels, spec)})
 		if err != nil {
 			return lifecycle.Container{}, classify("creating volume "+VolumeName(id), err, lifecycle.ErrNotFound)
 		}
@@ -452,6 +457,47 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	}
 	r.owned.Store(id, res.ID)
 	return lifecycle.Container{ID: res.ID, SandboxID: id, State: lifecycle.ContainerCreated}, nil
+}
+
+// volumeLabels are the labels of a workspace volume a create makes: the
+// sandbox's, and the owner its record is (none for a pool container's,
+// whose claim is recorded by the Manager).
+func volumeLabels(labels map[string]string, spec lifecycle.Spec) map[string]string {
+	if spec.Incarnation == "" {
+		return labels
+	}
+	l := maps.Clone(labels)
+	l[LabelOwnerIncarnation] = spec.Incarnation
+	for k, v := range spec.Labels {
+		l[LabelOwnerPrefix+k] = v
+	}
+	return l
+}
+
+// VolumeOwner implements lifecycle.VolumeInspector. A volume under the
+// name that is not this instance's is reported missing: the create then
+// refuses the id as taken (ErrIDTaken) without touching it.
+func (r *Runtime) VolumeOwner(ctx context.Context, id string) (o lifecycle.VolumeOwner, recorded, exists bool, err error) {
+	vol, err := r.cli.VolumeInspect(ctx, VolumeName(id), client.VolumeInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		return o, false, false, nil
+	}
+	if err != nil {
+		return o, false, false, classify("inspecting volume "+VolumeName(id), err, lifecycle.ErrNotFound)
+	}
+	if !r.owns(id, vol.Volume.Labels) {
+		return o, false, false, nil
+	}
+	o.Incarnation, recorded = vol.Volume.Labels[LabelOwnerIncarnation]
+	for k, v := range vol.Volume.Labels {
+		if key, ok := strings.CutPrefix(k, LabelOwnerPrefix); ok {
+			if o.Labels == nil {
+				o.Labels = map[string]string{}
+			}
+			o.Labels[key] = v
+		}
+	}
+	return o, recorded, true, nil
 }
 
 // createTimeout bounds a container create, which runs to its end even when
@@ -868,8 +914,9 @@ func classify(doing string, err, notFound error) error {
 
 // Interface guards.
 var (
-	_ lifecycle.Runtime        = (*Runtime)(nil)
-	_ lifecycle.EventSource    = (*Runtime)(nil)
-	_ lifecycle.ImageChecker   = (*Runtime)(nil)
-	_ lifecycle.NetworkRuntime = (*Runtime)(nil)
+	_ lifecycle.VolumeInspector = (*Runtime)(nil)
+	_ lifecycle.Runtime         = (*Runtime)(nil)
+	_ lifecycle.EventSource     = (*Runtime)(nil)
+	_ lifecycle.ImageChecker    = (*Runtime)(nil)
+	_ lifecycle.NetworkRuntime  = (*Runtime)(nil)
 )

@@ -281,6 +281,18 @@ func (f *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	return n, nil
 }
 
+// VolumeOwner implements lifecycle.VolumeInspector: whether the volume
+// exists; it records no owner of its own (the store does).
+func (f *Runtime) VolumeOwner(ctx context.Context, id string) (lifecycle.VolumeOwner, bool, bool, error) {
+	if err := f.enter("VolumeOwner", id); err != nil {
+		return lifecycle.VolumeOwner{}, false, false, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.volumes[id]
+	return lifecycle.VolumeOwner{}, false, ok, nil
+}
+
 // Inspect returns a copy of the container.
 func (f *Runtime) Inspect(ctx context.Context, id string) (lifecycle.Container, error) {
 	if err := f.enter("Inspect", id); err != nil {
