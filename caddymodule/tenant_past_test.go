@@ -169,3 +169,52 @@ func TestTenantOwnsItsIDsPast(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantPoolClaims: a tenant's token sees templates without the
+// gateway-wide pool figures; a sandbox it claims from the pool owns the
+// claimed volume (the pool made it unlabelled), so after a destroy the
+// tenant may purge it and another tenant may not take the id.
+func TestTenantPoolClaims(t *testing.T) {
+	h := newHarnessWithCaddyfile(t, func(h *harness) string {
+		cf := strings.Replace(h.caddyfile(fmt.Sprintf("template web {\n\t\t\timage %s\n\t\t\tports 8080\n\t\t\tmemory_mb 32\n\t\t\tpool {\n\t\t\t\tmin_idle 1\n\t\t\t}\n\t\t}", h.image)),
+			"token "+testToken+"\n", fmt.Sprintf("token %s\n\t\ttoken %s {\n\t\t\tlabels tenant=acme\n\t\t}\n\t\ttoken %s {\n\t\t\tlabels tenant=beta\n\t\t}\n", testToken, tenantAToken, tenantBToken), 1)
+		return cf
+	})
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		var list struct {
+			Templates []struct {
+				Pool *struct {
+					Idle int `json:"idle"`
+				} `json:"pool"`
+			} `json:"templates"`
+		}
+		h.api("GET", "/v1/templates", nil, &list)
+		return len(list.Templates) == 1 && list.Templates[0].Pool != nil && list.Templates[0].Pool.Idle == 1, fmt.Sprintf("%+v", list)
+	})
+	if code, body := h.call(tenantAToken, "GET", "/v1/templates", nil); code != 200 || !strings.Contains(body, `"name":"web"`) || strings.Contains(body, `"pool"`) {
+		t.Fatalf("templates for a tenant: %d %s, want the template without pool figures", code, body)
+	}
+	code, body := h.call(tenantAToken, "POST", "/v1/sandboxes", map[string]any{"template": "web"})
+	var rec struct {
+		ID   string `json:"id"`
+		Pool struct {
+			Hit bool `json:"hit"`
+		} `json:"pool"`
+	}
+	if code != 201 || json.Unmarshal([]byte(body), &rec) != nil || !rec.Pool.Hit {
+		t.Fatalf("acme's create from the pool: %d %s, want a hit", code, body)
+	}
+	h.removeOnCleanup(rec.ID)
+	if code, body := h.call(tenantAToken, "DELETE", "/v1/sandboxes/"+rec.ID, nil); code != 204 {
+		t.Fatalf("destroy: %d %s", code, body)
+	}
+	if code, body := h.call(tenantBToken, "POST", "/v1/sandboxes", map[string]any{"id": rec.ID, "template": "web"}); code != 409 {
+		t.Fatalf("beta taking acme's claimed id: %d %s, want 409", code, body)
+	}
+	if code, body := h.call(tenantBToken, "POST", "/v1/sandboxes/"+rec.ID+"/purge", nil); code != 404 {
+		t.Fatalf("beta purging acme's claimed volume: %d %s, want 404", code, body)
+	}
+	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes/"+rec.ID+"/purge", nil); code != 200 {
+		t.Fatalf("acme purging its claimed volume: %d %s", code, body)
+	}
+}
