@@ -23,6 +23,7 @@ func BenchmarkApply(b *testing.B) {
 	}
 	b.Cleanup(func() {
 		exec.Command("nft", "delete", "table", "inet", egress.TableName(bridge)).Run()
+		exec.Command("nft", "delete", "table", "bridge", egress.TableName(bridge)).Run()
 		exec.Command("ip", "link", "del", bridge).Run()
 	})
 	fw := egress.New(egress.Options{Resolvers: []netip.Addr{netip.MustParseAddr("10.0.0.2")}})
@@ -56,6 +57,7 @@ func BenchmarkSyncAfterRestart(b *testing.B) {
 	}
 	b.Cleanup(func() {
 		exec.Command("nft", "delete", "table", "inet", egress.TableName(bridge)).Run()
+		exec.Command("nft", "delete", "table", "bridge", egress.TableName(bridge)).Run()
 		exec.Command("ip", "link", "del", bridge).Run()
 	})
 	sn := lifecycle.SandboxNet{Name: "bench", Bridge: bridge, Subnet: netip.MustParsePrefix("10.78.0.0/16"),

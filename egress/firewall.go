@@ -14,8 +14,13 @@
 //	  chain prerouting { hook prerouting priority -150; iifname != lo ip daddr 127.0.0.0/8 drop }
 //	  chain from_sandbox { ct direction reply accept; meta nfproto ipv6 drop
 //	                       ip saddr vmap @sandboxes; drop }     # unknown source: dropped
-//	  chain sb-<id> { …the sandbox's policy (see sandboxRules)… }
+//	  chain sb-<id> { fib daddr type local reject       # the host, by kind
+//	                  …the sandbox's policy (see sandboxRules)… }
 //	}
+//
+// and a table of the bridge family of the same name that ties each running
+// sandbox's address to its bridge port and MAC (bindings.go), so that a
+// sandbox given NET_RAW cannot send as another.
 //
 // It never accepts in a way that skips Docker's chains: an accept here ends
 // only this table's evaluation, and Docker's own (isolation, published
@@ -93,6 +98,10 @@ type Firewall struct {
 	elems    map[netip.Addr]string
 	chains   map[string]string // chain -> policy key ("" when unknown)
 	counters map[string]bool   // the sandboxes' named counters
+	// btable is the bridge table of the port bindings (bindings.go), and
+	// bindings what its sets hold, by address.
+	btable   *nftables.Table
+	bindings map[netip.Addr]binding
 }
 
 // New returns a firewall; nothing is installed until Setup.
@@ -131,6 +140,9 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	if err != nil {
 		return f.privilege(err)
 	}
+	if err := f.setupBridge(c, n); err != nil {
+		return err
+	}
 	complete, err := f.complete(c)
 	if err != nil {
 		return f.privilege(err)
@@ -157,6 +169,37 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	}
 	if f.elems == nil {
 		return f.load(c)
+	}
+	return nil
+}
+
+// setupBridge installs the bridge table of the port bindings, or checks
+// an installed one (reading its bindings after a restart).
+func (f *Firewall) setupBridge(c *nftables.Conn, n lifecycle.SandboxNet) error {
+	t := &nftables.Table{Family: nftables.TableFamilyBridge, Name: TableName(n.Bridge)}
+	if f.btable == nil || f.btable.Name != t.Name {
+		f.bindings = nil
+	}
+	f.btable = t
+	complete, err := f.bridgeComplete(c)
+	if err != nil {
+		return f.privilege(err)
+	}
+	if complete {
+		if f.bindings == nil {
+			return f.loadBindings(c)
+		}
+		return nil
+	}
+	if f.bindings != nil {
+		f.repaired = true
+		f.log.Warn("port binding table missing or incomplete: installing it again", zap.String("table", t.Name))
+	}
+	if err := f.installBridge(c); err != nil {
+		return f.privilege(err)
+	}
+	if err := c.Flush(); err != nil {
+		return f.privilege(err)
 	}
 	return nil
 }
@@ -328,8 +371,12 @@ func (f *Firewall) delElem(c *nftables.Conn, addr netip.Addr) {
 
 // policyKey identifies what a chain holds, so Sync rewrites only changes.
 func (f *Firewall) policyKey(e lifecycle.FirewallEntry) string {
-	return e.Address.String() + "|" + e.Egress.Policy + "|" + strings.Join(e.Egress.Allow, ",")
+	return e.Address.String() + "|" + rulesVersion + "|" + e.Egress.Policy + "|" + strings.Join(e.Egress.Allow, ",")
 }
+
+// rulesVersion changes whenever sandboxRules writes other rules for the
+// same policy: a chain written by an older gateway is then rewritten.
+const rulesVersion = "v2"
 
 // Apply implements lifecycle.Firewall: the sandbox's chain is written and
 // its address pointed at it in one batch.

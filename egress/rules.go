@@ -110,6 +110,14 @@ func dport(port uint16) []expr.Any {
 	}
 }
 
+// fibDaddrLocal: fib daddr type local.
+func fibDaddrLocal() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: reg1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+	}
+}
+
 func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
 
 func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
@@ -132,6 +140,8 @@ func cat(parts ...[]expr.Any) []expr.Any { return slices.Concat(parts...) }
 
 // sandboxRules are the rules of one sandbox's chain, in order:
 //
+//	fib daddr type local meta l4proto tcp counter name <c> reject with tcp reset
+//	fib daddr type local counter name <c> reject with icmpx admin-prohibited
 //	ip daddr <allow> [meta l4proto <p> [th dport <n>]] accept   (each allow entry)
 //	ip daddr <resolver> meta l4proto udp|tcp th dport 53 accept (public only)
 //	[ip daddr @denied] meta l4proto tcp counter name <c> reject with tcp reset
@@ -141,8 +151,18 @@ func cat(parts ...[]expr.Any) []expr.Any { return slices.Concat(parts...) }
 // Every packet the sandbox originates is judged, not only a connection's
 // first: a policy made stricter cuts the connections it now forbids at
 // their next packet.
+//
+// The first two judge what the input path brings: every packet there is
+// for an address of the host, whatever list it is on, an address added
+// after the gateway started and a route that makes a range local (AnyIP)
+// included. A sandbox reaches no listener of its host, whatever its policy
+// or allow list (its answers to the gateway pass as replies before).
 func sandboxRules(e lifecycle.Egress, resolvers []netip.Addr, counter string) [][]expr.Any {
-	var rules [][]expr.Any
+	local := fibDaddrLocal()
+	rules := [][]expr.Any{
+		cat(local, l4proto(unix.IPPROTO_TCP), []expr.Any{counterRef(counter), rejectTCP()}),
+		cat(local, []expr.Any{counterRef(counter), rejectOther()}),
+	}
 	for _, r := range e.Rules() {
 		proto := byte(unix.IPPROTO_TCP)
 		if r.Proto == "udp" {

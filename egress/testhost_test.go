@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -28,6 +30,19 @@ type testHosts struct {
 	port     int        // the echo listeners' port, on both addresses
 	port2    int        // a second TCP echo port on both addresses
 	accepted atomic.Int64
+	// veth is the host's end of the pair (in the host's namespace).
+	veth string
+	// datagrams are the UDP datagrams the hosts received: "<from> <payload>".
+	dgMu      sync.Mutex
+	datagrams []string
+}
+
+// receivedPayload reports whether a datagram with payload came at all,
+// from any address.
+func (h *testHosts) receivedPayload(payload string) bool {
+	h.dgMu.Lock()
+	defer h.dgMu.Unlock()
+	return slices.ContainsFunc(h.datagrams, func(d string) bool { return strings.HasSuffix(d, " "+payload) })
 }
 
 func run(t *testing.T, args ...string) {
@@ -49,6 +64,7 @@ func newTestHosts(t *testing.T) *testHosts {
 	h.private = hostEnd.Next()
 	h.internet = netip.AddrFrom4([4]byte{198, 18, byte(x), byte(q + 1)})
 	vethHost, vethNS := "swva"+suffix, "swvb"+suffix
+	h.veth = vethHost
 	run(t, "ip", "netns", "add", h.ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", h.ns).Run() })
 	run(t, "ip", "link", "add", vethHost, "type", "veth", "peer", "name", vethNS)
@@ -144,6 +160,11 @@ func (h *testHosts) openListeners(t *testing.T) error {
 				n, from, err := ul.ReadFrom(buf)
 				if err != nil {
 					return
+				}
+				if ua, ok := from.(*net.UDPAddr); ok {
+					h.dgMu.Lock()
+					h.datagrams = append(h.datagrams, ua.AddrPort().Addr().Unmap().String()+" "+string(buf[:n]))
+					h.dgMu.Unlock()
 				}
 				ul.WriteTo(append([]byte("udp "), buf[:n]...), from)
 			}

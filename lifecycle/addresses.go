@@ -188,6 +188,29 @@ func (m *Manager) SyncFirewall(ctx context.Context) (FirewallStatus, error) {
 	if _, err := m.sandboxNet(ctx); err != nil {
 		return FirewallStatus{}, err
 	}
+	st, addrs, err := m.syncEntries(fw)
+	if err != nil {
+		return st, err
+	}
+	if st.Repaired || st.Added > 0 || st.Removed > 0 {
+		m.log.Warn("egress firewall repaired", zap.Bool("table_recreated", st.Repaired), zap.Int("entries_added", st.Added), zap.Int("entries_removed", st.Removed))
+	}
+	// The bindings after the entries, with the snapshot's lock let go:
+	// repairing one takes the sandbox's lock, under which operations take
+	// the snapshot's lock to write entries.
+	if st.Rebound, err = m.syncBindings(ctx, addrs); err != nil {
+		return st, fmt.Errorf("firewall sync: %w", err)
+	}
+	if st.Rebound > 0 {
+		m.log.Warn("port bindings repaired", zap.Int("bound", st.Rebound))
+	}
+	m.refreshDenied()
+	return st, nil
+}
+
+// syncEntries makes the firewall's entries exactly the records' and the
+// pool's, and returns which sandbox holds each address.
+func (m *Manager) syncEntries(fw Firewall) (FirewallStatus, map[netip.Addr]string, error) {
 	// No record is written with its entry while the snapshot below is
 	// taken and installed: a create or destroy between the two would
 	// have its entry removed, or a destroyed sandbox's put back over the
@@ -196,7 +219,7 @@ func (m *Manager) SyncFirewall(ctx context.Context) (FirewallStatus, error) {
 	defer m.fwMu.Unlock()
 	recs, err := m.store.List(nil)
 	if err != nil {
-		return FirewallStatus{}, fmt.Errorf("firewall sync: %w", err)
+		return FirewallStatus{}, nil, fmt.Errorf("firewall sync: %w", err)
 	}
 	entries := make([]FirewallEntry, 0, len(recs))
 	def := m.built.Egress.Default
@@ -216,13 +239,13 @@ func (m *Manager) SyncFirewall(ctx context.Context) (FirewallStatus, error) {
 	entries = append(entries, m.poolFirewallEntries()...)
 	st, err := fw.Sync(entries)
 	if err != nil {
-		return st, fmt.Errorf("firewall sync: %w", err)
+		return st, nil, fmt.Errorf("firewall sync: %w", err)
 	}
-	if st.Repaired || st.Added > 0 || st.Removed > 0 {
-		m.log.Warn("egress firewall repaired", zap.Bool("table_recreated", st.Repaired), zap.Int("entries_added", st.Added), zap.Int("entries_removed", st.Removed))
+	addrs := make(map[netip.Addr]string, len(entries))
+	for _, e := range entries {
+		addrs[e.Address] = e.ID
 	}
-	m.refreshDenied()
-	return st, nil
+	return st, addrs, nil
 }
 
 // refreshDenied reads the firewall's counters into the cache EgressDenied

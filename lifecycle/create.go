@@ -235,7 +235,7 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 		m.recordOwner(&rec)
 	}
 	if err == nil {
-		c, err = m.runtime.Start(wctx, id)
+		c, err = m.startBound(wctx, id, addr)
 	}
 	if err == nil {
 		err = m.waitReady(wctx, id, &spec, c.Upstreams)

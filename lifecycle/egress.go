@@ -238,6 +238,9 @@ type FirewallStatus struct {
 	// Added and Removed count the sandbox entries Sync put back and took
 	// away (sandboxes gone).
 	Added, Removed int
+	// Rebound counts the running sandboxes whose port binding the
+	// Manager's sync had to make again.
+	Rebound int
 }
 
 // Firewall enforces sandboxes' egress policies in the kernel. Entries are
@@ -262,4 +265,28 @@ type Firewall interface {
 	// DeniedRanges is the full list a public policy denies (the fixed
 	// ranges, the operator's and the host's own addresses).
 	DeniedRanges() []netip.Prefix
+	// Bind lets only the container's own bridge port and MAC speak with
+	// its address on the sandbox bridge (IPv4 and ARP): until an address
+	// is bound, every frame claiming it is dropped, and a frame from a
+	// bound port must carry that port's MAC and address. Docker makes a
+	// new port at every start, so every start binds again.
+	Bind(b PortBinding) error
+	// Unbind removes an address's binding (its container stopped or is
+	// gone); a missing binding is not an error.
+	Unbind(addr netip.Addr) error
+	// Bound reports the bound addresses whose port is still on the
+	// bridge: an address missing here needs binding again.
+	Bound() (map[netip.Addr]bool, error)
+}
+
+// PortBinding ties a sandbox's address to its running container: the
+// bridge port leading into the container's network namespace (found from
+// one of its processes) and the MAC of its interface there.
+type PortBinding struct {
+	ID      string
+	Address netip.Addr
+	// Pid is a process of the container.
+	Pid int
+	// MAC is the container's interface's, as the engine set it.
+	MAC string
 }

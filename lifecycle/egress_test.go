@@ -124,8 +124,11 @@ func (f *fakeFirewall) Sync(es []lifecycle.FirewallEntry) (lifecycle.FirewallSta
 	}
 	return lifecycle.FirewallStatus{}, nil
 }
-func (f *fakeFirewall) Denied() (map[string]uint64, error) { return map[string]uint64{}, nil }
-func (f *fakeFirewall) DeniedRanges() []netip.Prefix       { return nil }
+func (f *fakeFirewall) Denied() (map[string]uint64, error)  { return map[string]uint64{}, nil }
+func (f *fakeFirewall) DeniedRanges() []netip.Prefix        { return nil }
+func (f *fakeFirewall) Bind(lifecycle.PortBinding) error    { return nil }
+func (f *fakeFirewall) Unbind(netip.Addr) error             { return nil }
+func (f *fakeFirewall) Bound() (map[netip.Addr]bool, error) { return nil, nil }
 
 func (f *fakeFirewall) ids() map[netip.Addr]string {
 	f.mu.Lock()

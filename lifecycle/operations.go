@@ -92,6 +92,7 @@ func (m *Manager) stopLocked(ctx context.Context, rec Record, reason string) (Re
 	if err := m.runtime.Stop(ctx, rec.ID); err != nil && !errors.Is(err, ErrContainerNotFound) {
 		return Record{}, fmt.Errorf("stopping sandbox %s: %w", rec.ID, err)
 	}
+	m.unbindPort(rec.ID, rec.Address) // its port went with the container's network
 	out, err := m.transition(rec.ID, Stopped, reason, func(r *Record) error {
 		now := m.cfg.Now().UTC()
 		r.StoppedAt = now
@@ -110,6 +111,7 @@ func (m *Manager) expireLocked(ctx context.Context, rec Record) (Record, error) 
 	if err := m.runtime.Remove(ctx, rec.ID); err != nil {
 		return Record{}, fmt.Errorf("expiring sandbox %s: %w", rec.ID, err)
 	}
+	m.unbindPort(rec.ID, rec.Address)
 	return m.transition(rec.ID, Expired, "max_lifetime", func(r *Record) error {
 		r.ContainerID = ""
 		r.Upstreams = nil
@@ -251,6 +253,7 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 	if err := m.runtime.Remove(ctx, id); err != nil {
 		return fmt.Errorf("destroying sandbox %s: %w", id, err)
 	}
+	m.unbindPort(id, rec.Address)
 	defer m.firewallShared()()
 	if _, err := m.store.Delete(id, EventDestroyed, reason); err != nil {
 		if errors.Is(err, ErrStoreUnavailable) {
@@ -292,6 +295,7 @@ func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, er
 		if err := m.runtime.Remove(ctx, id); err != nil {
 			return 0, fmt.Errorf("purging sandbox %s: %w", id, err)
 		}
+		m.unbindPort(id, rec.Address)
 	}
 	freed, err = m.runtime.RemoveVolume(ctx, id)
 	if errors.Is(err, ErrNotFound) {

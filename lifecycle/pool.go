@@ -354,6 +354,7 @@ func (m *Manager) dropSlot(s *poolSlot, reason string) {
 	if err := m.runtime.Remove(ctx, s.id); err != nil && !errors.Is(err, ErrContainerNotFound) {
 		m.log.Warn("removing pool container", zap.String("id", s.id), zap.Error(err))
 	}
+	m.unbindPort(s.id, s.addr)
 	if _, err := m.runtime.RemoveVolume(ctx, s.id); err != nil && !errors.Is(err, ErrNotFound) {
 		m.log.Warn("removing pool container's volume", zap.String("id", s.id), zap.Error(err))
 	}
@@ -635,7 +636,7 @@ func (m *Manager) fillOne(t Template, key, id string) error {
 	spec.Pool = PoolTag{Template: t.Name, Key: key}
 	c, err := m.runtime.Create(ctx, id, spec)
 	if err == nil {
-		c, err = m.runtime.Start(ctx, id)
+		c, err = m.startBound(ctx, id, addr)
 	}
 	if err == nil {
 		err = m.waitReady(ctx, id, &spec, c.Upstreams)

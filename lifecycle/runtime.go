@@ -38,6 +38,11 @@ type Container struct {
 	// container whose id has a record was claimed and is that sandbox's.
 	Pool    string
 	PoolKey string
+	// Pid is the container's main process while it runs (0 otherwise);
+	// MAC its interface's on the sandbox network. The firewall binds the
+	// sandbox's address to the bridge port they lead to (PortBinding).
+	Pid int
+	MAC string
 }
 
 // Runtime is what the Manager needs from a container engine. Containers are

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"net/netip"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -102,9 +103,9 @@ func (m *Manager) traceWake(ctx context.Context, id string, leads bool) context.
 // The engine calls of a wake, each a span of its own when the wake is
 // traced. The Docker client's own HTTP spans are their children.
 
-func (m *Manager) startTraced(ctx context.Context, id string) (Container, error) {
+func (m *Manager) startTraced(ctx context.Context, id string, addr netip.Addr) (Container, error) {
 	ctx, s := startSpan(ctx, spanStart, id, 0)
-	c, err := m.runtime.Start(ctx, id)
+	c, err := m.startBound(ctx, id, addr)
 	s.end(err)
 	return c, err
 }

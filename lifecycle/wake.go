@@ -240,7 +240,7 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 		}
 	case Stopped:
 		var c Container
-		if c, err = m.startTraced(ctx, id); err == nil {
+		if c, err = m.startTraced(ctx, id, rec.Address); err == nil {
 			return c, "wake", nil
 		}
 	default:
@@ -260,14 +260,15 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 	case ierr != nil:
 		return Container{}, "", ierr
 	case c.State == ContainerRunning:
-		return c, "wake", nil
+		// Started behind sandwake's back: on a port nobody bound.
+		return c, "wake", m.bindPort(ctx, id, rec.Address, c)
 	case c.State == ContainerPaused:
 		if err := m.unpauseTraced(ctx, id); err != nil {
 			return Container{}, "", err
 		}
 		return c, "wake", nil
 	case c.State == ContainerCreated || c.State == ContainerExited || c.State == ContainerDead:
-		c, err := m.startTraced(ctx, id)
+		c, err := m.startTraced(ctx, id, rec.Address)
 		return c, "wake", err
 	default:
 		return Container{}, "", fmt.Errorf("container is %s: %w", c.State, err)
@@ -278,5 +279,5 @@ func (m *Manager) recreate(ctx context.Context, id string, spec *Spec) (Containe
 	if err := m.createTraced(ctx, id, *spec); err != nil {
 		return Container{}, err
 	}
-	return m.startTraced(ctx, id)
+	return m.startTraced(ctx, id, spec.Address)
 }

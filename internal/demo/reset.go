@@ -35,8 +35,10 @@ func reset(ctx context.Context, cli *client.Client, id, repo string, image bool)
 			nwName := "sandwake-" + inst
 			if nw, err := cli.NetworkInspect(ctx, nwName, client.NetworkInspectOptions{}); err == nil && nw.Network.Labels["sandwake.instance"] == inst && len(nw.Network.Containers) == 0 {
 				if br := nw.Network.Options["com.docker.network.bridge.name"]; br != "" {
-					if exec.Command("nft", "delete", "table", "inet", "sandwake-"+br).Run() == nil {
-						removed = append(removed, "firewall table sandwake-"+br)
+					for _, family := range []string{"inet", "bridge"} {
+						if exec.Command("nft", "delete", "table", family, "sandwake-"+br).Run() == nil {
+							removed = append(removed, "firewall table "+family+" sandwake-"+br)
+						}
 					}
 				}
 				if _, err := cli.NetworkRemove(ctx, nw.Network.ID, client.NetworkRemoveOptions{}); err == nil {

@@ -12,7 +12,8 @@
 // memory limit kills it), /dial?addr=host:port (an outbound connection from
 // the sandbox; see dialHandler), /self (the process's user, capabilities
 // and limits, as JSON; see selfHandler), /fill?path=/file&mb=N (writes N MiB;
-// see fillHandler).
+// see fillHandler), /raw and /garp (a datagram from another source address,
+// a gratuitous ARP; they need NET_RAW; see spoof.go).
 package main
 
 import (
@@ -204,6 +205,8 @@ func newMux(workspace string) *http.ServeMux {
 	})
 	mux.HandleFunc("/dial", dialHandler)
 	mux.HandleFunc("/self", selfHandler)
+	mux.HandleFunc("/raw", rawHandler)
+	mux.HandleFunc("/garp", garpHandler)
 	mux.HandleFunc("/fill", fillHandler)
 	mux.HandleFunc("/startdial", startDialHandler)
 	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) {

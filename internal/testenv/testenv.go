@@ -219,11 +219,14 @@ func RemoveInstance(ctx context.Context, cli *client.Client, instance string) {
 	}
 }
 
-// RemoveFirewall deletes the egress firewall table of a sandbox network
-// the run made (its name follows egress.TableName), if there is one.
+// RemoveFirewall deletes the egress firewall tables of a sandbox network
+// the run made (the inet table of the policies and the bridge table of the
+// port bindings; their name follows egress.TableName), if there are any.
 func RemoveFirewall(opts map[string]string) {
 	if br := opts["com.docker.network.bridge.name"]; br != "" {
-		exec.Command("nft", "delete", "table", "inet", "sandwake-"+br).Run()
+		for _, family := range []string{"inet", "bridge"} {
+			exec.Command("nft", "delete", "table", family, "sandwake-"+br).Run()
+		}
 	}
 }
 

@@ -707,11 +707,17 @@ func (r *Runtime) fromInspect(id string, ci *container.InspectResponse) lifecycl
 		c.State = lifecycle.ContainerState(s.Status)
 		c.ExitCode = s.ExitCode
 		c.OOMKilled = s.OOMKilled
+		c.Pid = s.Pid
 		c.StartedAt, _ = time.Parse(time.RFC3339Nano, s.StartedAt)
 		c.FinishedAt, _ = time.Parse(time.RFC3339Nano, s.FinishedAt)
 	}
 	if ci.Config != nil {
 		c.Upstreams = r.upstreams(id, ci)
+	}
+	if ns := ci.NetworkSettings; ns != nil {
+		if ep := ns.Networks[r.opts.SandboxNetwork]; ep != nil && len(ep.MacAddress) > 0 {
+			c.MAC = ep.MacAddress.String()
+		}
 	}
 	return c
 }
