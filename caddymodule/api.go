@@ -124,20 +124,31 @@ func (api *API) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Ha
 // check that the sandbox in the path is one it sees.
 func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *engine)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		// A call another node forwarded (its certificate verified on the
-		// peer listener) carries the node's identity, not a token: the
-		// forwarding node checked the caller's token.
+		// A call another node forwarded (its certificate and signature
+		// verified on the peer listener) carries no token but its caller,
+		// signed by that node: it is decided here as that caller, against
+		// this node's records.
 		who := everyone
-		if !api.InsecureNoAuth && peerOf(r) == "" {
+		from := peerOf(r)
+		switch {
+		case from != "":
+			var err error
+			if who, err = forwardedCaller(r, from); err != nil {
+				writeJSONError(w, http.StatusForbidden, "forbidden", err.Error(), 0)
+				return
+			}
+		case !api.InsecureNoAuth:
 			if who = api.caller(r); who == nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
 				writeJSONError(w, http.StatusUnauthorized, "unauthorized", unauthorizedMessage(r), 0)
 				return
 			}
-			if who.scope < need {
-				writeForbidden(w, r, who, need)
-				return
-			}
+		}
+		if who.scope < need {
+			writeForbidden(w, r, who, need)
+			return
+		}
+		if who != everyone {
 			r = withPrincipal(r, who)
 		}
 		e := api.app.engine()
@@ -148,7 +159,7 @@ func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *e
 		if !checkForward(w, r, e) {
 			return
 		}
-		if id := strings.ToLower(r.PathValue("id")); id != "" && who.bound() && !e.visible(id, who) {
+		if id := strings.ToLower(r.PathValue("id")); id != "" && who.bound() && !e.visible(id, who, from != "") {
 			// Another tenant's sandbox is answered as an unknown one.
 			writeEngineError(w, fmt.Errorf("sandbox %s: %w", id, lifecycle.ErrNotFound))
 			return

@@ -55,6 +55,13 @@ func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func
 			h(w, r, e)
 			return
 		}
+		if _, err := e.mgr.Get(id); err == nil {
+			// This node holds the record: it answers, whatever the
+			// catalog says (an entry moved or put back behind its back
+			// is repaired by the publisher).
+			h(w, r, e)
+			return
+		}
 		if en.State == lifecycle.Killed && en.Reason == cluster.ReasonNodeRemoved && isDestroyOrPurge(r) {
 			// Its node was removed for good: nobody can answer for it, so
 			// destroying (or purging) it forgets its entry, and the id is
@@ -118,8 +125,10 @@ func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "https", node.Advertise, peerAPIHost
 			// The node's certificate authenticates the call: the
-			// operator's token never leaves this gateway.
+			// operator's token never leaves this gateway. Who called
+			// goes with it, signed, for the owner to decide as.
 			pr.Out.Header.Del("Authorization")
+			pr.Out.Header[cluster.CallerHeader] = []string{principalOf(r).callerValue()}
 			if body != nil {
 				pr.Out.Body = io.NopCloser(bytes.NewReader(body))
 				pr.Out.ContentLength = int64(len(body))

@@ -19,6 +19,10 @@ var (
 		"Local changes waiting to be published to the catalog.", nil, nil)
 	metricClusterEtcdErrors = prometheus.NewDesc("caddy_sandwake_cluster_etcd_errors_total",
 		"etcd calls of this node that failed.", nil, nil)
+	metricCatalogRepairs = prometheus.NewDesc("caddy_sandwake_catalog_repairs_total",
+		"Catalog entries of this node's sandboxes that differed from its records (forged, moved or put back in etcd) and were written back.", nil, nil)
+	metricCatalogRejected = prometheus.NewDesc("caddy_sandwake_catalog_rejected_total",
+		"Catalog entries this node read and ignored because no node of the cluster signed them.", nil, nil)
 
 	metricForwardedPreview = metricForwarded.WithLabelValues("preview")
 	metricForwardedAPI     = metricForwarded.WithLabelValues("api")
@@ -32,6 +36,8 @@ func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- metricClusterLag
 	ch <- metricClusterPending
 	ch <- metricClusterEtcdErrors
+	ch <- metricCatalogRepairs
+	ch <- metricCatalogRejected
 }
 
 func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
@@ -44,6 +50,8 @@ func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(metricClusterLag, prometheus.GaugeValue, st.OldestPending.Seconds())
 	ch <- prometheus.MustNewConstMetric(metricClusterPending, prometheus.GaugeValue, float64(st.Pending))
 	ch <- prometheus.MustNewConstMetric(metricClusterEtcdErrors, prometheus.CounterValue, float64(st.EtcdErrors))
+	ch <- prometheus.MustNewConstMetric(metricCatalogRepairs, prometheus.CounterValue, float64(st.Repairs))
+	ch <- prometheus.MustNewConstMetric(metricCatalogRejected, prometheus.CounterValue, float64(st.RejectedEntries))
 }
 
 func init() {

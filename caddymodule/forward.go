@@ -54,6 +54,11 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s
 	if !ok || en.Node == c.Self() {
 		return false, nil
 	}
+	if _, err := e.routes.get(id); err == nil {
+		// This node holds the sandbox: served here, whatever the
+		// catalog says (see the publisher's repair).
+		return false, nil
+	}
 	return true, g.forwardPreview(w, r, e, s, en, port)
 }
 
@@ -77,6 +82,9 @@ func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, e *engine,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", node.Advertise
 			setForwardedHeaders(pr)
+			// A visitor's request names no API caller: one it sent is
+			// not signed on its behalf.
+			delete(pr.Out.Header, cluster.CallerHeader)
 			signForward(cs.c, pr.Out)
 		},
 		Transport:     cs.transport(node.Name, node.Advertise),

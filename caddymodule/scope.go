@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -178,6 +180,43 @@ func (api *API) caller(r *http.Request) *principal {
 	return who
 }
 
+// callerValue is p as a forwarded call carries it (cluster.CallerHeader):
+// "<scope>;<key>=<value>&…", keys and values query-escaped.
+func (p *principal) callerValue() string {
+	q := url.Values{}
+	for k, v := range p.labels {
+		q.Set(k, v)
+	}
+	return p.scope.String() + ";" + q.Encode()
+}
+
+// forwardedCaller reads the caller another node signed into a forwarded
+// call (its signature was checked by the peer listener).
+func forwardedCaller(r *http.Request, node string) (*principal, error) {
+	v := r.Header.Get(cluster.CallerHeader)
+	scopeName, labels, ok := strings.Cut(v, ";")
+	if !ok {
+		return nil, fmt.Errorf("a call forwarded by node %s carries no caller (%s): the node runs an older sandwake; upgrade it", node, cluster.CallerHeader)
+	}
+	scope, err := parseScope(scopeName)
+	if err != nil || scopeName == "" {
+		return nil, fmt.Errorf("a call forwarded by node %s names no valid scope (%q)", node, scopeName)
+	}
+	q, err := url.ParseQuery(labels)
+	if err != nil {
+		return nil, fmt.Errorf("a call forwarded by node %s carries malformed labels: %v", node, err)
+	}
+	p := &principal{scope: scope, name: "a caller of node " + node}
+	if len(q) > 0 {
+		p.labels = make(map[string]string, len(q))
+		for k := range q {
+			p.labels[k] = q.Get(k)
+		}
+		p.name += " (" + labelList(p.labels) + ")"
+	}
+	return p, nil
+}
+
 // withPrincipal is r carrying p.
 func withPrincipal(r *http.Request, p *principal) *http.Request {
 	return r.WithContext(context.WithValue(r.Context(), principalKey{}, p))
@@ -190,19 +229,21 @@ func writeForbidden(w http.ResponseWriter, r *http.Request, p *principal, need S
 }
 
 // visible reports whether who may see sandbox id: its labels, from this
-// node's record or, for another node's sandbox, the catalog (whose entries
-// are signed by their owners); for an id without either, the labels of
+// node's record or, for another node's sandbox (unless the call was
+// forwarded here), the catalog (whose entries are signed by their owners); for an id without either, the labels of
 // the record that made its kept volume (a tenant purges its own destroyed
 // sandboxes' volumes and reads their history). An unknown id is not
 // visible.
-func (e *engine) visible(id string, who *principal) bool {
+func (e *engine) visible(id string, who *principal, forwarded bool) bool {
 	if !who.bound() {
 		return true
 	}
 	if rec, err := e.mgr.Get(id); err == nil {
 		return who.sees(rec.Spec.Labels)
 	}
-	if e.cluster != nil {
+	// A forwarded call was sent here as to the owner: only this node's
+	// records decide it, never the catalog.
+	if e.cluster != nil && !forwarded {
 		if en, ok := e.cluster.c.Lookup(id); ok {
 			return who.sees(en.Labels)
 		}

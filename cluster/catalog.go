@@ -83,18 +83,6 @@ func (c *Cluster) nodeKey(node string) string  { return c.cfg.Prefix + nodesDir 
 func (c *Cluster) drainKey(node string) string { return c.cfg.Prefix + drainDir + node }
 func (c *Cluster) sandboxesPrefix() string     { return c.cfg.Prefix + sandboxesDir }
 
-// decodeEntry reads a catalog value; a value that is not an entry yields
-// an entry owned by nobody (so its owner may overwrite it) and an error.
-func decodeEntry(id string, kv *mvccpb.KeyValue) (Entry, error) {
-	var e Entry
-	if err := json.Unmarshal(kv.Value, &e); err != nil {
-		return Entry{ID: id, Revision: kv.ModRevision}, fmt.Errorf("catalog entry %s: %w", id, err)
-	}
-	e.ID = id
-	e.Revision = kv.ModRevision
-	return e, nil
-}
-
 // Lookup returns the catalog entry of id from memory (no etcd call, no
 // allocation): the request path calls it. The entry's Ports and Labels are
 // shared with the cache: callers must not modify them.
@@ -258,6 +246,10 @@ func (c *Cluster) loadCatalog() (int64, error) {
 	}
 	cat.mu.Unlock()
 	slices.SortFunc(changes, func(a, b Change) int { return int(a.Entry.Revision - b.Entry.Revision) })
+	// What changed while the catalog was not watched is compared with the
+	// records as a whole: entries forged or put back meanwhile are
+	// written back.
+	c.pub.needResync()
 	c.reclaim(changes)
 	c.notify(changes)
 	return rev, nil
@@ -334,21 +326,45 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 			if !cat.noIndex {
 				cat.index.Delete(id)
 			}
+			if !cat.noIndex {
+				c.pub.check(id) // a record of this node's puts it back
+			}
 			if !had && prev != nil {
-				old, _ = decodeEntry(id, prev)
+				old, _ = c.decodeEntry(id, prev)
 			}
 			old.ID = id
 			old.Revision = kv.ModRevision
 			return Change{Entry: old, Deleted: true}, true
 		}
-		e, err := decodeEntry(id, kv)
+		e, err := c.decodeEntry(id, kv)
 		if err != nil {
-			c.log.Warn("ignoring a malformed catalog entry", zap.Error(err))
+			// Ignored, as if absent: nobody routes to it, lists it or
+			// shows its events. Its owner writes it back.
+			c.log.Warn("ignoring a catalog entry", zap.Error(err))
+			if !cat.noIndex {
+				c.pub.check(id)
+			}
+			// No change is told: the sandbox did not go, and its
+			// owner's repair brings the entry back as it was.
+			if had {
+				delete(cat.entries, id)
+				if !cat.noIndex {
+					cat.index.Delete(id)
+				}
+			}
+			return Change{}, false
 		}
 		cat.names.entry(&e)
 		cat.entries[id] = &e
 		if !cat.noIndex {
 			cat.index.Store(id, &e)
+		}
+		if e.Node == c.cfg.Node && !cat.noIndex {
+			// This node's entry, as the watch saw it (and now cached):
+			// checked against its record (an older entry put back, an
+			// entry of a sandbox this node no longer holds). A load asks
+			// for a full republish instead (loadCatalog).
+			c.pub.check(id)
 		}
 		cat.counts[e.Node]++
 		return Change{Entry: e}, true

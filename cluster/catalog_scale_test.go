@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"runtime"
@@ -32,7 +31,7 @@ func seedCatalog(tb testing.TB, cli *clientv3.Client, prefix string, n int) {
 			var ops []clientv3.Op
 			for i := lo; i < min(lo+128, n); i++ {
 				id := fmt.Sprintf("sb%07d", i)
-				v, _ := json.Marshal(Entry{
+				v := sealed(Entry{
 					ID: id, Node: "node-" + strconv.Itoa(i%3), State: states[i%len(states)], Reason: "idle",
 					Ports: []int{8080}, Access: "public", Incarnation: fmt.Sprintf("01JDX%021d", i), TokenGeneration: 1,
 					MemoryMB: 512, Labels: map[string]string{"team": "t" + strconv.Itoa(i%50)},
@@ -77,7 +76,7 @@ func TestCatalogLoadsInPages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	changed, _ := json.Marshal(Entry{ID: "sb0000007", Node: "node-b", State: lifecycle.Running, Ports: []int{8080}})
+	changed := sealed(Entry{ID: "sb0000007", Node: "node-b", State: lifecycle.Running, Ports: []int{8080}})
 	resp, err := cli.Put(ctxT(t), prefix+sandboxesDir+"sb0000007", string(changed))
 	if err != nil {
 		t.Fatal(err)

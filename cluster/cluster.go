@@ -146,6 +146,9 @@ type Entry struct {
 	Labels          map[string]string `json:"labels,omitempty"`
 	CreatedAt       time.Time         `json:"created_at"`
 	UpdatedAt       time.Time         `json:"updated_at"`
+	// Sig is the writing node's signature of every other field (see
+	// seal.go); readers ignore an entry whose signature fails.
+	Sig string `json:"sig,omitempty"`
 	// Revision is etcd's mod revision of the entry (not stored in it).
 	Revision int64 `json:"-"`
 }
@@ -189,6 +192,12 @@ type Cluster struct {
 	// macs holds keyed HMAC-SHA256 hashes of cfg.Secret for Sign and
 	// Verify (*macState; Reset restores a hash's keyed state).
 	macs sync.Pool
+	// ekey signs catalog entries (derived from cfg.Secret, see seal.go);
+	// rejected counts entries read whose signature failed, repairs this
+	// node's entries it wrote back from its records.
+	ekey     []byte
+	rejected atomic.Uint64
+	repairs  atomic.Uint64
 
 	subsMu sync.Mutex
 	subs   []func(Change)
@@ -268,6 +277,7 @@ func New(cfg Config, src Source) (*Cluster, error) {
 		reqTimeout: requestTimeout,
 		endpoints:  strings.Join(cfg.Endpoints, ","),
 	}
+	c.ekey = c.entryKey()
 	c.cache.init()
 	c.pub.init()
 	c.health.Store(&etcdFailure{err: fmt.Errorf("%w at %s: not connected yet", ErrEtcd, c.endpoints)})
@@ -397,6 +407,11 @@ type Stats struct {
 	Pending       int
 	OldestPending time.Duration
 	EtcdErrors    uint64
+	// RejectedEntries counts catalog entries read whose signature failed
+	// (forged, or written by a node without the cluster's secret);
+	// Repairs this node's entries it wrote back from its records.
+	RejectedEntries uint64
+	Repairs         uint64
 }
 
 // Stats returns the current figures.
@@ -406,6 +421,9 @@ func (c *Cluster) Stats() Stats {
 		LiveNodes:  c.cache.liveNodes(),
 		Pending:    pending,
 		EtcdErrors: c.etcdErrors.Load(),
+
+		RejectedEntries: c.rejected.Load(),
+		Repairs:         c.repairs.Load(),
 	}
 	if pending > 0 {
 		s.OldestPending = c.now().Sub(oldest)

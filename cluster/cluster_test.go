@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/sandwake/sandwake/internal/etcdtest"
@@ -190,11 +190,27 @@ func rawEntry(t *testing.T, cli *clientv3.Client, prefix, id string) (Entry, boo
 	if len(resp.Kvs) == 0 {
 		return Entry{}, false
 	}
-	e, err := decodeEntry(id, resp.Kvs[0])
+	e, err := testSigner.decodeEntry(id, resp.Kvs[0])
 	if err != nil {
 		t.Fatal(err)
 	}
 	return e, true
+}
+
+// testSigner signs and checks entries as the test nodes (secret s3cret) do.
+var testSigner = func() *Cluster {
+	c := &Cluster{cfg: Config{Secret: []byte("s3cret")}, log: zap.NewNop()}
+	c.ekey = c.entryKey()
+	return c
+}()
+
+// sealed is e as a test node writes it, signed.
+func sealed(e Entry) []byte {
+	b, err := testSigner.sealEntry(e)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
 
 func newClient(t testing.TB, endpoints []string) *clientv3.Client {
@@ -361,7 +377,7 @@ func TestPublishFollowsLocalRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli := newClient(t, ec.Endpoints())
-	stale, _ := json.Marshal(Entry{ID: "stale", Node: "node-a", State: lifecycle.Running})
+	stale := sealed(Entry{ID: "stale", Node: "node-a", State: lifecycle.Running})
 	if _, err := cli.Put(ctxT(t), prefix+sandboxesDir+"stale", string(stale)); err != nil {
 		t.Fatal(err)
 	}

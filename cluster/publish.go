@@ -34,6 +34,10 @@ type publisher struct {
 	// resync asks for a full republish (set at start and after any etcd
 	// failure).
 	resync bool
+	// checks are the ids marked by the catalog watch rather than by a
+	// local change: an entry ignored as forged, deleted, or of this node
+	// as someone wrote it. A publish that then writes is a repair.
+	checks map[string]bool
 	wake   chan struct{}
 }
 
@@ -41,6 +45,7 @@ func (p *publisher) init() {
 	p.dirty = map[string]time.Time{}
 	p.inflight = map[string]time.Time{}
 	p.reserved = map[string]int{}
+	p.checks = map[string]bool{}
 	p.resync = true
 	p.wake = make(chan struct{}, 1)
 }
@@ -110,6 +115,18 @@ func (p *publisher) unreserve(id string, all bool) {
 	p.mu.Unlock()
 }
 
+// check marks id for comparing its entry with this node's record, if it
+// holds one (the catalog watch calls it; it never blocks).
+func (p *publisher) check(id string) {
+	p.mu.Lock()
+	if _, ok := p.dirty[id]; !ok {
+		p.dirty[id] = time.Now()
+	}
+	p.checks[id] = true
+	p.mu.Unlock()
+	p.poke()
+}
+
 // Changed marks sandbox id for publishing (the Manager's OnChange hook);
 // it never blocks and never touches the network itself.
 func (c *Cluster) Changed(id string) {
@@ -158,12 +175,19 @@ func (c *Cluster) publishRound() error {
 	for id := range p.inflight {
 		ids = append(ids, id)
 	}
+	checks := p.checks
+	p.checks = map[string]bool{}
 	p.mu.Unlock()
 	var err error
 	for i, id := range ids {
-		if err = c.publish(id); err != nil {
+		var wrote bool
+		if wrote, err = c.publish(id); err != nil {
 			ids = ids[i:]
 			break
+		}
+		if wrote && checks[id] {
+			c.repairs.Add(1)
+			c.log.Warn("catalog entry differed from this node's record: written back", zap.String("id", id))
 		}
 	}
 	p.mu.Lock()
@@ -200,13 +224,13 @@ func (c *Cluster) entryOf(r lifecycle.Record) Entry {
 	}
 }
 
-// publish brings id's catalog entry in line with the local record.
-func (c *Cluster) publish(id string) error {
+// publish brings id's catalog entry in line with the local record and
+// reports whether it wrote to etcd.
+func (c *Cluster) publish(id string) (bool, error) {
 	rec, err := c.src.Get(id)
 	switch {
 	case errors.Is(err, lifecycle.ErrNotFound):
-		_, err := c.unpublish(id, c.cachedOrNil(id))
-		return err
+		return c.unpublish(id, c.cachedOrNil(id))
 	case err != nil:
 		// A record that cannot be read cannot be published; a republish
 		// (which lists the records rather than reading this one) is asked
@@ -214,11 +238,10 @@ func (c *Cluster) publish(id string) error {
 		// every other change.
 		c.log.Error("reading a record to publish", zap.String("id", id), zap.Error(err))
 		c.pub.needResync()
-		return nil
+		return false, nil
 	}
 	c.pub.unreserve(id, true)
-	_, err = c.put(c.entryOf(rec), c.cachedOrNil(id))
-	return err
+	return c.put(c.entryOf(rec), c.cachedOrNil(id))
 }
 
 func (c *Cluster) cachedOrNil(id string) *Entry {
@@ -226,13 +249,20 @@ func (c *Cluster) cachedOrNil(id string) *Entry {
 	return e
 }
 
-// put writes want unless another node owns the id (logged, never
-// overwritten) or the entry is already so; guess is the entry believed
-// current.
+// put writes want unless another node holds the id in a signed entry
+// (logged, never overwritten: that node either holds a record of it too,
+// or deletes the entry when its watch shows it one it does not hold) or
+// the entry is already so; guess is the entry believed current. A forged
+// entry reads as nobody's and is overwritten: this node holds the record.
 func (c *Cluster) put(want Entry, guess *Entry) (bool, error) {
-	wantJSON, err := json.Marshal(want)
+	wantJSON, err := c.sealEntry(want)
 	if err != nil {
-		return false, fmt.Errorf("encoding entry %s: %w", want.ID, err)
+		return false, err
+	}
+	if c.sameEntry(guess, wantJSON) {
+		// As the watch last showed it: any later change of the entry
+		// comes through the watch and marks it for a check again.
+		return false, nil
 	}
 	return c.updateEntry(c.ctx, "publishing sandbox "+want.ID, want.ID, guess, func(cur *Entry) (*Entry, bool) {
 		if cur != nil && cur.Node != "" && cur.Node != c.cfg.Node {
@@ -240,16 +270,17 @@ func (c *Cluster) put(want Entry, guess *Entry) (bool, error) {
 				zap.String("id", want.ID), zap.String("owner", cur.Node))
 			return nil, false
 		}
-		if sameEntry(cur, wantJSON) {
+		if c.sameEntry(cur, wantJSON) {
 			return nil, false
 		}
 		return &want, false
 	})
 }
 
-// sameEntry reports whether cur (nil: none) is the entry encoded as want.
-func sameEntry(cur *Entry, want []byte) bool {
-	if cur == nil {
+// sameEntry reports whether cur (nil: none) is the entry encoded (and
+// signed) as want.
+func (c *Cluster) sameEntry(cur *Entry, want []byte) bool {
+	if cur == nil || cur.Sig == "" {
 		return false
 	}
 	curJSON, err := json.Marshal(cur)
@@ -289,7 +320,7 @@ func (c *Cluster) republish() error {
 	_, err = c.getAll("reading the catalog to republish", c.sandboxesPrefix(), func(kvs []*mvccpb.KeyValue) {
 		for _, kv := range kvs {
 			id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
-			e, _ := decodeEntry(id, kv)
+			e, _ := c.decodeEntry(id, kv)
 			if local[id] || e.Node == c.cfg.Node {
 				inEtcd[id] = &e
 			}
@@ -306,7 +337,7 @@ func (c *Cluster) republish() error {
 		// otherwise cost one round trip per sandbox). A change after the
 		// read is a publish of its own.
 		if cur := inEtcd[r.ID]; cur != nil && cur.Node == c.cfg.Node {
-			if wantJSON, err := json.Marshal(want); err == nil && sameEntry(cur, wantJSON) {
+			if wantJSON, err := c.sealEntry(want); err == nil && c.sameEntry(cur, wantJSON) {
 				continue
 			}
 		}
@@ -369,9 +400,9 @@ func (c *Cluster) updateEntryUnless(ctx context.Context, what, id, absent string
 		var then []clientv3.Op
 		switch {
 		case next != nil:
-			data, err := json.Marshal(next)
+			data, err := c.sealEntry(*next)
 			if err != nil {
-				return false, fmt.Errorf("%s: encoding: %w", what, err)
+				return false, fmt.Errorf("%s: %w", what, err)
 			}
 			then = append(then, clientv3.OpPut(key, string(data)))
 		case del:
@@ -404,7 +435,7 @@ func (c *Cluster) updateEntryUnless(ctx context.Context, what, id, absent string
 			cur = nil
 			continue
 		}
-		e, _ := decodeEntry(id, kvs[0])
+		e, _ := c.decodeEntry(id, kvs[0])
 		cur = &e
 	}
 	return false, fmt.Errorf("%s: the entry kept changing under %d attempts", what, maxCASAttempts)

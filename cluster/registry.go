@@ -220,7 +220,7 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 	var mine []Entry
 	for _, kv := range entries.Kvs {
 		id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
-		e, derr := decodeEntry(id, kv)
+		e, derr := c.decodeEntry(id, kv)
 		if derr == nil && e.Node == node {
 			mine = append(mine, e)
 		}

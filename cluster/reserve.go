@@ -3,7 +3,6 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -19,12 +18,12 @@ import (
 // answer.
 func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error {
 	now := c.reserveTime()
-	data, err := json.Marshal(Entry{
+	data, err := c.sealEntry(Entry{
 		ID: id, Node: c.cfg.Node, State: lifecycle.Creating,
 		MemoryMB: memoryMB, CreatedAt: now, UpdatedAt: now,
 	})
 	if err != nil {
-		return fmt.Errorf("reserving id %s: encoding: %w", id, err)
+		return fmt.Errorf("reserving id %s: %w", id, err)
 	}
 	key := c.sandboxKey(id)
 	// Marked before the transaction: a republish running meanwhile must
@@ -62,7 +61,7 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 	c.pub.unreserve(id, false)
 	owner := "another node"
 	if len(kvs) > 0 {
-		if e, err := decodeEntry(id, kvs[0]); err == nil && e.Node != "" {
+		if e, err := c.decodeEntry(id, kvs[0]); err == nil && e.Node != "" {
 			owner = "node " + e.Node
 		}
 	}
@@ -76,7 +75,7 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 // right after the destroy is refused as taken by this very node. It
 // reports whether the reservation is in place.
 func (c *Cluster) takeStale(ctx context.Context, id string, kv *mvccpb.KeyValue, data []byte) bool {
-	if e, err := decodeEntry(id, kv); err != nil || e.Node != c.cfg.Node || c.pub.reservations(id) > 1 {
+	if e, err := c.decodeEntry(id, kv); err != nil || e.Node != c.cfg.Node || c.pub.reservations(id) > 1 {
 		return false
 	}
 	if _, err := c.src.Get(id); !errors.Is(err, lifecycle.ErrNotFound) {

@@ -15,12 +15,18 @@ import (
 // ForwardHeader carries the signature of a node-to-node request.
 const ForwardHeader = "Sandwake-Forwarded"
 
+// CallerHeader carries, on an API call one node forwards to another, who
+// called: the scope and labels of the caller's token (see the API). The
+// signature covers it, so the owner can decide on the call as the caller,
+// against its own record.
+const CallerHeader = "Sandwake-Caller"
+
 // maxSkew is how old (or how far in the future) a signature may be.
 const maxSkew = time.Minute
 
 // Sign marks r as forwarded by this node: ForwardHeader set to
-// "<node>;<unix seconds>;<hex hmac>" over node, time, method, host and
-// request URI with the cluster secret.
+// "<node>;<unix seconds>;<hex hmac>" over node, time, method, host,
+// request URI and CallerHeader with the cluster secret.
 func (c *Cluster) Sign(r *http.Request) {
 	var ts [20]byte
 	var mac [sha256.Size]byte
@@ -43,6 +49,9 @@ func (c *Cluster) Verify(r *http.Request) (node string, ok bool, err error) {
 	}
 	if len(vals) > 1 {
 		return "", false, fmt.Errorf("%w: %d %s headers", ErrUnsigned, len(vals), ForwardHeader)
+	}
+	if n := len(r.Header[CallerHeader]); n > 1 {
+		return "", false, fmt.Errorf("%w: %d %s headers", ErrUnsigned, n, CallerHeader)
 	}
 	node, rest, ok1 := strings.Cut(vals[0], ";")
 	ts, sig, ok2 := strings.Cut(rest, ";")
@@ -107,6 +116,9 @@ func (c *Cluster) mac(dst []byte, node string, ts []byte, r *http.Request) []byt
 	b = append(append(b, 0), method...)
 	b = append(append(b, 0), host...)
 	b = append(append(b, 0), uri...)
+	if vs := r.Header[CallerHeader]; len(vs) > 0 {
+		b = append(append(b, 0), vs[0]...)
+	}
 	m.buf = append(b, 0)
 	m.h.Reset()
 	m.h.Write(m.buf)

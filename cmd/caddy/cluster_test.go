@@ -119,6 +119,7 @@ func startTestCluster(t *testing.T) *testCluster {
 	prefix := "/sandwake-" + testenv.RunID() + "/"
 	for i := range 3 {
 		g := newGateway(t, bin, "")
+		g.tokens = tenantTokens
 		name := fmt.Sprintf("n%d-%s", i+1, testenv.RunID())
 		port, cert := freePort(t), issueNodeCert(t, bin, tc.caDir, name)
 		g.configure(fmt.Sprintf(`cluster {
@@ -198,9 +199,15 @@ func (tc *testCluster) removeSandbox(id string) {
 // was placed on.
 func (tc *testCluster) createVia(i int, id string) string {
 	tc.t.Helper()
+	return tc.createViaWith(i, id, nil)
+}
+
+// createViaWith is createVia of a sandbox with labels.
+func (tc *testCluster) createViaWith(i int, id string, labels map[string]string) string {
+	tc.t.Helper()
 	tc.removeSandbox(id)
 	var out clusterSandbox
-	code, body := tc.nodes[i].api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32}, &out)
+	code, body := tc.nodes[i].api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32, "labels": labels}, &out)
 	if code != 201 {
 		tc.t.Fatalf("create %s via node %d: %d %s", id, i+1, code, body)
 	}
@@ -213,6 +220,12 @@ func (tc *testCluster) createVia(i int, id string) string {
 // createOn creates sandbox id on node i: the others are drained meanwhile,
 // so that placement has one choice.
 func (tc *testCluster) createOn(i int, id string) {
+	tc.t.Helper()
+	tc.createOnWith(i, id, nil)
+}
+
+// createOnWith is createOn of a sandbox with labels.
+func (tc *testCluster) createOnWith(i int, id string, labels map[string]string) {
 	tc.t.Helper()
 	g := tc.nodes[i]
 	drain := func(on bool) {
@@ -243,7 +256,7 @@ func (tc *testCluster) createOn(i int, id string) {
 	}
 	drain(true)
 	defer drain(false)
-	if got := tc.createVia(i, id); got != tc.names[i] {
+	if got := tc.createViaWith(i, id, labels); got != tc.names[i] {
 		tc.t.Fatalf("sandbox %s placed on %s with every other node draining, want %s", id, got, tc.names[i])
 	}
 }
@@ -583,6 +596,9 @@ func TestCluster(t *testing.T) {
 				req.URL.Path, req.Host = "/v1/sandboxes/"+id, "api.sandwake.invalid"
 			}
 			if signed {
+				if api {
+					req.Header.Set(cluster.CallerHeader, "admin;")
+				}
 				signer.Sign(req)
 			}
 			resp, err := c.Do(req)
@@ -689,17 +705,22 @@ func TestCluster(t *testing.T) {
 		if _, err := cli.Put(ctx, prefix+"nodes/"+evil, string(reg), clientv3.WithLease(lease.ID)); err != nil {
 			t.Fatal(err)
 		}
+		// The entries carry no node's signature: every node ignores them
+		// (the sandboxes are unknown), and counts them.
 		for i, g := range tc.nodes {
 			for _, id := range []string{viaEvil, viaGhost} {
 				testenv.Eventually(t, 20*time.Second, func() (bool, string) {
 					code, ecode, err := previewCode(g.previewClient(), g, id, http.Header{"Authorization": {"Bearer a-preview-token"}})
-					return code == 503 && ecode == "host_unavailable", fmt.Sprintf("forged sandbox %s via node %d: %d %s %v, want 503 host_unavailable", id, i+1, code, ecode, err)
+					return code == 404, fmt.Sprintf("forged sandbox %s via node %d: %d %s %v, want 404", id, i+1, code, ecode, err)
 				})
 			}
 			for _, call := range [][2]string{{"GET", "/v1/sandboxes/" + viaEvil}, {"POST", "/v1/sandboxes/" + viaEvil + "/tokens"}} {
-				if code, body := g.api(call[0], call[1], nil, nil); code != 503 || !strings.Contains(body, "host_unavailable") {
-					t.Fatalf("%s %s via node %d: %d %s, want 503 host_unavailable", call[0], call[1], i+1, code, body)
+				if code, body := g.api(call[0], call[1], nil, nil); code != 404 {
+					t.Fatalf("%s %s via node %d: %d %s, want 404", call[0], call[1], i+1, code, body)
 				}
+			}
+			if _, ok := tc.sandboxes(g)[viaEvil]; ok {
+				t.Fatalf("node %d lists the forged entry %s", i+1, viaEvil)
 			}
 			live := tc.liveNodes(g)
 			if slices.Contains(live, evil) {
@@ -719,6 +740,11 @@ func TestCluster(t *testing.T) {
 		if n := accepted.Load(); n != 0 {
 			t.Fatalf("the forged registration's address got %d connections, want none", n)
 		}
+	})
+
+	t.Run("a forged catalog grants a tenant nothing", func(t *testing.T) {
+		tc.t = t
+		forgedCatalogGrantsNothing(t, tc)
 	})
 
 	t.Run("node loss", func(t *testing.T) {
@@ -983,10 +1009,15 @@ type eventStream struct {
 
 // followEvents opens node i's /v1/events; it is closed when the test ends.
 func (tc *testCluster) followEvents(t *testing.T, i int) *eventStream {
+	return tc.followEventsAs(t, i, crashToken)
+}
+
+// followEventsAs is followEvents with another token.
+func (tc *testCluster) followEventsAs(t *testing.T, i int, token string) *eventStream {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://127.0.0.1:%d/v1/events", tc.nodes[i].apiPort), nil)
-	req.Header.Set("Authorization", "Bearer "+crashToken)
+	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
 		cancel()

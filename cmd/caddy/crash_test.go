@@ -34,6 +34,8 @@ type gateway struct {
 	cmd         *exec.Cmd
 	log         *syncBuffer
 	instance    string // as readyz told it, for the cleanup of its network
+	// tokens are more tokens of the API (token blocks), beside crashToken.
+	tokens string
 }
 
 const crashToken = "crash-test-token"
@@ -96,10 +98,11 @@ http://127.0.0.1:%d {
 	bind 127.0.0.1
 	sandwake_api {
 		token %s
+		%s
 	}
 }
 `, filepath.Join(g.dir, "caddy"), filepath.Join(g.dir, "sandwake"), testenv.LabelRun, testenv.RunID(), extra,
-		g.previewPort, g.apiPort, crashToken)
+		g.previewPort, g.apiPort, crashToken, g.tokens)
 	if err := os.WriteFile(filepath.Join(g.dir, "Caddyfile"), []byte(cfg), 0o600); err != nil {
 		g.t.Fatal(err)
 	}
@@ -145,13 +148,18 @@ func (g *gateway) kill() {
 }
 
 func (g *gateway) api(method, path string, body, out any) (int, string) {
+	return g.apiAs(crashToken, method, path, body, out)
+}
+
+// apiAs is api with another token.
+func (g *gateway) apiAs(token, method, path string, body, out any) (int, string) {
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
 	req, _ := http.NewRequest(method, fmt.Sprintf("http://127.0.0.1:%d%s", g.apiPort, path), rd)
-	req.Header.Set("Authorization", "Bearer "+crashToken)
+	req.Header.Set("Authorization", "Bearer "+token)
 	c := http.Client{Timeout: 90 * time.Second}
 	resp, err := c.Do(req)
 	if err != nil {
