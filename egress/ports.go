@@ -116,6 +116,9 @@ func namespaceID(c *netlink.Conn, pid int) (int32, error) {
 	// struct rtgenmsg, padded to the netlink alignment.
 	data := append(make([]byte, rtgenmsgLen), attrs...)
 	msgs, err := c.Execute(netlink.Message{Header: netlink.Header{Type: unix.RTM_GETNSID, Flags: netlink.Request}, Data: data})
+	if errors.Is(err, unix.ESRCH) {
+		return 0, fmt.Errorf("the container's process %d is not visible to the gateway: it must run in the Docker host's PID namespace (pid: host in compose, hostPID in Kubernetes) to bind sandboxes to their bridge ports", pid)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("reading the network namespace id of process %d: %w", pid, err)
 	}

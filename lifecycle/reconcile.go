@@ -273,6 +273,12 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 				}
 				c = &fresh
 			}
+			// Started behind sandwake's back (or by a wake whose answer
+			// was lost): on a port nobody bound, whose frames are dropped
+			// until it is.
+			if err := m.bindPort(ctx, id, rec.Address, *c); err != nil {
+				m.log.Warn("binding a sandbox started outside sandwake", zap.String("id", id), zap.Error(err))
+			}
 			// Running is a promise that the port answers. A container
 			// started by a wake that died with an earlier process may
 			// still be starting its app: leave the record, and the next
