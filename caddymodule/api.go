@@ -215,6 +215,9 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 			fail("egress", detail)
 		}
 		checks["isolation"] = e.isolation.check()
+		// How sandboxes are reached, and why: information, never a
+		// failure (published works wherever direct cannot).
+		checks["upstreams"] = e.upstreams + ": " + e.upstreamsWhy
 	}
 	status := http.StatusOK
 	if len(failed) > 0 {

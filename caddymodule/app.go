@@ -46,10 +46,15 @@ type App struct {
 	// DockerHost is the Docker Engine address, e.g. unix:///var/run/docker.sock.
 	// Default: DOCKER_HOST, else the local socket. Changing it needs a restart.
 	DockerHost string `json:"docker_host,omitempty"`
-	// UpstreamMode is "published" (each port published on 127.0.0.1; the
-	// gateway runs on the Docker host) or "network" (the gateway dials
+	// UpstreamMode is how the gateway reaches a sandbox: "direct" (at the
+	// sandbox's own address on its network; nothing is published on the
+	// host, no userland proxy runs), "published" (each port published on
+	// 127.0.0.1: for an engine the gateway cannot route to, a remote
+	// DOCKER_HOST or Docker Desktop's VM) or "network" (the gateway dials
 	// s-<id>:<port> on Network; the gateway runs in a container). Default:
-	// published. Changing it needs a restart.
+	// direct where the engine is local and the sandbox bridge is in the
+	// gateway's network namespace, else published (readyz and the start-up
+	// log say which, and why). Changing it needs a restart.
 	UpstreamMode string `json:"upstream_mode,omitempty"`
 	// Network is the Docker network of upstream mode "network".
 	Network string `json:"network,omitempty"`
@@ -484,9 +489,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 			a.PreviewURL = "http://*.preview." + a.Domain
 		}
 	}
-	if a.UpstreamMode == "" {
-		a.UpstreamMode = core.UpstreamPublished
-	}
 	if err := a.provisionEgress(); err != nil {
 		return err
 	}
@@ -562,16 +564,16 @@ func (a *App) Validate() error {
 		return fmt.Errorf("sandwake: preview_url %q is not an http(s) URL", a.PreviewURL)
 	}
 	switch a.UpstreamMode {
-	case core.UpstreamPublished:
+	case "", core.UpstreamDirect, core.UpstreamPublished:
 		if a.Network != "" {
-			return errors.New("sandwake: network is set but upstream_mode is published")
+			return errors.New("sandwake: network is set but upstream_mode is not network")
 		}
 	case core.UpstreamNetwork:
 		if a.Network == "" {
 			return errors.New("sandwake: upstream_mode network needs a network name")
 		}
 	default:
-		return fmt.Errorf("sandwake: upstream_mode %q is not published or network", a.UpstreamMode)
+		return fmt.Errorf("sandwake: upstream_mode %q is not direct, published or network", a.UpstreamMode)
 	}
 	if err := a.checkBounds(); err != nil {
 		return fmt.Errorf("sandwake: %w", err)
@@ -775,6 +777,9 @@ type engine struct {
 	storedSecret []byte
 
 	dockerHost, upstreamMode, network string
+	// upstreams is the upstream mode in force (direct, published or
+	// network), upstreamsWhy why: readyz and the start-up log say them.
+	upstreams, upstreamsWhy string
 
 	// instance is the gateway's instance name (configured or kept).
 	instance string
@@ -898,6 +903,11 @@ func openEngine(a *App) (*engine, error) {
 	// the periodic reconcile catches up.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// How sandboxes are reached is settled before the boot reconcile,
+	// which moves sandboxes made with published ports to their own
+	// addresses when the mode is direct.
+	e.upstreams, e.upstreamsWhy = c.Upstreams(ctx)
+	log.Info("upstream mode: "+e.upstreams, zap.String("why", e.upstreamsWhy))
 	if stats, err := mgr.Reconcile(ctx); err != nil {
 		log.Warn("boot reconcile failed (docker unreachable?)", zap.Error(err))
 	} else {

@@ -31,7 +31,7 @@ func init() {
 //		storage        <dir>
 //		docker_host    <address>
 //		preview_url    <url with * for s-<id>-<port>>
-//		upstream_mode  published | network <docker network>
+//		upstream_mode  direct | published | network <docker network>
 //		idle_pause     <duration>
 //		idle_stop      <duration>
 //		min_resident   <duration>
@@ -274,14 +274,14 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.UpstreamMode = d.Val()
 			switch a.UpstreamMode {
-			case core.UpstreamPublished:
+			case core.UpstreamDirect, core.UpstreamPublished:
 			case core.UpstreamNetwork:
 				if !d.NextArg() {
 					return d.Err("upstream_mode network needs the Docker network name")
 				}
 				a.Network = d.Val()
 			default:
-				return d.Errf("upstream_mode %q: want published or network <name>", a.UpstreamMode)
+				return d.Errf("upstream_mode %q: want direct, published or network <name>", a.UpstreamMode)
 			}
 			if d.NextArg() {
 				return d.ArgErr()

@@ -26,6 +26,8 @@ import (
 // Values of Options.UpstreamMode and Options.Pull, the default sandbox
 // network and stop timeout (see lifecycle/docker).
 const (
+	UpstreamAuto          = docker.UpstreamAuto
+	UpstreamDirect        = docker.UpstreamDirect
 	UpstreamPublished     = docker.UpstreamPublished
 	UpstreamNetwork       = docker.UpstreamNetwork
 	PullMissing           = docker.PullMissing
@@ -52,7 +54,9 @@ type Options struct {
 	// DockerHost is the Docker Engine address. Default: the environment
 	// (DOCKER_HOST), else the local socket.
 	DockerHost string
-	// UpstreamMode is UpstreamPublished (default) or UpstreamNetwork.
+	// UpstreamMode is UpstreamAuto (default: direct where the engine is
+	// local and its bridge reachable, else published), UpstreamDirect,
+	// UpstreamPublished or UpstreamNetwork.
 	UpstreamMode string
 	// Network is the network the gateway shares with sandboxes in network
 	// mode.
@@ -203,6 +207,16 @@ func (e *Engine) readHost(log *zap.Logger) {
 		return
 	}
 	e.host, e.hostOK = h, true
+}
+
+// Upstreams reports how the gateway reaches sandboxes (direct, published
+// or network) and why; an automatic choice is made here if it was not yet
+// (it sets up the sandbox network).
+func (e *Engine) Upstreams(ctx context.Context) (mode, why string) {
+	if e.docker == nil {
+		return "runtime", "the engine is not Docker: its runtime says where sandboxes answer"
+	}
+	return e.docker.UpstreamMode(ctx)
 }
 
 // Host is what the Docker engine told of itself at Open; false when it

@@ -302,6 +302,7 @@ func (m *Manager) adopt(r *Record, c Container) {
 	now := m.cfg.Now().UTC()
 	r.ContainerID = c.ID
 	r.Upstreams = c.Upstreams
+	r.PublishedPorts = c.Published
 	r.Error = ""
 	r.VerifiedAt = now
 	r.LastActiveAt = now
@@ -347,7 +348,7 @@ func (m *Manager) waitReady(ctx context.Context, id string, spec *Spec, upstream
 			}
 		}
 	}()
-	err := WaitReady(ctx, addr, spec)
+	err := WaitReadyAt(ctx, addr, spec, m.direct())
 	if err != nil && context.Cause(ctx) != nil && !errors.Is(context.Cause(ctx), context.Canceled) && !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
 		return context.Cause(ctx)
 	}

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -225,6 +226,9 @@ type Manager struct {
 	// running and paused sandboxes (idle tiers, pressure, disk) read their
 	// records alone, not the whole store.
 	residents map[string]struct{}
+	// directAdopted: the running sandboxes made with published ports were
+	// moved to their own addresses (see adoptDirect).
+	directAdopted atomic.Bool
 	// reapPasses counts the reaper loop's passes (see reapPass).
 	reapPasses int
 	reserved   int // admissions granted to wakes and creates in flight

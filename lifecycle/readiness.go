@@ -49,13 +49,24 @@ var probeClient = &http.Client{
 // until ctx ends. A bare TCP connect proves nothing on a published port (see
 // tcpSettle), so HTTP mode waits for an HTTP answer.
 func WaitReady(ctx context.Context, addr string, spec *Spec) error {
+	return WaitReadyAt(ctx, addr, spec, false)
+}
+
+// WaitReadyAt is WaitReady; direct says that addr is the sandbox's own
+// address (no userland proxy accepts for the app), where an accepted TCP
+// connection means the app listens: readiness is then that accept, unless
+// ready_path asks for an HTTP answer below 500.
+func WaitReadyAt(ctx context.Context, addr string, spec *Spec, direct bool) error {
 	delay := readyFirstDelay
 	var last error
 	for {
 		var err error
-		if spec.ReadyMode == ReadyTCP {
+		switch {
+		case direct && (spec.ReadyMode == ReadyTCP || spec.ReadyPath == ""):
+			err = probeAccept(ctx, addr)
+		case spec.ReadyMode == ReadyTCP:
 			err = probeTCP(ctx, addr)
-		} else {
+		default:
 			err = probeHTTP(ctx, addr, spec.ReadyPath)
 		}
 		if err == nil {
@@ -112,4 +123,15 @@ func probeTCP(ctx context.Context, addr string) error {
 		return nil // the app sent a banner, or kept the connection open
 	}
 	return fmt.Errorf("connection closed at once: %w", err)
+}
+
+// probeAccept connects to addr: at a sandbox's own address, the kernel of
+// the sandbox accepts only where the app listens.
+func probeAccept(ctx context.Context, addr string) error {
+	d := net.Dialer{Timeout: readyAttempt}
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
 }

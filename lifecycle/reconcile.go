@@ -161,6 +161,15 @@ func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 			m.note(Correction{ID: id, Kind: CorrectionOrphanRemoved})
 		}
 	}
+	if !m.directAdopted.Load() && m.direct() {
+		if n, err := m.adoptDirect(ctx); err == nil {
+			m.directAdopted.Store(true)
+			if n > 0 {
+				stats.Corrections[CorrectionUpstream] += n
+				m.log.Info("running sandboxes made with published ports are now dialled at their own addresses (their ports go at their next recreate)", zap.Int("sandboxes", n))
+			}
+		}
+	}
 	m.mu.Lock()
 	m.reconciledAt = m.cfg.Now()
 	m.mu.Unlock()
@@ -316,7 +325,7 @@ func (m *Manager) answers(ctx context.Context, spec *Spec, upstreams map[int]str
 	}
 	ctx, cancel := context.WithTimeout(ctx, reconcileProbe)
 	defer cancel()
-	return WaitReady(ctx, addr, spec) == nil
+	return WaitReadyAt(ctx, addr, spec, m.direct()) == nil
 }
 
 // settled reports, for a full reconcile, the pairs of record state and listed
@@ -490,4 +499,38 @@ func (m *Manager) runEventWorker() {
 		cancel()
 		m.events.done(id)
 	}
+}
+
+// adoptDirect is the upgrade to direct upstreams: a running or paused
+// sandbox whose record still names a published port (made by a gateway in
+// upstream mode published) sits on the sandbox network at its fixed
+// address all the same, so its record takes the addresses the runtime
+// reads now, and the gateway dials them at once. It reports how many it
+// changed; it runs until one pass went through.
+func (m *Manager) adoptDirect(ctx context.Context) (int, error) {
+	recs, err := m.residentRecords(func(r *Record) bool { return publishedUpstreams(r.Upstreams) })
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range recs {
+		id := recs[i].ID
+		unlock := m.locks.lock(id)
+		c, err := m.runtime.Inspect(ctx, id)
+		if err == nil && len(c.Upstreams) > 0 && !publishedUpstreams(c.Upstreams) {
+			_, err = m.store.Update(id, func(r *Record) error {
+				r.Upstreams, r.PublishedPorts = c.Upstreams, c.Published
+				return nil
+			})
+			if err == nil {
+				m.changed(id)
+				n++
+			}
+		}
+		unlock()
+		if err != nil && !errors.Is(err, ErrContainerNotFound) {
+			return n, err
+		}
+	}
+	return n, nil
 }

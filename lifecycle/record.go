@@ -130,6 +130,12 @@ type Record struct {
 	// ports can change on every start, so they are re-read each time.
 	Upstreams map[int]string `json:"upstreams,omitempty"`
 
+	// PublishedPorts: the sandbox's container publishes its ports on the
+	// host (made in upstream mode published). Where the gateway dials
+	// sandboxes directly, such a container is made again (volume kept) at
+	// its next start, without them.
+	PublishedPorts bool `json:"published_ports,omitempty"`
+
 	// Template is the template the sandbox was created from, "" for none.
 	Template string `json:"template,omitempty"`
 }

@@ -43,6 +43,9 @@ type Container struct {
 	// sandbox's address to the bridge port they lead to (PortBinding).
 	Pid int
 	MAC string
+	// Published: the container publishes ports on the host (made in
+	// upstream mode published).
+	Published bool
 }
 
 // Runtime is what the Manager needs from a container engine. Containers are
@@ -114,4 +117,14 @@ type WorkspaceChecker interface {
 	// WorkspaceEmpty reports whether sandbox id's workspace volume holds
 	// no file (false, nil when it cannot be told).
 	WorkspaceEmpty(ctx context.Context, id string) (bool, error)
+}
+
+// DirectUpstreams is implemented by runtimes that can say whether the
+// gateway dials sandboxes at their own addresses, with no userland proxy in
+// between (the Docker runtime's upstream mode direct): readiness then
+// trusts a TCP accept, and a container made with published ports (before
+// the gateway dialled addresses) is made again, volume kept, at its next
+// start.
+type DirectUpstreams interface {
+	Direct() bool
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -236,9 +237,15 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 	case Paused:
 		if err = m.unpauseTraced(ctx, id); err == nil {
 			// Unpausing keeps the container's ports.
-			return Container{ID: rec.ContainerID, Upstreams: rec.Upstreams}, "wake", nil
+			return Container{ID: rec.ContainerID, Upstreams: rec.Upstreams, Published: rec.PublishedPorts}, "wake", nil
 		}
 	case Stopped:
+		if m.direct() && (rec.PublishedPorts || publishedUpstreams(rec.Upstreams)) {
+			// Made when ports were published: made again without them
+			// (the volume is kept), so no userland proxy runs for it.
+			c, err := m.recreate(ctx, id, &rec.Spec)
+			return c, "recreate", err
+		}
 		var c Container
 		if c, err = m.startTraced(ctx, id, rec.Address); err == nil {
 			return c, "wake", nil
@@ -280,4 +287,22 @@ func (m *Manager) recreate(ctx context.Context, id string, spec *Spec) (Containe
 		return Container{}, err
 	}
 	return m.startTraced(ctx, id, spec.Address)
+}
+
+// direct reports whether the runtime dials sandboxes at their own
+// addresses (see DirectUpstreams).
+func (m *Manager) direct() bool {
+	d, ok := m.raw.(DirectUpstreams)
+	return ok && d.Direct()
+}
+
+// publishedUpstreams reports whether upstreams were published ports on the
+// host's loopback (a container made in upstream mode published).
+func publishedUpstreams(ups map[int]string) bool {
+	for _, a := range ups {
+		if ap, err := netip.ParseAddrPort(a); err == nil && ap.Addr().IsLoopback() {
+			return true
+		}
+	}
+	return false
 }

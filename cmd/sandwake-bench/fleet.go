@@ -123,7 +123,7 @@ func fleet(ctx context.Context, g *gateway, cli *client.Client, image string, n,
 	woken := ids[:burstN]
 	raws := make(map[string]*rawContainer, burstN)
 	for _, id := range woken {
-		r, err := newRawTwinNamed(ctx, cli, id, fmt.Sprintf("sandwake-bench-raw-%s-%s", testenv.RunID(), id))
+		r, err := newRawTwinNamed(ctx, cli, id, fmt.Sprintf("sandwake-bench-raw-%s-%s", testenv.RunID(), id), false)
 		if err != nil {
 			return nil, err
 		}

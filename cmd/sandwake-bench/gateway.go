@@ -38,6 +38,8 @@ type gateway struct {
 	basePort    int    // port of the plain reverse_proxy site
 	baseTo      string // its upstream; "" = no baseline site
 	baseHost    string // the Host it sends upstream; "" = the client's
+	twinPort    int    // port of a second plain reverse_proxy site
+	twinTo      string // its upstream (a published port); "" = none
 	extra       string // extra lines in the sandwake global option
 
 	cmd    *exec.Cmd
@@ -51,7 +53,7 @@ func newGateway(bin, dir string, admin bool) (*gateway, error) {
 	}
 	g := &gateway{bin: bin, dir: dir, storage: filepath.Join(dir, "sandwake")}
 	var err error
-	for _, p := range []*int{&g.previewPort, &g.apiPort, &g.basePort} {
+	for _, p := range []*int{&g.previewPort, &g.apiPort, &g.basePort, &g.twinPort} {
 		if *p, err = freePort(); err != nil {
 			return nil, err
 		}
@@ -139,6 +141,13 @@ http://127.0.0.1:%d {
 	reverse_proxy %s%s
 }
 `, g.basePort, g.baseTo, host)
+	}
+	if g.twinTo != "" {
+		fmt.Fprintf(&b, `http://127.0.0.1:%d {
+	bind 127.0.0.1
+	reverse_proxy %s
+}
+`, g.twinPort, g.twinTo)
 	}
 	return b.String()
 }
@@ -287,9 +296,24 @@ func (g *gateway) api(ctx context.Context, method, path string, body, out any) (
 
 // record is what the bench reads of an API record.
 type record struct {
-	ID    string `json:"id"`
-	State string `json:"state"`
-	Error string `json:"error"`
+	ID      string `json:"id"`
+	State   string `json:"state"`
+	Error   string `json:"error"`
+	Address string `json:"address"`
+}
+
+// address is sandbox id's own address on the sandbox network, port 8080:
+// what the gateway dials in upstream mode direct.
+func (g *gateway) address(ctx context.Context, id string) (string, error) {
+	var rec record
+	code, body, err := g.api(ctx, "GET", "/v1/sandboxes/"+id, nil, &rec)
+	if err != nil {
+		return "", err
+	}
+	if code != 200 || rec.Address == "" {
+		return "", fmt.Errorf("sandbox %s has no address: %d %s", id, code, body)
+	}
+	return net.JoinHostPort(rec.Address, "8080"), nil
 }
 
 // act calls POST /v1/sandboxes/{id}/{op} and checks the state it ends in.
@@ -330,6 +354,11 @@ func previewHost(id string) string { return "s-" + id + "-8080.preview.localhost
 // baseURL is the URL of path on the plain reverse_proxy site.
 func (g *gateway) baseURL(path string) string {
 	return fmt.Sprintf("http://127.0.0.1:%d%s", g.basePort, path)
+}
+
+// twinURL is the URL of path on the second plain reverse_proxy site.
+func (g *gateway) twinURL(path string) string {
+	return fmt.Sprintf("http://127.0.0.1:%d%s", g.twinPort, path)
 }
 
 // rss is the resident set size of the Caddy process, from /proc.

@@ -128,12 +128,15 @@ type hotPathConfig struct {
 	concs   []int
 }
 
-const hotPathTitle = "Hot path: plain reverse_proxy (baseline) vs sandwake_preview"
+const hotPathTitle = "Hot path: plain reverse_proxy to the container's address (baseline) vs sandwake_preview"
 
-// hotPath compares, on the same Caddy and the same container, a plain
-// reverse_proxy to the container's published port with sandwake_preview, for
-// a small GET and a 1 MiB POST at each concurrency. The two sides alternate
-// in slices (A B, B A, …) so that they share the machine's noise.
+// hotPath compares, on the same Caddy, a plain reverse_proxy to the
+// sandbox's container at its own address (the floor: what sandwake dials in
+// upstream mode direct) with sandwake_preview, for a small GET and a 1 MiB
+// POST at each concurrency; a third side, a plain reverse_proxy to a twin
+// container's port published through Docker's userland proxy, is the path
+// every request took before upstream mode direct. The sides alternate in
+// slices (A B C, C B A, …) so that they share the machine's noise.
 func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*table, error) {
 	payload := bytes.Repeat([]byte("sandwake"), (1<<20)/8) // 1 MiB
 	reqs := []request{
@@ -145,12 +148,22 @@ func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*ta
 		maxConc = max(maxConc, c)
 	}
 	// One client per side, so that each keeps its own warm connections.
-	baseC, swC := loopbackClient(maxConc), loopbackClient(maxConc)
-	baseURL, swURL := g.baseURL(""), g.previewURL(id, "")
+	type side struct {
+		name string
+		c    *http.Client
+		url  string
+	}
+	sides := []side{
+		{"baseline (address)", loopbackClient(maxConc), g.baseURL("")},
+		{"sandwake", loopbackClient(maxConc), g.previewURL(id, "")},
+	}
+	if g.twinTo != "" {
+		sides = append(sides, side{"published twin", loopbackClient(maxConc), g.twinURL("")})
+	}
 
 	t := &table{
 		title: hotPathTitle,
-		note: fmt.Sprintf("same Caddy, same container; %s per side per cell after %s warm-up, alternated in %d slices; ratio = sandwake / baseline",
+		note: fmt.Sprintf("same Caddy; baseline and sandwake reach the same container at its address, the twin row a twin container's port published on 127.0.0.1; %s per side per cell after %s warm-up, alternated in %d slices; ratio = sandwake / baseline (twin rows: sandwake / published twin)",
 			cfg.perSide, cfg.warmup, cfg.rounds),
 	}
 	slice := cfg.perSide / time.Duration(cfg.rounds)
@@ -165,36 +178,46 @@ func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*ta
 	}
 	for _, req := range reqs {
 		for _, conc := range cfg.concs {
-			load(ctx, baseC, baseURL, req, conc, cfg.warmup)
-			load(ctx, swC, swURL, req, conc, cfg.warmup)
-			var base, sw loadResult
+			for _, sd := range sides {
+				load(ctx, sd.c, sd.url, req, conc, cfg.warmup)
+			}
+			res := make([]loadResult, len(sides))
 			for r := range cfg.rounds {
-				if r%2 == 0 {
-					base.merge(measured(baseC, baseURL, req, conc))
-					sw.merge(measured(swC, swURL, req, conc))
-				} else {
-					sw.merge(measured(swC, swURL, req, conc))
-					base.merge(measured(baseC, baseURL, req, conc))
+				for k := range sides {
+					i := k
+					if r%2 == 1 {
+						i = len(sides) - 1 - k
+					}
+					res[i].merge(measured(sides[i].c, sides[i].url, req, conc))
 				}
 			}
 			if ctx.Err() != nil {
 				return t, ctx.Err()
 			}
-			for _, side := range []struct {
-				name string
-				r    *loadResult
-			}{{"baseline", &base}, {"sandwake", &sw}} {
-				if side.r.bad > 0 || side.r.ok == 0 {
-					return t, fmt.Errorf("%s, c=%d, %s: %d failed of %d: %v", req.name, conc, side.name, side.r.bad, side.r.bad+side.r.ok, side.r.err)
+			for i, sd := range sides {
+				if res[i].bad > 0 || res[i].ok == 0 {
+					return t, fmt.Errorf("%s, c=%d, %s: %d failed of %d: %v", req.name, conc, sd.name, res[i].bad, res[i].bad+res[i].ok, res[i].err)
 				}
 			}
+			base, sw := &res[0], &res[1]
 			bs, ss := sortedCopy(base.durs), sortedCopy(sw.durs)
 			cell := fmt.Sprintf("%s c=%d", req.name, conc)
 			t.add(ratioRow(cell+" throughput", base.throughput(), sw.throughput(), fmtRate, atLeast(0.95)))
 			t.add(ratioRow(cell+" p50", percentile(bs, 50).Seconds(), percentile(ss, 50).Seconds(), fmtSeconds, info))
 			t.add(ratioRow(cell+" p99", percentile(bs, 99).Seconds(), percentile(ss, 99).Seconds(), fmtSeconds, atMost(1.10)))
 			t.add(ratioRow(cell+" Caddy CPU/request", base.cpuPerRequest(), sw.cpuPerRequest(), fmtNanos, info))
-			progress("hot path: %s: %.0f vs %.0f req/s", cell, base.throughput(), sw.throughput())
+			if len(res) > 2 {
+				tw := &res[2]
+				goal := info
+				if conc == 16 {
+					goal = atLeast(1.2)
+				}
+				t.add(ratioRow(cell+" throughput vs published twin", tw.throughput(), sw.throughput(), fmtRate, goal))
+				t.add(ratioRow(cell+" p99 vs published twin", percentile(sortedCopy(tw.durs), 99).Seconds(), percentile(ss, 99).Seconds(), fmtSeconds, info))
+				progress("hot path: %s: %.0f (address) vs %.0f (sandwake) vs %.0f (published) req/s", cell, base.throughput(), sw.throughput(), tw.throughput())
+			} else {
+				progress("hot path: %s: %.0f vs %.0f req/s", cell, base.throughput(), sw.throughput())
+			}
 		}
 	}
 	return t, nil

@@ -2,11 +2,17 @@
 // machine, each against its baseline in the same run, and prints one table per
 // scenario (baseline, sandwake, ratio, goal):
 //
-//   - hot path: plain reverse_proxy vs sandwake_preview, same Caddy, same
-//     container; throughput, p50 and p99 for a small GET and a 1 MiB POST at
+//   - hot path: plain reverse_proxy to the container's address vs
+//     sandwake_preview, same Caddy, same container, and a plain reverse_proxy
+//     to a twin's port published through Docker's userland proxy;
+//     throughput, p50 and p99 for a small GET and a 1 MiB POST at
 //     concurrency 1, 16 and 128;
-//   - wake latency: raw Docker unpause / start plus readiness poll vs the first
-//     byte through sandwake, from paused and from stopped;
+//   - wake latency: raw Docker unpause / start plus the first byte at the
+//     container's address vs the first byte through sandwake, from paused and
+//     from stopped;
+//   - create: create → first byte at the preview URL for a pool hit (paused
+//     and running pools) and a cold create, vs raw docker create + start +
+//     first byte at the container's address;
 //   - wake storm: concurrent requests to a stopped sandbox (Docker start calls,
 //     answers, p50, p99), each round followed by the same storm at the
 //     sandbox running (the floor: what the machine takes to answer that many
@@ -28,7 +34,7 @@
 // with the run's id) is removed at the end, also after an error or Ctrl-C.
 //
 //	go run ./cmd/sandwake-bench [--quick] [--skip-containers] [--caddy bin/caddy]
-//	    [--only hotpath,wake,storm,containers,egress,records,cluster,soak] [--profile cpu.prof]
+//	    [--only hotpath,wake,storm,create,containers,egress,records,cluster,soak] [--profile cpu.prof]
 //	    [--markdown results.md] [--soak-duration 8m --soak-clients 12 …]
 //
 // `make bench` builds bin/caddy and runs it (BENCH_FLAGS passes flags). The
@@ -68,7 +74,6 @@ import (
 	"github.com/sandwake/sandwake/internal/etcdtest"
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
-	"github.com/sandwake/sandwake/lifecycle/docker"
 )
 
 // options are the command's flags.
@@ -97,7 +102,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.caddy, "caddy", "bin/caddy", "the built Caddy with sandwake (`make build`); built from ./cmd/caddy when missing")
 	fs.BoolVar(&o.quick, "quick", false, "a run of about 2-3 minutes: shorter cells, fewer wakes, one storm, 20 containers")
 	fs.BoolVar(&o.skipContainers, "skip-containers", false, "skip the real-containers part of the scale scenario")
-	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, containers, egress, records, cluster, soak (default: all but soak)")
+	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, create, containers, egress, records, cluster, soak (default: all but soak)")
 	fs.DurationVar(&o.perSide, "duration", 0, "hot path: measured time per side per cell (default 3s, 1s with --quick)")
 	fs.IntVar(&o.wakes, "wakes", 0, "wake latency: wakes of each kind and side (default 20, 6 with --quick)")
 	fs.StringVar(&o.stormList, "storm", "", "wake storm: concurrent requests, a comma-separated list of storm sizes (default 100,1000,5000; 1000 with --quick); the cluster storm takes the largest up to 1000 (the smallest when all are larger)")
@@ -174,7 +179,7 @@ func parseFlags(args []string) (options, error) {
 	return o, nil
 }
 
-var scenarios = []string{"hotpath", "wake", "storm", "containers", "egress", "records", "cluster", "soak"}
+var scenarios = []string{"hotpath", "wake", "storm", "create", "containers", "egress", "records", "cluster", "soak"}
 
 func validScenario(s string) bool {
 	for _, v := range scenarios {
@@ -275,6 +280,21 @@ func run(ctx context.Context, o options) (err error) {
 			return err
 		}
 	}
+	if o.runs("create") {
+		if err := b.ensureImage(ctx); err != nil {
+			return err
+		}
+		n := max(o.wakes/2, 4)
+		progress("create: pool hits, cold creates and raw docker create + start")
+		t, err := createLatency(ctx, b, n)
+		if err != nil {
+			return err
+		}
+		b.show(t)
+		if err := removeRunContainers(ctx, b.cli); err != nil {
+			return err
+		}
+	}
 	if o.runs("egress") {
 		if err := b.ensureImage(ctx); err != nil {
 			return err
@@ -348,13 +368,19 @@ func (b *bench) mainScenarios(ctx context.Context) error {
 	progress("gateway up, sandbox %s running", id)
 
 	if b.o.runs("hotpath") {
-		addr, err := publishedAddr(ctx, b.cli, docker.ContainerName(id))
+		addr, err := g.address(ctx, id)
 		if err != nil {
 			return err
 		}
-		// The baseline site proxies to the same container's published port,
-		// in the same Caddy (a config reload keeps the engine).
-		g.baseTo = addr
+		twin, err := newPublishedTwin(ctx, b.cli, id)
+		if err != nil {
+			return err
+		}
+		// The baseline site proxies to the same container at its own
+		// address (the floor), the second to a twin's published port (the
+		// old path, through Docker's userland proxy), in the same Caddy (a
+		// config reload keeps the engine).
+		g.baseTo, g.twinTo = addr, twin.addr
 		if err := g.reload(ctx); err != nil {
 			return err
 		}
@@ -478,21 +504,6 @@ func removeRunContainers(ctx context.Context, cli *client.Client) error {
 		}
 	}
 	return nil
-}
-
-// publishedAddr is the 127.0.0.1 address port 8080 of a container is
-// published on.
-func publishedAddr(ctx context.Context, cli *client.Client, name string) (string, error) {
-	ci, err := cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
-	if err != nil {
-		return "", err
-	}
-	for p, bs := range ci.Container.NetworkSettings.Ports {
-		if p.Num() == 8080 && len(bs) > 0 {
-			return "127.0.0.1:" + bs[0].HostPort, nil
-		}
-	}
-	return "", fmt.Errorf("%s: port 8080 is not published", name)
 }
 
 func (b *bench) show(t *table) {

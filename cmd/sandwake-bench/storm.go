@@ -39,6 +39,11 @@ func storm(ctx context.Context, g *gateway, cli *client.Client, id string, n int
 // container meanwhile. With a probe, it notes where the CPU went from
 // firing to the last answer.
 func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n int, probe *cpuProbe) (stormResult, error) {
+	return fireAt(ctx, cli, id, func(i int) string { return gws[i%len(gws)].previewURL(id, "/healthz") }, n, probe)
+}
+
+// fireAt is fire with request i sent to urlOf(i).
+func fireAt(ctx context.Context, cli *client.Client, id string, urlOf func(int) string, n int, probe *cpuProbe) (stormResult, error) {
 	res := stormResult{failures: map[string]int{}}
 	c := loopbackClient(n)
 	var (
@@ -47,7 +52,7 @@ func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n 
 		fire = make(chan struct{})
 	)
 	for i := range n {
-		url := gws[i%len(gws)].previewURL(id, "/healthz")
+		url := urlOf(i)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -142,8 +147,12 @@ func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n
 	if rawStart > 0 {
 		base = fmtDuration(rawStart)
 	}
-	var all, hot []time.Duration
+	var all, hot, direct []time.Duration
 	var shares cpuShares
+	addr, err := g.address(ctx, id)
+	if err != nil {
+		return t, err
+	}
 	for r := range rounds {
 		res, err := storm(ctx, g, cli, id, n)
 		if err != nil {
@@ -160,6 +169,13 @@ func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n
 			return t, err
 		}
 		shares.add(warm.cpu)
+		// The machine's own floor: the same storm straight at the running
+		// app's address, no Caddy at all.
+		bare, err := fireAt(ctx, cli, id, func(int) string { return "http://" + addr + "/healthz" }, n, nil)
+		if err != nil {
+			return t, err
+		}
+		direct = append(direct, bare.durs...)
 		label := fmt.Sprintf("round %d: ", r+1)
 		t.add(valueRow(label+"Docker start calls", "", float64(res.starts), fmtCount, exactly(1)))
 		t.add(valueRow(label+"answered 200", "", float64(res.answered), fmtCount, exactly(float64(n))))
@@ -180,18 +196,21 @@ func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n
 	p50, p99, hot99 := percentile(ds, 50), percentile(ds, 99), percentile(hs, 99)
 	t.add(valueRow("p50 time to answer, all rounds", "", p50.Seconds(), fmtSeconds, info))
 	t.add(valueRow("p99, same storm at the running sandbox (no wake)", "", hot99.Seconds(), fmtSeconds, info))
+	t.add(valueRow("p99, same storm straight at the app's address (no Caddy)", "", percentile(sortedCopy(direct), 99).Seconds(), fmtSeconds, info))
 	for _, r := range shares.rows("same storm at the running sandbox: ") {
 		t.add(r)
 	}
 	if rawStart > 0 {
 		// The issue's measure: p99 against one wake's first byte.
-		goal := atMost(1.5)
+		// Issue 28's goals: p99 within 1.5× one wake up to 1,000; beyond,
+		// within 1.1× of the machine's floor, one wake then the storm as if
+		// the sandbox were running.
+		goal, floorGoal := atMost(1.5), info
 		if n > 1000 {
-			goal = atMost(2)
+			goal, floorGoal = info, atMost(1.1)
 		}
 		t.add(ratioRow("p99 time to answer vs one wake", rawStart.Seconds(), p99.Seconds(), fmtSeconds, goal))
-		// The floor of a storm: one wake, then the storm as if running.
-		t.add(ratioRow("p99 time to answer vs one wake + running storm p99", (rawStart + hot99).Seconds(), p99.Seconds(), fmtSeconds, info))
+		t.add(ratioRow("p99 time to answer vs one wake + running storm p99", (rawStart + hot99).Seconds(), p99.Seconds(), fmtSeconds, floorGoal))
 	} else {
 		t.add(valueRow("p99 time to answer", base, p99.Seconds(), fmtSeconds, info))
 	}

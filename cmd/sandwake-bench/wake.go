@@ -7,10 +7,12 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptrace"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -40,22 +42,32 @@ func firstByte(ctx context.Context, c *http.Client, url string) (time.Duration, 
 	return first.Sub(t0), nil
 }
 
-// rawContainer is a twin of a sandbox's container (same image, command,
-// limits, port publishing and volume) that sandwake does not manage: the
-// baseline of the wake scenario, woken by raw Docker calls.
+// rawContainer is a twin of a sandbox's container (same image, command and
+// limits) that sandwake does not manage: the baseline of the wake scenario,
+// woken by raw Docker calls, and of the hot path through a published port.
+// It runs on Docker's default bridge: the sandbox network admits only
+// addresses sandwake bound to their sandbox.
 type rawContainer struct {
-	cli  *client.Client
-	name string
-	addr string // published 127.0.0.1 address of port 8080
+	cli       *client.Client
+	name      string
+	published bool
+	addr      string // its address (or, published, 127.0.0.1 port) of port 8080
 }
 
-// newRawTwin creates and starts the twin of sandbox id's container.
+// newRawTwin creates and starts the twin of sandbox id's container, dialled
+// at its own address, as sandwake dials sandboxes in upstream mode direct.
 func newRawTwin(ctx context.Context, cli *client.Client, id string) (*rawContainer, error) {
-	return newRawTwinNamed(ctx, cli, id, "sandwake-bench-raw-"+testenv.RunID())
+	return newRawTwinNamed(ctx, cli, id, "sandwake-bench-raw-"+testenv.RunID(), false)
+}
+
+// newPublishedTwin creates and starts a twin whose port 8080 is published
+// on 127.0.0.1, behind Docker's userland proxy: the old upstream path.
+func newPublishedTwin(ctx context.Context, cli *client.Client, id string) (*rawContainer, error) {
+	return newRawTwinNamed(ctx, cli, id, "sandwake-bench-pub-"+testenv.RunID(), true)
 }
 
 // newRawTwinNamed is newRawTwin under a name of the caller's.
-func newRawTwinNamed(ctx context.Context, cli *client.Client, id, name string) (*rawContainer, error) {
+func newRawTwinNamed(ctx context.Context, cli *client.Client, id, name string, published bool) (*rawContainer, error) {
 	ci, err := cli.ContainerInspect(ctx, docker.ContainerName(id), client.ContainerInspectOptions{})
 	if err != nil {
 		return nil, err
@@ -64,7 +76,14 @@ func newRawTwinNamed(ctx context.Context, cli *client.Client, id, name string) (
 	cfg.Labels = testenv.Labels() // not sandwake's: its reconcile never sees it
 	cfg.ExposedPorts = maps.Clone(cfg.ExposedPorts)
 	hc := *ci.Container.HostConfig
-	r := &rawContainer{cli: cli, name: name}
+	hc.NetworkMode = "bridge"
+	hc.Mounts = nil // not the sandbox's workspace
+	hc.PortBindings = nil
+	if published {
+		port, _ := network.PortFrom(8080, network.TCP)
+		hc.PortBindings = network.PortMap{port: []network.PortBinding{{HostIP: netip.MustParseAddr("127.0.0.1")}}}
+	}
+	r := &rawContainer{cli: cli, name: name, published: published}
 	if _, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: r.name, Config: &cfg, HostConfig: &hc}); err != nil {
 		return nil, fmt.Errorf("creating the raw twin: %w", err)
 	}
@@ -74,8 +93,8 @@ func newRawTwinNamed(ctx context.Context, cli *client.Client, id, name string) (
 	return r, nil
 }
 
-// start is the raw wake from stopped: start, read the published port again
-// (it can change on every start, as sandwake's runtime does), then the
+// start is the raw wake from stopped: start, read the address (or the
+// published port) again, as it can change on every start, then the
 // readiness poll.
 func (r *rawContainer) start(ctx context.Context) error {
 	if _, err := r.cli.ContainerStart(ctx, r.name, client.ContainerStartOptions{}); err != nil {
@@ -86,20 +105,23 @@ func (r *rawContainer) start(ctx context.Context) error {
 		return err
 	}
 	r.addr = ""
-	for p, bs := range ci.Container.NetworkSettings.Ports {
-		if p.Num() == 8080 && len(bs) > 0 {
-			r.addr = "127.0.0.1:" + bs[0].HostPort
+	if r.published {
+		for p, bs := range ci.Container.NetworkSettings.Ports {
+			if p.Num() == 8080 && len(bs) > 0 {
+				r.addr = "127.0.0.1:" + bs[0].HostPort
+			}
 		}
+	} else if ep := ci.Container.NetworkSettings.Networks["bridge"]; ep != nil && ep.IPAddress.IsValid() {
+		r.addr = netip.AddrPortFrom(ep.IPAddress.Unmap(), 8080).String()
 	}
 	if r.addr == "" {
-		return fmt.Errorf("raw twin: port 8080 not published")
+		return fmt.Errorf("raw twin: no address for port 8080")
 	}
 	return r.ready(ctx)
 }
 
-// ready is the same readiness poll sandwake runs: an HTTP answer through the
-// published port, polled with backoff from 5 ms. A bare TCP connect proves
-// nothing there (Docker's userland proxy accepts before the app listens).
+// ready is the first byte of an HTTP answer at the twin's address, polled
+// with backoff from 5 ms (sandwake's own poll).
 func (r *rawContainer) ready(ctx context.Context) error {
 	spec := lifecycle.Spec{Ports: []int{8080}, ReadyMode: lifecycle.ReadyHTTP}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -220,7 +242,7 @@ func wakeLatency(ctx context.Context, g *gateway, cli *client.Client, id string,
 
 	t := &table{
 		title: "Wake latency: raw Docker call + readiness poll (baseline) vs first byte through sandwake",
-		note: fmt.Sprintf("%d wakes of each, alternated; raw = unpause, or start + inspect for the new port, then HTTP readiness poll from 5 ms (sandwake's own poll) on an identical container sandwake does not manage",
+		note: fmt.Sprintf("%d wakes of each, alternated; raw = unpause, or start + inspect for the address, then an HTTP GET at the container's address polled from 5 ms until its first byte, on an identical container sandwake does not manage",
 			iterations),
 	}
 	for _, k := range kinds {

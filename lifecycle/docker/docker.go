@@ -77,7 +77,9 @@ type Options struct {
 	// Host is the engine address (unix:///var/run/docker.sock, tcp://…).
 	// Default: DOCKER_HOST, else the local socket.
 	Host string
-	// UpstreamMode is UpstreamPublished (default) or UpstreamNetwork.
+	// UpstreamMode is UpstreamAuto (default: direct where the engine is
+	// local and the sandbox bridge in this namespace, else published),
+	// UpstreamDirect, UpstreamPublished or UpstreamNetwork.
 	UpstreamMode string
 	// Network is the Docker network of UpstreamNetwork mode.
 	Network string
@@ -144,21 +146,24 @@ type Runtime struct {
 	noQuota atomic.Bool
 
 	netMu sync.Mutex
+	// mode is the upstream mode in force (see upstream.go); nil until an
+	// automatic choice is made.
+	mode atomic.Pointer[upstreamChoice]
 }
 
 // New connects a runtime to the engine (no request is made until used).
 func New(opts Options) (*Runtime, error) {
 	if opts.UpstreamMode == "" {
-		opts.UpstreamMode = UpstreamPublished
+		opts.UpstreamMode = UpstreamAuto
 	}
 	switch opts.UpstreamMode {
-	case UpstreamPublished:
+	case UpstreamAuto, UpstreamDirect, UpstreamPublished:
 	case UpstreamNetwork:
 		if opts.Network == "" {
 			return nil, errors.New("docker runtime: upstream mode network needs a network name")
 		}
 	default:
-		return nil, fmt.Errorf("docker runtime: unknown upstream mode %q (published or network)", opts.UpstreamMode)
+		return nil, fmt.Errorf("docker runtime: unknown upstream mode %q (auto, direct, published or network)", opts.UpstreamMode)
 	}
 	if opts.StopTimeout <= 0 {
 		opts.StopTimeout = DefaultStopTimeout
@@ -190,7 +195,14 @@ func New(opts Options) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker runtime: %w", err)
 	}
-	return &Runtime{cli: cli, opts: opts}, nil
+	r := &Runtime{cli: cli, opts: opts}
+	switch opts.UpstreamMode {
+	case UpstreamDirect, UpstreamPublished:
+		r.mode.Store(&upstreamChoice{mode: opts.UpstreamMode, why: "set by the operator (upstream_mode " + opts.UpstreamMode + ")"})
+	case UpstreamNetwork:
+		r.mode.Store(&upstreamChoice{mode: opts.UpstreamMode, why: "set by the operator (upstream_mode network " + opts.Network + "): sandboxes are dialled by name on that network"})
+	}
+	return r, nil
 }
 
 // Close releases the client's connections.
@@ -359,7 +371,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	for _, p := range spec.Ports {
 		port, _ := network.PortFrom(uint16(p), network.TCP)
 		exposed[port] = struct{}{}
-		if r.opts.UpstreamMode == UpstreamPublished {
+		if r.published() {
 			bindings[port] = []network.PortBinding{{HostIP: loopback}}
 		}
 	}
@@ -415,7 +427,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		hc.NetworkMode = container.NetworkMode(r.opts.SandboxNetwork)
 	}
 	opts := client.ContainerCreateOptions{Name: ContainerName(id), Config: cfg, HostConfig: hc}
-	if spec.Address.IsValid() && r.opts.UpstreamMode == UpstreamPublished {
+	if spec.Address.IsValid() && r.ownsNetwork() {
 		// The address the Manager chose, whose firewall entry already
 		// exists: the container's first packet meets its policy.
 		opts.NetworkingConfig = &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
@@ -714,6 +726,11 @@ func (r *Runtime) fromInspect(id string, ci *container.InspectResponse) lifecycl
 	if ci.Config != nil {
 		c.Upstreams = r.upstreams(id, ci)
 	}
+	if hc := ci.HostConfig; hc != nil {
+		for _, bs := range hc.PortBindings {
+			c.Published = c.Published || len(bs) > 0
+		}
+	}
 	if ns := ci.NetworkSettings; ns != nil {
 		if ep := ns.Networks[r.opts.SandboxNetwork]; ep != nil && len(ep.MacAddress) > 0 {
 			c.MAC = ep.MacAddress.String()
@@ -722,14 +739,27 @@ func (r *Runtime) fromInspect(id string, ci *container.InspectResponse) lifecycl
 	return c
 }
 
-// upstreams reads the address of each exposed port: the published host port
-// on loopback, or the container's name on the network.
+// upstreams reads the address of each exposed port: the container's own
+// address on the sandbox network (direct), the published host port on
+// loopback, or the container's name on the network. In direct mode a
+// container not on the sandbox network (made before it existed) keeps its
+// published ports.
 func (r *Runtime) upstreams(id string, ci *container.InspectResponse) map[int]string {
 	ups := make(map[int]string, len(ci.Config.ExposedPorts))
+	var own netip.Addr
+	if r.direct() && ci.NetworkSettings != nil {
+		if ep := ci.NetworkSettings.Networks[r.opts.SandboxNetwork]; ep != nil && ep.IPAddress.IsValid() {
+			own = ep.IPAddress.Unmap()
+		}
+	}
 	for port := range ci.Config.ExposedPorts {
 		p := int(port.Num())
 		if r.opts.UpstreamMode == UpstreamNetwork {
 			ups[p] = ContainerName(id) + ":" + strconv.Itoa(p)
+			continue
+		}
+		if own.IsValid() {
+			ups[p] = netip.AddrPortFrom(own, uint16(p)).String()
 			continue
 		}
 		if ci.NetworkSettings == nil {

@@ -30,6 +30,13 @@ type counting struct {
 	creates, starts, unpauses atomic.Int64
 }
 
+// Direct and UpstreamMode pass the runtime's upstream mode through.
+func (c *counting) Direct() bool { return c.Runtime.(*docker.Runtime).Direct() }
+
+func (c *counting) UpstreamMode(ctx context.Context) (string, string) {
+	return c.Runtime.(*docker.Runtime).UpstreamMode(ctx)
+}
+
 // DiskUsage passes the disk watchdog's measures through.
 func (c *counting) DiskUsage(ctx context.Context, id string) (int64, error) {
 	return c.Runtime.(lifecycle.DiskMeter).DiskUsage(ctx, id)
@@ -173,11 +180,18 @@ func mustState(t testing.TB, st *store.Store, id string, want lifecycle.State) l
 	return rec
 }
 
+// upstream is the address the gateway dials for rec's first port: the
+// sandbox's own address (upstream mode direct, this machine's), or a port
+// published on loopback.
 func upstream(t testing.TB, rec lifecycle.Record) string {
 	t.Helper()
 	addr := rec.Upstreams[rec.Spec.Ports[0]]
-	if !strings.HasPrefix(addr, "127.0.0.1:") {
-		t.Fatalf("upstream %q is not on loopback", addr)
+	want := "127.0.0.1:"
+	if rec.Address.IsValid() {
+		want = rec.Address.String() + ":"
+	}
+	if !strings.HasPrefix(addr, want) {
+		t.Fatalf("upstream %q is not at %s…", addr, want)
 	}
 	return addr
 }

@@ -36,7 +36,7 @@ func BridgeName(name string) string {
 // sandbox network exists, is this instance's, keeps sandboxes apart and
 // has a subnet of its own, and describes it.
 func (r *Runtime) SandboxNetwork(ctx context.Context) (lifecycle.SandboxNet, error) {
-	if r.opts.UpstreamMode != UpstreamPublished {
+	if !r.ownsNetwork() {
 		return lifecycle.SandboxNet{}, fmt.Errorf("%w: in upstream_mode network sandboxes join %s, a network sandwake does not own, so it cannot fix their addresses; "+
 			"use upstream_mode published, or set egress unenforced", lifecycle.ErrEgressUnenforced, r.opts.Network)
 	}
@@ -46,14 +46,19 @@ func (r *Runtime) SandboxNetwork(ctx context.Context) (lifecycle.SandboxNet, err
 // ensureNetwork makes sure the sandbox network exists, as SandboxNetwork
 // says. It is checked on every create (creates are rare) so that a network
 // removed by hand is made again.
-func (r *Runtime) ensureNetwork(ctx context.Context) (lifecycle.SandboxNet, error) {
-	if r.opts.UpstreamMode != UpstreamPublished {
+func (r *Runtime) ensureNetwork(ctx context.Context) (n lifecycle.SandboxNet, err error) {
+	if !r.ownsNetwork() {
 		return lifecycle.SandboxNet{}, nil
 	}
 	r.netMu.Lock()
 	defer r.netMu.Unlock()
+	defer func() {
+		if err == nil {
+			r.resolveUpstream(n.Bridge)
+		}
+	}()
 	name := r.opts.SandboxNetwork
-	n, err := r.checkNetwork(ctx, name)
+	n, err = r.checkNetwork(ctx, name)
 	if err == nil || !errors.Is(err, lifecycle.ErrNotFound) {
 		return n, err
 	}
