@@ -161,4 +161,3 @@ func rawCreate(ctx context.Context, cli *client.Client, image, name string) (tim
 	}
 	return time.Since(t0), nil
 }
-

@@ -153,4 +153,3 @@ func (r *Runtime) ownsNetwork() bool { return r.opts.UpstreamMode != UpstreamNet
 
 // Direct implements lifecycle.DirectUpstreams.
 func (r *Runtime) Direct() bool { return r.direct() }
-
