@@ -230,6 +230,22 @@ func portMACKey(b binding) []byte {
 	return append(k, 0, 0)
 }
 
+// runningSet is the inet table's set of bound addresses (firewall.go's
+// output chain).
+func (f *Firewall) runningSet() *nftables.Set {
+	return &nftables.Set{Table: f.table, Name: setRunning, KeyType: nftables.TypeIPAddr}
+}
+
+// runningElements are the bound addresses, as the running set holds them.
+func (f *Firewall) runningElements() []nftables.SetElement {
+	els := make([]nftables.SetElement, 0, len(f.bindings))
+	for a := range f.bindings {
+		k := a.As4()
+		els = append(els, nftables.SetElement{Key: k[:]})
+	}
+	return els
+}
+
 // stageUnbind batches the removal of addr's binding.
 func (f *Firewall) stageUnbind(c *nftables.Conn, addr netip.Addr) error {
 	b, ok := f.bindings[addr]
@@ -237,10 +253,11 @@ func (f *Firewall) stageUnbind(c *nftables.Conn, addr netip.Addr) error {
 		return nil
 	}
 	bound, ports, portmacs, macs := f.bridgeSets()
+	a := addr.As4()
 	for _, d := range []struct {
 		s   *nftables.Set
 		key []byte
-	}{{bound, boundKey(b, addr)}, {ports, ifname(b.port)}, {portmacs, portMACKey(b)}, {macs, b.mac}} {
+	}{{bound, boundKey(b, addr)}, {ports, ifname(b.port)}, {portmacs, portMACKey(b)}, {macs, b.mac}, {f.runningSet(), a[:]}} {
 		if err := c.SetDeleteElements(d.s, []nftables.SetElement{{Key: d.key}}); err != nil {
 			return err
 		}
@@ -282,10 +299,11 @@ func (f *Firewall) Bind(pb lifecycle.PortBinding) error {
 		}
 	}
 	bound, ports, portmacs, macs := f.bridgeSets()
+	a := pb.Address.As4()
 	for _, d := range []struct {
 		s   *nftables.Set
 		key []byte
-	}{{bound, boundKey(want, pb.Address)}, {ports, ifname(port)}, {portmacs, portMACKey(want)}, {macs, mac}} {
+	}{{bound, boundKey(want, pb.Address)}, {ports, ifname(port)}, {portmacs, portMACKey(want)}, {macs, mac}, {f.runningSet(), a[:]}} {
 		if err := c.SetAddElements(d.s, []nftables.SetElement{{Key: d.key}}); err != nil {
 			return err
 		}

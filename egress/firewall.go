@@ -12,6 +12,9 @@
 //	                     oifname <br> iifname != <br> ct direction original ct state new drop }
 //	  chain input      { hook input priority -10;      iifname <br> jump from_sandbox }
 //	  chain prerouting { hook prerouting priority -150; iifname != lo ip daddr 127.0.0.0/8 drop }
+//	  set running   { type ipv4_addr }                       # addresses bound to a running sandbox
+//	  chain output     { hook output priority -10;      oifname <br> ip daddr <subnet> ip daddr != @running
+//	                     ip daddr != <gateway> reject }       # the host's dials to a stopped sandbox fail at once
 //	  chain from_sandbox { ct direction reply accept; meta nfproto ipv6 drop
 //	                       ip saddr vmap @sandboxes; drop }     # unknown source: dropped
 //	  chain sb-<id> { fib daddr type local reject       # the host, by kind
@@ -55,6 +58,10 @@ const (
 	chainForward    = "forward"
 	chainInput      = "input"
 	chainPrerouting = "prerouting"
+	chainOutput     = "output"
+	// setRunning holds the addresses bound to a running sandbox's port
+	// (bindings.go): the host's own connections reach only those.
+	setRunning = "running"
 	// Counters of the drops not charged to a sandbox.
 	counterUnknown  = "unknown_source"
 	counterInbound  = "inbound"
@@ -158,10 +165,17 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 		f.elems, f.chains, f.counters = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}
 		return nil
 	}
-	// Installed: the host's addresses may have changed since.
+	// Installed: the host's addresses may have changed since, and the
+	// running set follows the bindings (a binding table installed again
+	// holds none).
 	set := &nftables.Set{Table: f.table, Name: setDenied, KeyType: nftables.TypeIPAddr, Interval: true}
 	c.FlushSet(set)
 	if err := c.SetAddElements(set, intervalElements(mergeSpans(f.denied))); err != nil {
+		return fmt.Errorf("egress firewall: %w", err)
+	}
+	running := f.runningSet()
+	c.FlushSet(running)
+	if err := c.SetAddElements(running, f.runningElements()); err != nil {
 		return fmt.Errorf("egress firewall: %w", err)
 	}
 	if err := c.Flush(); err != nil {
@@ -229,7 +243,7 @@ func (f *Firewall) complete(c *nftables.Conn) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for _, want := range []string{chainFrom, chainForward, chainInput, chainPrerouting} {
+	for _, want := range []string{chainFrom, chainForward, chainInput, chainPrerouting, chainOutput} {
 		if !slices.ContainsFunc(chains, func(ch *nftables.Chain) bool { return ch.Name == want }) {
 			return false, nil
 		}
@@ -238,7 +252,7 @@ func (f *Firewall) complete(c *nftables.Conn) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for _, want := range []string{setDenied, mapSandboxes} {
+	for _, want := range []string{setDenied, mapSandboxes, setRunning} {
 		if !slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == want }) {
 			return false, nil
 		}
@@ -303,6 +317,23 @@ func (f *Firewall) install(c *nftables.Conn) error {
 	// Packets for 127.0.0.0/8 that did not come from loopback: other hosts
 	// of the local network reaching ports published on 127.0.0.1
 	// (moby#45610). Before DNAT (priority -100) rewrites them.
+	// The host's own connections to an address of the subnet that no
+	// running sandbox holds (stopped, or gone behind sandwake's back) are
+	// refused at once, not left to time out on ARP: the gateway's dial
+	// fails fast and the request is held through a wake.
+	if err := c.AddSet(&nftables.Set{Table: t, Name: setRunning, KeyType: nftables.TypeIPAddr}, f.runningElements()); err != nil {
+		return err
+	}
+	out := c.AddChain(&nftables.Chain{Table: t, Name: chainOutput, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookOutput, Priority: prio})
+	notRunning := cat(matchIf(expr.MetaKeyOIFNAME, br, expr.CmpOpEq), nfproto(unix.NFPROTO_IPV4), ipPrefix(offDaddr, f.net.Subnet),
+		[]expr.Any{&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: offDaddr, Len: 4}, &expr.Lookup{SourceRegister: reg1, SetName: setRunning, Invert: true}})
+	gw := f.net.Gateway.As4()
+	notGateway := []expr.Any{
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseNetworkHeader, Offset: offDaddr, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: gw[:]},
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: cat(notRunning, notGateway, l4proto(unix.IPPROTO_TCP), []expr.Any{rejectTCP()})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: cat(notRunning, notGateway, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_HOST_UNREACH}})})
 	pre := c.AddChain(&nftables.Chain{Table: t, Name: chainPrerouting, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle})
 	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(
 		matchIf(expr.MetaKeyIIFNAME, "lo", expr.CmpOpNeq), nfproto(unix.NFPROTO_IPV4),

@@ -2,6 +2,7 @@ package egress_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/egress"
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -204,5 +207,37 @@ func TestHostAddressesByKind(t *testing.T) {
 		if n := r.mgr.EgressDenied(rec.ID, 0); n <= before {
 			t.Errorf("the attempt at %s was not counted against the sandbox (%d, before %d)", a, n, before)
 		}
+	}
+}
+
+// TestAStoppedSandboxRefusesAtOnce: the host's own connections to the
+// address of a sandbox whose container stopped behind sandwake's back are
+// refused at once (a reset from the output path), not left to time out on
+// ARP: in upstream mode direct the gateway's dial fails fast and the
+// request is held through a wake. A running sandbox's address answers.
+func TestAStoppedSandboxRefusesAtOnce(t *testing.T) {
+	r := newRig(t, nil)
+	rec := r.create(testenv.UniqueID("st"), lifecycle.Egress{Policy: lifecycle.EgressNone})
+	addr := rec.Upstreams[8080]
+	if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err != nil {
+		t.Fatalf("the running sandbox at %s: %v", addr, err)
+	} else {
+		c.Close()
+	}
+	cli := testenv.Docker(t)
+	secs := 1
+	if _, err := cli.ContainerStop(context.Background(), "s-"+rec.ID, client.ContainerStopOptions{Timeout: &secs}); err != nil {
+		t.Fatal(err)
+	}
+	// What the events stream or the periodic reconcile does in a gateway.
+	if _, err := r.mgr.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := r.mgr.Get(rec.ID); err != nil || got.State != lifecycle.Stopped {
+		t.Fatalf("after the reconcile: %+v %v, want stopped", got.State, err)
+	}
+	_, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dialling the stopped sandbox's address: %v, want connection refused at once", err)
 	}
 }
