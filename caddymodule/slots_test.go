@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,31 +12,22 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/moby/moby/api/types/network"
-	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/internal/testenv"
-	"github.com/sandwake/sandwake/lifecycle/docker"
 )
 
-// inflight asks the app of sandbox id, straight at its port published on
-// 127.0.0.1 (not through the gateway, whose slots it would need), how many
-// /wait requests it serves now and the most it ever served at once.
+// inflight asks the app of sandbox id, straight at its own address (not
+// through the gateway, whose slots it would need), how many /wait requests
+// it serves now and the most it ever served at once.
 func (h *harness) inflight(id string) (now, most int) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ci, err := h.cli.ContainerInspect(ctx, docker.ContainerName(id), client.ContainerInspectOptions{})
-	if err != nil {
-		h.t.Fatal(err)
+	var rec recordView
+	if code := h.api("GET", "/v1/sandboxes/"+id, nil, &rec); code != 200 || rec.Address == "" {
+		h.t.Fatalf("sandbox %s: %d, address %q", id, code, rec.Address)
 	}
-	var addr string
-	for _, b := range ci.Container.NetworkSettings.Ports[network.MustParsePort("8080/tcp")] {
-		addr = "127.0.0.1:" + b.HostPort
-	}
-	if addr == "" {
-		h.t.Fatalf("sandbox %s publishes no port 8080", id)
-	}
+	addr := net.JoinHostPort(rec.Address, "8080")
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/inflight", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
