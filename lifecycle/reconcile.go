@@ -392,17 +392,10 @@ func (m *Manager) correct(rec Record, c Correction, adopt *Container, errText st
 	if err != nil {
 		return nil, err
 	}
-	switch c.To {
-	case Stopped, Killed, Error:
-		// Its container exited or is gone: so is its port.
+	if c.To == Stopped || c.To == Killed || c.To == Error {
+		// Its container exited or is gone: so is its port. (One started
+		// outside sandwake was bound before its probe: reconcileLocked.)
 		m.unbindPort(rec.ID, rec.Address)
-	case Running:
-		if adopt != nil && rec.State != Running && rec.State != Paused {
-			// Started behind sandwake's back, on a port nobody bound.
-			if err := m.bindPort(m.ctx, rec.ID, rec.Address, *adopt); err != nil {
-				m.log.Warn("binding a sandbox started outside sandwake", zap.String("id", rec.ID), zap.Error(err))
-			}
-		}
 	}
 	m.note(c)
 	return &c, nil
