@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -186,12 +187,14 @@ func mustState(t testing.TB, st *store.Store, id string, want lifecycle.State) l
 func upstream(t testing.TB, rec lifecycle.Record) string {
 	t.Helper()
 	addr := rec.Upstreams[rec.Spec.Ports[0]]
-	want := "127.0.0.1:"
-	if rec.Address.IsValid() {
-		want = rec.Address.String() + ":"
-	}
-	if !strings.HasPrefix(addr, want) {
-		t.Fatalf("upstream %q is not at %s…", addr, want)
+	ap, err := netip.ParseAddrPort(addr)
+	switch {
+	case err != nil:
+		t.Fatalf("upstream %q is not an address and port", addr)
+	case rec.Address.IsValid() && ap.Addr() != rec.Address:
+		t.Fatalf("upstream %q is not at the sandbox's address %s", addr, rec.Address)
+	case !ap.Addr().IsLoopback() && !ap.Addr().IsPrivate():
+		t.Fatalf("upstream %q is neither a published port on loopback nor an address of the sandbox network", addr)
 	}
 	return addr
 }
@@ -264,12 +267,16 @@ func TestPauseStopAndWake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The host port may differ after a start; the record must carry the
-	// one docker reports now.
+	// The host port (published), or the address Docker gave a container
+	// without a fixed one (direct), may differ after a start; the record
+	// must carry the one docker reports now.
 	ci, _ = f.cli.ContainerInspect(ctx, docker.ContainerName(rec.ID), client.ContainerInspectOptions{})
 	var now string
 	for _, b := range ci.Container.NetworkSettings.Ports[network.MustParsePort("8080/tcp")] {
 		now = "127.0.0.1:" + b.HostPort
+	}
+	if ep := ci.Container.NetworkSettings.Networks[testenv.Network()]; now == "" && ep != nil {
+		now = netip.AddrPortFrom(ep.IPAddress.Unmap(), 8080).String()
 	}
 	if woke.Upstreams[8080] != now {
 		t.Fatalf("upstream %q, docker says %q", woke.Upstreams[8080], now)
