@@ -93,7 +93,8 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 }
 
 // repeatableOptions are the sandwake options whose lines add up.
-var repeatableOptions = map[string]bool{"webhook": true, "label": true, "allowed_images": true, "allowed_registries": true}
+var repeatableOptions = map[string]bool{"webhook": true, "label": true, "allowed_images": true, "allowed_registries": true,
+	"template": true, "egress_deny": true, "egress_allow_private": true, "egress_dns": true}
 
 // UnmarshalCaddyfile sets up the app from Caddyfile tokens (see
 // parseGlobalOption for the syntax).

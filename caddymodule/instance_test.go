@@ -57,6 +57,15 @@ func TestOwnershipOptions(t *testing.T) {
 				t.Fatalf("labels %v, want both", a.Labels)
 			}
 		}},
+		// As docs/caddyfile.md says: templates and the egress lists add up
+		// (two templates were refused as "given twice").
+		{"templates and egress lists add up", "template a {\nimage x\nports 80\n}\ntemplate b {\nimage y\nports 81\n}\n" +
+			"egress_deny 203.0.113.0/24\negress_deny 198.51.100.0/24\negress_allow_private 10.1.2.3:5432\negress_allow_private 10.1.2.4:5432\n" +
+			"egress_dns 10.0.0.2\negress_dns 10.0.0.3", "", func(t *testing.T, a *App) {
+			if len(a.Templates) != 2 || len(a.EgressDeny) != 2 || len(a.EgressAllowPrivate) != 2 || len(a.EgressDNS) != 2 {
+				t.Fatalf("templates %d, egress_deny %v, egress_allow_private %v, egress_dns %v: want two of each", len(a.Templates), a.EgressDeny, a.EgressAllowPrivate, a.EgressDNS)
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { checkOption(t, tt.input, tt.wantErr, tt.check) })

@@ -39,13 +39,12 @@ func storm(ctx context.Context, g *gateway, cli *client.Client, id string, n int
 // container meanwhile. With a probe, it notes where the CPU went from
 // firing to the last answer.
 func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n int, probe *cpuProbe) (stormResult, error) {
-	return fireAt(ctx, cli, id, func(i int) string { return gws[i%len(gws)].previewURL(id, "/healthz") }, n, probe)
+	return fireAt(ctx, cli, id, loopbackClient(n), func(i int) string { return gws[i%len(gws)].previewURL(id, "/healthz") }, n, probe)
 }
 
-// fireAt is fire with request i sent to urlOf(i).
-func fireAt(ctx context.Context, cli *client.Client, id string, urlOf func(int) string, n int, probe *cpuProbe) (stormResult, error) {
+// fireAt is fire with c sending request i to urlOf(i).
+func fireAt(ctx context.Context, cli *client.Client, id string, c *http.Client, urlOf func(int) string, n int, probe *cpuProbe) (stormResult, error) {
 	res := stormResult{failures: map[string]int{}}
-	c := loopbackClient(n)
 	var (
 		mu   sync.Mutex
 		wg   sync.WaitGroup
@@ -171,11 +170,15 @@ func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n
 		shares.add(warm.cpu)
 		// The machine's own floor: the same storm straight at the running
 		// app's address, no Caddy at all.
-		bare, err := fireAt(ctx, cli, id, func(int) string { return "http://" + addr + "/healthz" }, n, nil)
+		bare, err := fireAt(ctx, cli, id, &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}},
+			func(int) string { return "http://" + addr + "/healthz" }, n, nil)
 		if err != nil {
 			return t, err
 		}
 		direct = append(direct, bare.durs...)
+		for what, k := range bare.failures {
+			fmt.Printf("   round %d, straight at the address: %d requests got %s\n", r+1, k, what)
+		}
 		label := fmt.Sprintf("round %d: ", r+1)
 		t.add(valueRow(label+"Docker start calls", "", float64(res.starts), fmtCount, exactly(1)))
 		t.add(valueRow(label+"answered 200", "", float64(res.answered), fmtCount, exactly(float64(n))))
