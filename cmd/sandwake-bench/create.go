@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -145,16 +146,23 @@ func (g *gateway) awaitPool(ctx context.Context, template string) error {
 }
 
 // rawCreate is the raw baseline of a create: docker create and start of
-// image on Docker's default bridge, then the first byte at its address;
+// image on the raw twins' network, then the first byte at its address;
 // the container is removed after.
 func rawCreate(ctx context.Context, cli *client.Client, image, name string) (time.Duration, error) {
+	net, err := twinNetwork(ctx, cli)
+	if err != nil {
+		return 0, err
+	}
 	t0 := time.Now()
 	if _, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name,
 		Config:     &container.Config{Image: image, Labels: testenv.Labels()},
-		HostConfig: &container.HostConfig{NetworkMode: "bridge", Resources: container.Resources{Memory: 64 << 20}}}); err != nil {
+		HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(net), Resources: container.Resources{Memory: 64 << 20},
+			// A workspace volume, as a sandbox has (anonymous: it goes
+			// with the container).
+			Mounts: []mount.Mount{{Type: mount.TypeVolume, Target: "/workspace"}}}}); err != nil {
 		return 0, fmt.Errorf("raw create: %w", err)
 	}
-	defer cli.ContainerRemove(context.WithoutCancel(ctx), name, client.ContainerRemoveOptions{Force: true})
+	defer cli.ContainerRemove(context.WithoutCancel(ctx), name, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 	r := &rawContainer{cli: cli, name: name}
 	if err := r.start(ctx); err != nil {
 		return 0, fmt.Errorf("raw create: %w", err)

@@ -170,7 +170,11 @@ func wakeStorm(ctx context.Context, g *gateway, cli *client.Client, id string, n
 		shares.add(warm.cpu)
 		// The machine's own floor: the same storm straight at the running
 		// app's address, no Caddy at all.
-		bare, err := fireAt(ctx, cli, id, &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}},
+		// No connection is kept: the app serves at most its open-file
+		// limit of connections at once, and kept ones would shut the
+		// others out for good (through the gateway, max_open_per_sandbox
+		// paces them).
+		bare, err := fireAt(ctx, cli, id, &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}},
 			func(int) string { return "http://" + addr + "/healthz" }, n, nil)
 		if err != nil {
 			return t, err

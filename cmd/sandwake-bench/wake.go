@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
@@ -42,11 +43,12 @@ func firstByte(ctx context.Context, c *http.Client, url string) (time.Duration, 
 	return first.Sub(t0), nil
 }
 
-// rawContainer is a twin of a sandbox's container (same image, command and
-// limits) that sandwake does not manage: the baseline of the wake scenario,
-// woken by raw Docker calls, and of the hot path through a published port.
-// It runs on Docker's default bridge: the sandbox network admits only
-// addresses sandwake bound to their sandbox.
+// rawContainer is a twin of a sandbox's container (same image, command,
+// limits and volume) that sandwake does not manage: the baseline of the wake
+// scenario, woken by raw Docker calls, and of the hot path through a
+// published port. It runs on a bridge network of the run's own made as the
+// sandbox network is (inter-container communication off): the sandbox
+// network itself admits only addresses sandwake bound to their sandbox.
 type rawContainer struct {
 	cli       *client.Client
 	name      string
@@ -75,9 +77,12 @@ func newRawTwinNamed(ctx context.Context, cli *client.Client, id, name string, p
 	cfg := *ci.Container.Config
 	cfg.Labels = testenv.Labels() // not sandwake's: its reconcile never sees it
 	cfg.ExposedPorts = maps.Clone(cfg.ExposedPorts)
+	net, err := twinNetwork(ctx, cli)
+	if err != nil {
+		return nil, err
+	}
 	hc := *ci.Container.HostConfig
-	hc.NetworkMode = "bridge"
-	hc.Mounts = nil // not the sandbox's workspace
+	hc.NetworkMode = container.NetworkMode(net)
 	hc.PortBindings = nil
 	if published {
 		port, _ := network.PortFrom(8080, network.TCP)
@@ -111,13 +116,31 @@ func (r *rawContainer) start(ctx context.Context) error {
 				r.addr = "127.0.0.1:" + bs[0].HostPort
 			}
 		}
-	} else if ep := ci.Container.NetworkSettings.Networks["bridge"]; ep != nil && ep.IPAddress.IsValid() {
+	} else if ep := ci.Container.NetworkSettings.Networks[twinNetworkName()]; ep != nil && ep.IPAddress.IsValid() {
 		r.addr = netip.AddrPortFrom(ep.IPAddress.Unmap(), 8080).String()
 	}
 	if r.addr == "" {
 		return fmt.Errorf("raw twin: no address for port 8080")
 	}
 	return r.ready(ctx)
+}
+
+// twinNetworkName is the run's network of raw twins.
+func twinNetworkName() string { return "sandwake-bench-twins-" + testenv.RunID() }
+
+// twinNetwork makes the run's network of raw twins when it is missing: a
+// bridge like the sandbox network (inter-container communication off),
+// labelled with the run, so that removeRunContainers removes it.
+func twinNetwork(ctx context.Context, cli *client.Client) (string, error) {
+	name := twinNetworkName()
+	if _, err := cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{}); err == nil {
+		return name, nil
+	}
+	if _, err := cli.NetworkCreate(ctx, name, client.NetworkCreateOptions{Driver: "bridge", Labels: testenv.Labels(),
+		Options: map[string]string{"com.docker.network.bridge.enable_icc": "false"}}); err != nil {
+		return "", fmt.Errorf("creating the raw twins' network: %w", err)
+	}
+	return name, nil
 }
 
 // ready is the first byte of an HTTP answer at the twin's address, polled

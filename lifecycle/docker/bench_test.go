@@ -47,18 +47,15 @@ func BenchmarkWake(b *testing.B) {
 				if _, err := f.cli.ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
 					return err
 				}
-				// The host port can change on start: a correct raw loop
-				// must read it again, as the Manager does.
+				// The host port (published), or the address of a
+				// container without a fixed one (direct), can change on
+				// start: a correct raw loop must read it again, as the
+				// Manager does.
 				ci, err := f.cli.ContainerInspect(ctx, name, client.ContainerInspectOptions{})
 				if err != nil {
 					return err
 				}
-				var addr string
-				for p, bs := range ci.Container.NetworkSettings.Ports {
-					if p.Num() == 8080 && len(bs) > 0 {
-						addr = "127.0.0.1:" + bs[0].HostPort
-					}
-				}
+				addr := upstreamOf(&ci.Container)
 				return lifecycle.WaitReady(ctx, addr, &rec.Spec)
 			})
 	})

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
@@ -181,6 +182,18 @@ func mustState(t testing.TB, st *store.Store, id string, want lifecycle.State) l
 	return rec
 }
 
+// upstreamOf is where port 8080 of an inspected container answers now: its
+// port published on loopback, or its address on the tests' network.
+func upstreamOf(ci *container.InspectResponse) string {
+	for _, b := range ci.NetworkSettings.Ports[network.MustParsePort("8080/tcp")] {
+		return "127.0.0.1:" + b.HostPort
+	}
+	if ep := ci.NetworkSettings.Networks[testenv.Network()]; ep != nil && ep.IPAddress.IsValid() {
+		return netip.AddrPortFrom(ep.IPAddress.Unmap(), 8080).String()
+	}
+	return ""
+}
+
 // upstream is the address the gateway dials for rec's first port: the
 // sandbox's own address (upstream mode direct, this machine's), or a port
 // published on loopback.
@@ -271,13 +284,7 @@ func TestPauseStopAndWake(t *testing.T) {
 	// without a fixed one (direct), may differ after a start; the record
 	// must carry the one docker reports now.
 	ci, _ = f.cli.ContainerInspect(ctx, docker.ContainerName(rec.ID), client.ContainerInspectOptions{})
-	var now string
-	for _, b := range ci.Container.NetworkSettings.Ports[network.MustParsePort("8080/tcp")] {
-		now = "127.0.0.1:" + b.HostPort
-	}
-	if ep := ci.Container.NetworkSettings.Networks[testenv.Network()]; now == "" && ep != nil {
-		now = netip.AddrPortFrom(ep.IPAddress.Unmap(), 8080).String()
-	}
+	now := upstreamOf(&ci.Container)
 	if woke.Upstreams[8080] != now {
 		t.Fatalf("upstream %q, docker says %q", woke.Upstreams[8080], now)
 	}

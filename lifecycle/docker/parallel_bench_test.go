@@ -65,13 +65,7 @@ func BenchmarkParallelWake(b *testing.B) {
 			if err != nil {
 				return err
 			}
-			var addr string
-			for p, bs := range ci.Container.NetworkSettings.Ports {
-				if p.Num() == 8080 && len(bs) > 0 {
-					addr = "127.0.0.1:" + bs[0].HostPort
-				}
-			}
-			return lifecycle.WaitReady(ctx, addr, &recs[i].Spec)
+			return lifecycle.WaitReady(ctx, upstreamOf(&ci.Container), &recs[i].Spec)
 		})
 		raw += time.Since(t0)
 		// The Manager's records say running; the containers run again.
