@@ -155,7 +155,7 @@ func rawCreate(ctx context.Context, cli *client.Client, image, name string) (tim
 	}
 	t0 := time.Now()
 	if _, err := cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name,
-		Config:     &container.Config{Image: image, Labels: testenv.Labels()},
+		Config: &container.Config{Image: image, Labels: testenv.Labels()},
 		HostConfig: &container.HostConfig{NetworkMode: container.NetworkMode(net), Resources: container.Resources{Memory: 64 << 20},
 			// A workspace volume, as a sandbox has (anonymous: it goes
 			// with the container).
