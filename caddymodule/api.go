@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -98,7 +99,7 @@ func (api *API) Provision(ctx caddy.Context) error {
 	mux.HandleFunc("GET /{$}", serveDashboard)
 	mux.HandleFunc("GET /index.html", serveDashboard)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path), 0)
+		web.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path), 0)
 	})
 	api.mux = mux
 	return nil
@@ -134,13 +135,13 @@ func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *e
 		case from != "":
 			var err error
 			if who, err = forwardedCaller(r, from); err != nil {
-				writeJSONError(w, http.StatusForbidden, "forbidden", err.Error(), 0)
+				web.WriteError(w, http.StatusForbidden, "forbidden", err.Error(), 0)
 				return
 			}
 		case !api.InsecureNoAuth:
 			if who = api.caller(r); who == nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake"`)
-				writeJSONError(w, http.StatusUnauthorized, "unauthorized", unauthorizedMessage(r), 0)
+				web.WriteError(w, http.StatusUnauthorized, "unauthorized", unauthorizedMessage(r), 0)
 				return
 			}
 		}
@@ -153,7 +154,7 @@ func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *e
 		}
 		e := api.app.engine()
 		if e == nil || !e.ready.Load() {
-			writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "sandwake is starting", 1)
+			web.WriteError(w, http.StatusServiceUnavailable, "unavailable", "sandwake is starting", 1)
 			return
 		}
 		if !checkForward(w, r, e) {
@@ -161,7 +162,7 @@ func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *e
 		}
 		if id := strings.ToLower(r.PathValue("id")); id != "" && who.bound() && !e.visible(id, who, from != "") {
 			// Another tenant's sandbox is answered as an unknown one.
-			writeEngineError(w, fmt.Errorf("sandbox %s: %w", id, lifecycle.ErrNotFound))
+			web.WriteEngineError(w, fmt.Errorf("sandbox %s: %w", id, lifecycle.ErrNotFound))
 			return
 		}
 		h(w, r, e)
@@ -172,7 +173,7 @@ func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *e
 func (api *API) tokenOK(r *http.Request) bool { return api.caller(r) != nil }
 
 func (api *API) healthz(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	web.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // readyz answers whether the gateway can serve. To a caller without a
@@ -230,7 +231,7 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 				checks[name] = "fail"
 			}
 		}
-		writeJSON(w, status, map[string]any{"ready": len(failed) == 0, "checks": checks})
+		web.WriteJSON(w, status, map[string]any{"ready": len(failed) == 0, "checks": checks})
 		return
 	}
 	out := map[string]any{"ready": len(failed) == 0, "checks": checks}
@@ -241,7 +242,7 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 			out["last_reconcile"] = at.UTC().Format(time.RFC3339Nano)
 		}
 	}
-	writeJSON(w, status, out)
+	web.WriteJSON(w, status, out)
 }
 
 // decodeBody decodes a JSON object body into v strictly: unknown fields,
@@ -250,11 +251,11 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if tooBig, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		writeJSONError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is over %d bytes", tooBig.Limit), 0)
+		web.WriteError(w, http.StatusRequestEntityTooLarge, "too_large", fmt.Sprintf("request body is over %d bytes", tooBig.Limit), 0)
 		return false
 	}
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, "invalid", "reading the request body: "+err.Error(), 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", "reading the request body: "+err.Error(), 0)
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -265,16 +266,16 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 		off := dec.InputOffset()
 		if _, terr := dec.Token(); terr != io.EOF {
 			off += int64(len(body[off:]) - len(bytes.TrimLeft(body[off:], " \t\r\n")))
-			writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("request body has more after the JSON object, at byte %d: send one object", off+1), 0)
+			web.WriteError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("request body has more after the JSON object, at byte %d: send one object", off+1), 0)
 			return false
 		}
 		return true
 	}
 	if errors.Is(err, io.EOF) {
-		writeJSONError(w, http.StatusBadRequest, "invalid", "request body is empty: a JSON object is required", 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", "request body is empty: a JSON object is required", 0)
 		return false
 	}
-	writeJSONError(w, http.StatusBadRequest, "invalid", bodyErrorMessage(body, v, err), 0)
+	web.WriteError(w, http.StatusBadRequest, "invalid", bodyErrorMessage(body, v, err), 0)
 	return false
 }
 
@@ -322,7 +323,7 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 		// not claim other values for them.
 		for k, v := range who.labels {
 			if got, ok := body.Labels[k]; ok && got != v {
-				writeJSONError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("labels: %s=%s is not this token's (%s): it creates sandboxes labelled %s only", k, got, who.name, labelList(who.labels)), 0)
+				web.WriteError(w, http.StatusForbidden, "forbidden", fmt.Sprintf("labels: %s=%s is not this token's (%s): it creates sandboxes labelled %s only", k, got, who.name, labelList(who.labels)), 0)
 				return
 			}
 		}
@@ -334,7 +335,7 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	spec, err := body.spec()
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	if e.cluster != nil {
@@ -343,20 +344,20 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	rec, pool, err := e.mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec, Template: body.Template, Pool: body.Pool, Tenant: principalOf(r).labels})
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	v := e.view(&rec)
 	if body.Template != "" {
 		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
 	}
-	writeJSON(w, http.StatusCreated, v)
+	web.WriteJSON(w, http.StatusCreated, v)
 }
 
 func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 	q, err := parseListQuery(r)
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	if e.cluster != nil {
@@ -368,7 +369,7 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 		recs, next, err := e.mgr.ListPage(lifecycle.PageOptions{After: q.cursor, Limit: q.limit, State: q.state, Labels: q.labels,
 			Keep: func(rec *lifecycle.Record) bool { return who.sees(rec.Spec.Labels) }})
 		if err != nil {
-			writeEngineError(w, err)
+			web.WriteEngineError(w, err)
 			return
 		}
 		out := make([]recordView, len(recs))
@@ -383,12 +384,12 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 				page.Counts[string(s)] = n
 			}
 		}
-		writeJSON(w, http.StatusOK, page)
+		web.WriteJSON(w, http.StatusOK, page)
 		return
 	}
 	recs, err := e.mgr.List(q.state)
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	out := make([]recordView, 0, len(recs))
@@ -397,7 +398,7 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 			out = append(out, e.view(&recs[i]))
 		}
 	}
-	writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out})
+	web.WriteJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out})
 }
 
 // listQuery is what GET /v1/sandboxes asks: a state, labels, and (paged)
@@ -454,7 +455,7 @@ func parseListQuery(r *http.Request) (listQuery, error) {
 func sandboxID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	id := strings.ToLower(r.PathValue("id"))
 	if !lifecycle.ValidID(id) {
-		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %q: not found (ids are 1-%d characters of [0-9a-z])", r.PathValue("id"), lifecycle.MaxIDLen), 0)
+		web.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %q: not found (ids are 1-%d characters of [0-9a-z])", r.PathValue("id"), lifecycle.MaxIDLen), 0)
 		return "", false
 	}
 	return id, true
@@ -468,10 +469,10 @@ func (api *API) recordOp(w http.ResponseWriter, r *http.Request, e *engine, op f
 	}
 	rec, err := op(id)
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, e.view(&rec))
+	web.WriteJSON(w, http.StatusOK, e.view(&rec))
 }
 
 func (api *API) get(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -504,7 +505,7 @@ func (api *API) patch(w http.ResponseWriter, r *http.Request, e *engine) {
 		}
 	}
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Update(id, p) })
@@ -529,25 +530,25 @@ func (api *API) createToken(w http.ResponseWriter, r *http.Request, e *engine) {
 	if body.TTL != "" {
 		d, err := caddy.ParseDuration(body.TTL)
 		if err != nil || d <= 0 || d > maxTokenTTL {
-			writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("ttl: %q is not a duration between 1s and %s", body.TTL, maxTokenTTL), 0)
+			web.WriteError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("ttl: %q is not a duration between 1s and %s", body.TTL, maxTokenTTL), 0)
 			return
 		}
 		ttl = d
 	}
 	if len(body.Subject) > 200 || strings.ContainsAny(body.Subject, "|\x00") {
-		writeJSONError(w, http.StatusBadRequest, "invalid", "subject: at most 200 characters, without | or NUL", 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", "subject: at most 200 characters, without | or NUL", 0)
 		return
 	}
 	rec, err := e.mgr.Get(id)
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	s := e.current.Load()
 	exp := time.Now().Add(ttl).Truncate(time.Second)
 	token := signToken(s.previewSecret, id, rec.Incarnation, rec.TokenGeneration, exp, body.Subject)
 	link := s.previewURLOf(id, rec.Spec.Ports[0]) + "?" + tokenQueryParam + "=" + url.QueryEscape(token)
-	writeJSON(w, http.StatusCreated, client.Token{Token: token, URL: link, ExpiresAt: exp.UTC()})
+	web.WriteJSON(w, http.StatusCreated, client.Token{Token: token, URL: link, ExpiresAt: exp.UTC()})
 }
 
 func (api *API) revokeTokens(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -556,7 +557,7 @@ func (api *API) revokeTokens(w http.ResponseWriter, r *http.Request, e *engine) 
 		return
 	}
 	if _, err := e.mgr.RotateTokens(id); err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -577,7 +578,7 @@ func (api *API) keepalive(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	d, err := caddy.ParseDuration(body.For)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("for: %q is not a duration like \"10m\"", body.For), 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("for: %q is not a duration like \"10m\"", body.For), 0)
 		return
 	}
 	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Keepalive(id, d) })
@@ -589,7 +590,7 @@ func (api *API) destroy(w http.ResponseWriter, r *http.Request, e *engine) {
 		return
 	}
 	if err := e.mgr.Destroy(r.Context(), id, "api"); err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -602,10 +603,10 @@ func (api *API) purge(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	freed, err := e.mgr.Purge(r.Context(), id, "api")
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, client.PurgeResult{FreedBytes: freed})
+	web.WriteJSON(w, http.StatusOK, client.PurgeResult{FreedBytes: freed})
 }
 
 func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -615,7 +616,7 @@ func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	evs, err := e.mgr.History(id)
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	// Only the incarnations the caller sees: another tenant's earlier
@@ -623,10 +624,10 @@ func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
 	who := principalOf(r)
 	evs = slices.DeleteFunc(evs, func(ev lifecycle.Event) bool { return !who.seesEvent(&ev) })
 	if len(evs) == 0 {
-		writeJSONError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %s: no history", id), 0)
+		web.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %s: no history", id), 0)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"events": evs})
+	web.WriteJSON(w, http.StatusOK, map[string]any{"events": evs})
 }
 
 // eventsReplayPage is how many logged events one replay read returns.
@@ -642,12 +643,12 @@ const eventsReplayPage = 500
 func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 	filter := strings.ToLower(r.URL.Query().Get("sandbox"))
 	if filter != "" && !lifecycle.ValidID(filter) {
-		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("sandbox %q is not a sandbox id", filter), 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("sandbox %q is not a sandbox id", filter), 0)
 		return
 	}
-	last, resume, err := lastEventID(r)
+	last, resume, err := web.LastEventID(r)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, "invalid", err.Error(), 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", err.Error(), 0)
 		return
 	}
 	sub := e.mgr.Subscribe()
@@ -671,14 +672,14 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		// No resume point: only what happens from now on.
 		n, err := e.mgr.LastEventID()
 		if err != nil {
-			writeEngineError(w, err)
+			web.WriteEngineError(w, err)
 			return
 		}
 		last = n
 	}
-	stream := startSSE(w)
-	defer stream.stop()
-	if stream.comment("sandwake events") != nil {
+	stream := web.StartSSE(w)
+	defer stream.Stop()
+	if stream.Comment("sandwake events") != nil {
 		return
 	}
 	who := principalOf(r)
@@ -687,7 +688,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		if (filter != "" && ev.SandboxID != filter) || !who.seesEvent(&ev) {
 			return nil
 		}
-		return stream.event(ev)
+		return stream.Event(ev)
 	}
 	for {
 		// Replay from the log everything after last: on connect, and
@@ -702,7 +703,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 					return
 				}
 			}
-			if stream.flush() != nil {
+			if stream.Flush() != nil {
 				return
 			}
 			if len(evs) < eventsReplayPage {
@@ -725,7 +726,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 				if ev.ID <= last {
 					continue
 				}
-				if send(ev) != nil || stream.flush() != nil {
+				if send(ev) != nil || stream.Flush() != nil {
 					return
 				}
 			case ev, ok := <-remoteC:
@@ -740,11 +741,11 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 				if (filter != "" && ev.SandboxID != filter) || !who.sees(ev.Labels) {
 					continue
 				}
-				if writeRemoteSSE(stream.w, ev) != nil || stream.flush() != nil {
+				if stream.Data(ev) != nil || stream.Flush() != nil {
 					return
 				}
-			case <-stream.heartbeat:
-				if stream.keepAlive() != nil {
+			case <-stream.Heartbeat:
+				if stream.KeepAlive() != nil {
 					return
 				}
 			}

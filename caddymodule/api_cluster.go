@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -36,7 +37,7 @@ func checkForward(w http.ResponseWriter, r *http.Request, e *engine) bool {
 	if _, claimed := r.Header[cluster.ForwardHeader]; e.cluster == nil || !claimed {
 		return true
 	}
-	writeJSONError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
+	web.WriteError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
 	return false
 }
 
@@ -68,7 +69,7 @@ func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func
 			// free again. The files went with the host.
 			forgotten, err := e.cluster.c.Forget(r.Context(), id)
 			if err != nil {
-				writeJSONError(w, http.StatusServiceUnavailable, "cluster_unavailable",
+				web.WriteError(w, http.StatusServiceUnavailable, "cluster_unavailable",
 					fmt.Sprintf("sandbox %s of removed node %s could not be forgotten: %v", id, en.Node, err), hostRetryAfter)
 				return
 			}
@@ -76,7 +77,7 @@ func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func
 				if r.Method == http.MethodDelete {
 					w.WriteHeader(http.StatusNoContent)
 				} else {
-					writeJSON(w, http.StatusOK, client.PurgeResult{})
+					web.WriteJSON(w, http.StatusOK, client.PurgeResult{})
 				}
 				return
 			}
@@ -112,7 +113,7 @@ func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what
 		if onlyIfDialed {
 			return true
 		}
-		writeJSONError(w, http.StatusServiceUnavailable, "host_unavailable",
+		web.WriteError(w, http.StatusServiceUnavailable, "host_unavailable",
 			fmt.Sprintf("%s, which cannot be reached now (its lease is gone); retry later", what), hostRetryAfter)
 		return false
 	}
@@ -151,7 +152,7 @@ func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what
 				e.log.Warn("refused to forward an API call: the peer at the node's address is not that node",
 					zap.String("node", node.Name), zap.String("addr", node.Advertise), zap.Error(err))
 			}
-			writeJSONError(w, http.StatusServiceUnavailable, "host_unavailable",
+			web.WriteError(w, http.StatusServiceUnavailable, "host_unavailable",
 				fmt.Sprintf("%s, whose peer listener at %s did not answer: %v; retry later", what, node.Advertise, err), hostRetryAfter)
 		},
 	}
@@ -174,7 +175,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 	}
 	id := strings.ToLower(body.ID)
 	if !pooled && !lifecycle.ValidID(id) {
-		writeJSONError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("id %q must be 1-%d characters of [0-9a-z]", body.ID, lifecycle.MaxIDLen), 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("id %q must be 1-%d characters of [0-9a-z]", body.ID, lifecycle.MaxIDLen), 0)
 		return
 	}
 	body.ID = id
@@ -200,7 +201,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 			}
 			node, err := c.PlaceFrom(template, mem, unreachable...)
 			if err != nil {
-				writeEngineError(w, fmt.Errorf("placing %s: %w", what, err))
+				web.WriteEngineError(w, fmt.Errorf("placing %s: %w", what, err))
 				return
 			}
 			if node.Name == c.Self() {
@@ -208,7 +209,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 			}
 			b, err := json.Marshal(body)
 			if err != nil {
-				writeJSONError(w, http.StatusInternalServerError, "failed", "encoding the create for node "+node.Name+": "+err.Error(), 0)
+				web.WriteError(w, http.StatusInternalServerError, "failed", "encoding the create for node "+node.Name+": "+err.Error(), 0)
 				return
 			}
 			if !e.proxyAPI(w, r, node.Name, what+" was placed on node "+node.Name, b, true) {
@@ -251,12 +252,12 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 			}
 		}
 	} else if err := reserve(id); err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	rec, pool, err := e.mgr.CreatePooled(r.Context(), req)
 	if err != nil && id == "" {
-		writeEngineError(w, err) // nothing was reserved
+		web.WriteEngineError(w, err) // nothing was reserved
 		return
 	}
 	if err != nil {
@@ -271,14 +272,14 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		} else {
 			c.Changed(id)
 		}
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	v := e.view(&rec)
 	if body.Template != "" {
 		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
 	}
-	writeJSON(w, http.StatusCreated, v)
+	web.WriteJSON(w, http.StatusCreated, v)
 }
 
 // listInCluster serves GET /v1/sandboxes in cluster mode: this node's
@@ -287,7 +288,7 @@ func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine,
 	state := q.state
 	recs, err := e.mgr.List(state)
 	if err != nil {
-		writeEngineError(w, err)
+		web.WriteEngineError(w, err)
 		return
 	}
 	who := principalOf(r)
@@ -321,7 +322,7 @@ func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine,
 			next = out[len(out)-1].ID
 		}
 	}
-	writeJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out, Next: next})
+	web.WriteJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out, Next: next})
 }
 
 // entryView renders another node's sandbox from its catalog entry: what
@@ -345,7 +346,7 @@ func notClustered(w http.ResponseWriter, e *engine) bool {
 	if e.cluster != nil {
 		return false
 	}
-	writeJSONError(w, http.StatusNotFound, "not_clustered",
+	web.WriteError(w, http.StatusNotFound, "not_clustered",
 		"this gateway is a single host: nodes exist only with a cluster block in the sandwake options", 0)
 	return true
 }
@@ -364,7 +365,7 @@ func (api *API) nodes(w http.ResponseWriter, _ *http.Request, e *engine) {
 	if nodes == nil {
 		nodes = []cluster.NodeInfo{}
 	}
-	writeJSON(w, http.StatusOK, nodesView{Self: e.cluster.c.Self(), Nodes: nodes})
+	web.WriteJSON(w, http.StatusOK, nodesView{Self: e.cluster.c.Self(), Nodes: nodes})
 }
 
 // drainNode serves POST /v1/nodes/{name}/drain {"draining": true|false}.
@@ -379,17 +380,17 @@ func (api *API) drainNode(w http.ResponseWriter, r *http.Request, e *engine) {
 		return
 	}
 	if body.Draining == nil {
-		writeJSONError(w, http.StatusBadRequest, "invalid", `draining is required: {"draining": true} or {"draining": false}`, 0)
+		web.WriteError(w, http.StatusBadRequest, "invalid", `draining is required: {"draining": true} or {"draining": false}`, 0)
 		return
 	}
 	name := r.PathValue("name")
 	if err := e.cluster.c.Drain(r.Context(), name, *body.Draining); err != nil {
-		writeEngineError(w, fmt.Errorf("draining node %s: %w", name, err))
+		web.WriteEngineError(w, fmt.Errorf("draining node %s: %w", name, err))
 		return
 	}
 	n, _ := e.cluster.c.Node(name)
 	n.Draining = *body.Draining // the registry may not have seen the mark yet
-	writeJSON(w, http.StatusOK, n)
+	web.WriteJSON(w, http.StatusOK, n)
 }
 
 // removeNode serves DELETE /v1/nodes/{name}: a node gone for good is
@@ -400,16 +401,16 @@ func (api *API) removeNode(w http.ResponseWriter, r *http.Request, e *engine) {
 	}
 	name := r.PathValue("name")
 	if n, ok := e.cluster.c.Node(name); ok && n.Live {
-		writeJSONError(w, http.StatusConflict, "node_live",
+		web.WriteError(w, http.StatusConflict, "node_live",
 			fmt.Sprintf("node %s holds its lease: stop it first (a live node cannot be removed)", name), 0)
 		return
 	}
 	killed, err := e.cluster.c.Remove(r.Context(), name)
 	if err != nil {
-		writeEngineError(w, fmt.Errorf("removing node %s: %w", name, err))
+		web.WriteEngineError(w, fmt.Errorf("removing node %s: %w", name, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"node": name, "removed": true, "killed": killed})
+	web.WriteJSON(w, http.StatusOK, map[string]any{"node": name, "removed": true, "killed": killed})
 }
 
 // clusterCheck is readyz's cluster check: "ok", or why etcd cannot be used;
@@ -432,15 +433,4 @@ func clusterCheck(e *engine) (string, bool) {
 		return "ok, but " + strings.Join(notes, "; "), true
 	}
 	return "ok", true
-}
-
-// writeRemoteSSE writes another node's event on an event stream, without an
-// id (ids are per node).
-func writeRemoteSSE(w io.Writer, ev remoteEvent) error {
-	b, err := json.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "data: %s\n\n", b)
-	return err
 }

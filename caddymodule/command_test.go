@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
 
@@ -526,10 +527,10 @@ func TestCommandTokenSources(t *testing.T) {
 		sent = append(sent, r.Header.Get("Authorization"))
 		mu.Unlock()
 		if r.Header.Get("Authorization") != "Bearer right" {
-			writeJSONError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
+			web.WriteError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token", 0)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"sandboxes": []any{}})
+		web.WriteJSON(w, http.StatusOK, map[string]any{"sandboxes": []any{}})
 	}))
 	defer srv.Close()
 	for _, tc := range []struct {
@@ -591,7 +592,7 @@ func TestCommandEventsReconnect(t *testing.T) {
 		mu.Unlock()
 		switch n {
 		case 2:
-			writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "sandwake is starting", 1)
+			web.WriteError(w, http.StatusServiceUnavailable, "unavailable", "sandwake is starting", 1)
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")

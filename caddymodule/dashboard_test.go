@@ -21,6 +21,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/internal/web"
 )
 
 func TestDashboardHandler(t *testing.T) {
@@ -186,7 +187,7 @@ func newDashboardServer(t *testing.T, h *harness, withEvents bool) *dashboardSer
 	d := &dashboardServer{}
 	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
 		if !withEvents {
-			writeJSONError(w, http.StatusNotFound, "not_found", "no API route GET /v1/events", 0)
+			web.WriteError(w, http.StatusNotFound, "not_found", "no API route GET /v1/events", 0)
 			return
 		}
 		ctx, cancel := context.WithCancel(r.Context())

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/internal/web"
 )
 
 // hostRetryAfter is the Retry-After, in seconds, of a sandbox whose node is
@@ -38,7 +39,7 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s
 				// The sender's catalog and this node's disagree: answer
 				// rather than forward again.
 				countRequest(outcomeNotFound)
-				writeJSONError(w, http.StatusServiceUnavailable, "not_here",
+				web.WriteError(w, http.StatusServiceUnavailable, "not_here",
 					fmt.Sprintf("node %s forwarded sandbox %s here, but it lives on node %s; retry", from, id, en.Node), 1)
 				return true, nil
 			}
@@ -47,7 +48,7 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s
 	}
 	if _, claimed := r.Header[cluster.ForwardHeader]; claimed {
 		countRequest(outcomeUnsignedForward)
-		writeJSONError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
+		web.WriteError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
 		return true, nil
 	}
 	en, ok := c.Lookup(id)

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -94,7 +95,7 @@ func FuzzDecodeCreateBody(f *testing.F) {
 			if !errors.Is(err, lifecycle.ErrInvalid) {
 				t.Fatalf("body %q: error %v does not wrap ErrInvalid", data, err)
 			}
-			if status, _, _ := errorStatus(err); status != http.StatusBadRequest {
+			if status, _, _ := web.ErrorStatus(err); status != http.StatusBadRequest {
 				t.Fatalf("body %q: error %v maps to %d, want 400", data, err, status)
 			}
 			return

@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -148,7 +149,7 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 		// sandwake paused or stopped the sandbox under this request.
 		if body != nil && body.read {
 			countRequest(outcomeInterrupted)
-			writeJSONError(w, http.StatusServiceUnavailable, "interrupted",
+			web.WriteError(w, http.StatusServiceUnavailable, "interrupted",
 				fmt.Sprintf("sandbox %s was paused or stopped by sandwake while this request was being sent; it is woken again on the next request: retry", rt.id), 1)
 			return nil
 		}
@@ -273,7 +274,7 @@ func (g *Gate) authorize(w http.ResponseWriter, r *http.Request, s *settings, rt
 			return false
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake preview"`)
-		writeJSONError(w, http.StatusUnauthorized, "unauthorized", err.Error(), 0)
+		web.WriteError(w, http.StatusUnauthorized, "unauthorized", err.Error(), 0)
 		return false
 	}
 	if fromQuery {
@@ -337,7 +338,7 @@ var errBusy = errors.New("the sandbox had max_open_per_sandbox exchanges open un
 func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, s *settings, rt *route, port int) error {
 	ups := rt.upstreams[port]
 	if ups == nil {
-		writeJSONError(w, http.StatusBadGateway, "no_upstream", fmt.Sprintf("sandbox %s has no address for port %d", rt.id, port), 1)
+		web.WriteError(w, http.StatusBadGateway, "no_upstream", fmt.Sprintf("sandbox %s has no address for port %d", rt.id, port), 1)
 		return nil
 	}
 	a := rt.activity
@@ -382,7 +383,7 @@ func (g *Gate) waitSlot(w http.ResponseWriter, r *http.Request, s *settings, rt 
 	}
 	if r.Context().Err() == nil {
 		countRequest(outcomeBusy)
-		writeJSONError(w, http.StatusServiceUnavailable, "busy",
+		web.WriteError(w, http.StatusServiceUnavailable, "busy",
 			fmt.Sprintf("sandbox %s had %d exchanges open (max_open_per_sandbox) for %s; retry", rt.id, s.maxOpen, s.holdTimeout), 1)
 	}
 	return nil
@@ -413,7 +414,7 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageCreating, time.Time{}))
 			return nil
 		}
-		writeJSONError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
+		web.WriteError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
 		return nil
 	default: // killed, expired, error: explained, woken only on request
 		if since, waking := e.mgr.Waking(rt.id); waking {
@@ -444,7 +445,7 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 // the raw error), and how to wake it.
 func (g *Gate) writeAsleep(w http.ResponseWriter, rt *route) {
 	countRequest(outcomeRefused)
-	writeJSONError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state),
+	web.WriteError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state),
 		fmt.Sprintf("sandbox %s is %s: %s POST %s to wake it", rt.id, rt.state, reasonSentence(rt.reason), pathWake), 0)
 }
 
@@ -459,7 +460,7 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 	ok, release := e.clients.hold(streamClient(r))
 	if !ok {
 		countRequest(outcomeClientHeldLimit)
-		writeJSONError(w, http.StatusTooManyRequests, "too_many_held",
+		web.WriteError(w, http.StatusTooManyRequests, "too_many_held",
 			"this client already has as many requests waiting for sandboxes as it may (max_held_per_client); retry once they are answered", 1)
 		return nil
 	}
@@ -486,7 +487,7 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 		if err != nil || woke.state != lifecycle.Running {
 			outcome, cause = wakeFailed, errStateChanged
 			countRequest(outcomeWakeFailed)
-			writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.id), 1)
+			web.WriteError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.id), 1)
 			return nil
 		}
 		proxied := tr.child(ctx, spanProxy)
@@ -505,7 +506,7 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 	}
 	outcome, cause = wakeFailed, errKeptAsleep
 	countRequest(outcomeWakeFailed)
-	writeJSONError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s keeps being put to sleep while waking; retry", rt.id), 1)
+	web.WriteError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s keeps being put to sleep while waking; retry", rt.id), 1)
 	return nil
 }
 
@@ -544,11 +545,11 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			countRequest(outcomeHoldTimeout)
-			writeJSONError(w, http.StatusServiceUnavailable, "waking",
+			web.WriteError(w, http.StatusServiceUnavailable, "waking",
 				fmt.Sprintf("sandbox %s is still waking after %s; retry", rt.id, s.holdTimeout), 1)
 			return wakeTimeout, err
 		}
-		status, code, retry := errorStatus(err)
+		status, code, retry := web.ErrorStatus(err)
 		switch code {
 		case "store_unavailable":
 			g.storeUnavailable(w, r, rt, port)
@@ -564,7 +565,7 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 		if errors.Is(err, lifecycle.ErrCircuitOpen) {
 			why = "circuit_open"
 		}
-		writeJSONError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(why)), retry)
+		web.WriteError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(why)), retry)
 		return wakeFailed, err
 	}
 	return "", nil
@@ -575,19 +576,19 @@ func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, 
 	switch r.URL.Path {
 	case pathStatus:
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			writeJSONError(w, http.StatusMethodNotAllowed, "method", "GET only", 0)
+			web.WriteError(w, http.StatusMethodNotAllowed, "method", "GET only", 0)
 			return nil
 		}
-		writeJSON(w, http.StatusOK, g.status(e, rt, port))
+		web.WriteJSON(w, http.StatusOK, g.status(e, rt, port))
 	case pathEvents:
 		return g.serveEvents(w, r, e, rt)
 	case pathWake:
 		if r.Method != http.MethodPost {
-			writeJSONError(w, http.StatusMethodNotAllowed, "method", "POST only", 0)
+			web.WriteError(w, http.StatusMethodNotAllowed, "method", "POST only", 0)
 			return nil
 		}
 		if rt.state == lifecycle.Creating {
-			writeJSONError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
+			web.WriteError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
 			return nil
 		}
 		if refused := g.refuseWake(w, r, e, rt, port); refused {
@@ -602,9 +603,9 @@ func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, 
 			http.Redirect(w, r, backTo(r), http.StatusSeeOther)
 			return nil
 		}
-		writeJSON(w, http.StatusAccepted, g.status(e, rt, port))
+		web.WriteJSON(w, http.StatusAccepted, g.status(e, rt, port))
 	default:
-		writeJSONError(w, http.StatusNotFound, "not_found", "no such sandwake path", 0)
+		web.WriteError(w, http.StatusNotFound, "not_found", "no such sandwake path", 0)
 	}
 	return nil
 }
@@ -647,25 +648,25 @@ func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt
 	release, refused := e.streams.acquire(streamClient(r))
 	switch refused {
 	case http.StatusTooManyRequests:
-		writeJSONError(w, refused, "too_many_streams", "this client has too many event streams open; close some or poll "+pathStatus, streamRetryAfter)
+		web.WriteError(w, refused, "too_many_streams", "this client has too many event streams open; close some or poll "+pathStatus, streamRetryAfter)
 		return nil
 	case http.StatusServiceUnavailable:
-		writeJSONError(w, refused, "streams_full", "the gateway has too many event streams open; poll "+pathStatus, streamRetryAfter)
+		web.WriteError(w, refused, "streams_full", "the gateway has too many event streams open; poll "+pathStatus, streamRetryAfter)
 		return nil
 	}
 	defer release()
 	sub := e.mgr.Subscribe()
 	defer sub.Cancel()
-	stream := startSSE(w)
-	defer stream.stop()
+	stream := web.StartSSE(w)
+	defer stream.Stop()
 	current := lifecycle.Event{SandboxID: rt.id, Type: "sandbox." + string(rt.state), To: rt.state}
 	if fresh, err := e.routes.get(rt.id); err == nil {
 		current.To, current.Type = fresh.state, "sandbox."+string(fresh.state)
 	}
-	if err := stream.event(current); err != nil {
+	if err := stream.Event(current); err != nil {
 		return nil
 	}
-	stream.flush()
+	stream.Flush()
 	for {
 		select {
 		case <-r.Context().Done():
@@ -677,11 +678,11 @@ func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt
 			if ev.SandboxID != rt.id {
 				continue
 			}
-			if stream.event(ev) != nil || stream.flush() != nil {
+			if stream.Event(ev) != nil || stream.Flush() != nil {
 				return nil
 			}
-		case <-stream.heartbeat:
-			if stream.keepAlive() != nil {
+		case <-stream.Heartbeat:
+			if stream.KeepAlive() != nil {
 				return nil
 			}
 		}
@@ -732,8 +733,8 @@ func (g *Gate) storeUnavailable(w http.ResponseWriter, r *http.Request, rt *rout
 	countRequest(outcomeUnavailable)
 	msg := fmt.Sprintf("Sandbox %s is not running, and sandwake cannot record changes right now (its store is full or not writable), so it cannot be woken yet.", rt.id)
 	answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Temporarily unavailable", Message: msg + " This page retries by itself.",
-		SandboxID: rt.id, Port: port, RetryAfter: storeRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents},
-		"store_unavailable", msg+" Retry later.", storeRetryAfter)
+		SandboxID: rt.id, Port: port, RetryAfter: web.StoreRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents},
+		"store_unavailable", msg+" Retry later.", web.StoreRetryAfter)
 	return nil
 }
 
@@ -752,7 +753,7 @@ func answer(w http.ResponseWriter, r *http.Request, status int, d pageData, code
 		renderPage(w, r, status, d)
 		return
 	}
-	writeJSONError(w, status, code, msg, retryAfter)
+	web.WriteError(w, status, code, msg, retryAfter)
 }
 
 // backTo is where a form post returns to: the page it came from on this

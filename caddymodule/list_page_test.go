@@ -8,12 +8,13 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/sandwake/sandwake/lifecycle"
-	"github.com/sandwake/sandwake/store"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/store"
 
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/internal/testenv"

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/internal/web"
 )
 
 // peerAPIHost is the Host of an API call forwarded to a node's peer
@@ -113,7 +114,7 @@ func (p *peerListener) close() error {
 func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	node, ok := cluster.PeerNode(*r.TLS)
 	if !ok { // the handshake requires one: never here
-		writeJSONError(w, http.StatusForbidden, "unsigned_forward", "no verified node certificate", 0)
+		web.WriteError(w, http.StatusForbidden, "unsigned_forward", "no verified node certificate", 0)
 		return
 	}
 	from, signed, err := p.cs.c.Verify(r)
@@ -122,7 +123,7 @@ func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		countRequest(outcomeUnsignedForward)
-		writeJSONError(w, http.StatusForbidden, "unsigned_forward", err.Error(), 0)
+		web.WriteError(w, http.StatusForbidden, "unsigned_forward", err.Error(), 0)
 		return
 	}
 	r.Header.Del(cluster.ForwardHeader) // the app never sees it
@@ -134,14 +135,14 @@ func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := p.targets.Load()
 	if r.Host == peerAPIHost {
 		if t == nil || t.api == nil {
-			writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "this node serves no management API (no sandwake_api handler in its config)", 1)
+			web.WriteError(w, http.StatusServiceUnavailable, "unavailable", "this node serves no management API (no sandwake_api handler in its config)", 1)
 			return
 		}
 		_ = t.api.ServeHTTP(w, r, nil) // the API answers every request itself
 		return
 	}
 	if t == nil || t.preview == nil {
-		writeJSONError(w, http.StatusServiceUnavailable, "unavailable", "this node serves no preview site (no sandwake_preview route in its config)", 1)
+		web.WriteError(w, http.StatusServiceUnavailable, "unavailable", "this node serves no preview site (no sandwake_preview route in its config)", 1)
 		return
 	}
 	t.preview.ServeHTTP(w, r)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -224,7 +225,7 @@ func withPrincipal(r *http.Request, p *principal) *http.Request {
 
 // writeForbidden answers a call beyond the caller's scope.
 func writeForbidden(w http.ResponseWriter, r *http.Request, p *principal, need Scope) {
-	writeJSONError(w, http.StatusForbidden, "forbidden",
+	web.WriteError(w, http.StatusForbidden, "forbidden",
 		fmt.Sprintf("%s %s needs a token of scope %s; this one (%s) is %s", r.Method, r.URL.Path, need, p.name, p.scope), 0)
 }
 
@@ -265,7 +266,7 @@ func (p *principal) seesEvent(ev *lifecycle.Event) bool { return p.sees(ev.Label
 func (api *API) unbound(h func(http.ResponseWriter, *http.Request, *engine)) func(http.ResponseWriter, *http.Request, *engine) {
 	return func(w http.ResponseWriter, r *http.Request, e *engine) {
 		if who := principalOf(r); who.bound() {
-			writeJSONError(w, http.StatusForbidden, "forbidden",
+			web.WriteError(w, http.StatusForbidden, "forbidden",
 				fmt.Sprintf("%s %s acts on every tenant's sandboxes; this token (%s) is limited to its own", r.Method, r.URL.Path, who.name), 0)
 			return
 		}
@@ -277,7 +278,7 @@ func (api *API) unbound(h func(http.ResponseWriter, *http.Request, *engine)) fun
 // the dashboard and the CLI show only what the token may do.
 func (api *API) whoami(w http.ResponseWriter, r *http.Request, _ *engine) {
 	who := principalOf(r)
-	writeJSON(w, http.StatusOK, client.Identity{Scope: who.scope.String(), Labels: who.labels})
+	web.WriteJSON(w, http.StatusOK, client.Identity{Scope: who.scope.String(), Labels: who.labels})
 }
 
 // unauthorizedMessage says why a call carries no valid token: no

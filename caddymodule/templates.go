@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -244,7 +245,7 @@ func (api *API) templates(w http.ResponseWriter, r *http.Request, e *engine) {
 		}
 		out.Templates = append(out.Templates, v)
 	}
-	writeJSON(w, http.StatusOK, out)
+	web.WriteJSON(w, http.StatusOK, out)
 }
 
 func templateView(st *lifecycle.TemplateStatus) client.Template {

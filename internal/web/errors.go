@@ -1,4 +1,4 @@
-package caddymodule
+package web
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
-// errorStatus maps an engine error to its HTTP status, error code and
+// ErrorStatus maps an engine error to its HTTP status, error code and
 // Retry-After seconds (0: none). It is the one place this mapping lives.
-func errorStatus(err error) (status int, code string, retryAfter int) {
+func ErrorStatus(err error) (status int, code string, retryAfter int) {
 	switch {
 	case errors.Is(err, cluster.ErrTaken):
 		return http.StatusConflict, "id_taken", 0
@@ -45,7 +46,7 @@ func errorStatus(err error) (status int, code string, retryAfter int) {
 	case errors.Is(err, lifecycle.ErrUnavailable), errors.Is(err, lifecycle.ErrClosed):
 		return http.StatusServiceUnavailable, "unavailable", 5
 	case errors.Is(err, lifecycle.ErrStoreUnavailable):
-		return http.StatusServiceUnavailable, "store_unavailable", storeRetryAfter
+		return http.StatusServiceUnavailable, "store_unavailable", StoreRetryAfter
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, "timeout", 1
 	case errors.Is(err, lifecycle.ErrImageNotFound):
@@ -57,13 +58,13 @@ func errorStatus(err error) (status int, code string, retryAfter int) {
 	}
 }
 
-// storeRetryAfter is the Retry-After, in seconds, while the store refuses
+// StoreRetryAfter is the Retry-After, in seconds, while the store refuses
 // writes: the manager looks at it again every second.
-const storeRetryAfter = 5
+const StoreRetryAfter = 5
 
-// writeJSONError writes {"error":{…}} with status and, when retryAfter > 0, a
+// WriteError writes {"error":{…}} with status and, when retryAfter > 0, a
 // Retry-After header.
-func writeJSONError(w http.ResponseWriter, status int, code, message string, retryAfter int) {
+func WriteError(w http.ResponseWriter, status int, code, message string, retryAfter int) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
@@ -71,13 +72,13 @@ func writeJSONError(w http.ResponseWriter, status int, code, message string, ret
 		h.Set("Retry-After", strconv.Itoa(retryAfter))
 	}
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(apiError{Error: apiErrorBody{Code: code, Message: message}})
+	json.NewEncoder(w).Encode(client.ErrorResponse{Error: client.ErrorBody{Code: code, Message: message}})
 }
 
-// writeEngineError answers err as JSON with its mapped status.
-func writeEngineError(w http.ResponseWriter, err error) {
-	status, code, retry := errorStatus(err)
-	writeJSONError(w, status, code, plainMessage(err, code), retry)
+// WriteEngineError answers err as JSON with its mapped status.
+func WriteEngineError(w http.ResponseWriter, err error) {
+	status, code, retry := ErrorStatus(err)
+	WriteError(w, status, code, plainMessage(err, code), retry)
 }
 
 // plainMessage is err's text for an API answer: the sentinel's words that
@@ -91,8 +92,8 @@ func plainMessage(err error, code string) string {
 	return msg
 }
 
-// writeJSON writes v as JSON with status.
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// WriteJSON writes v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
