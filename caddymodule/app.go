@@ -593,10 +593,10 @@ func (a *App) Validate() error {
 			return err
 		}
 	}
-	if a.Instance != "" && !validInstance(a.Instance) {
+	if a.Instance != "" && !lifecycle.ValidInstance(a.Instance) {
 		return fmt.Errorf("sandwake: instance %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.Instance)
 	}
-	if a.SandboxNetwork != "" && !validInstance(a.SandboxNetwork) {
+	if a.SandboxNetwork != "" && !lifecycle.ValidInstance(a.SandboxNetwork) {
 		return fmt.Errorf("sandwake: sandbox_network %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", a.SandboxNetwork)
 	}
 	switch a.Pull {
@@ -649,24 +649,6 @@ func webhookName(configured, resolved string) string {
 func validRegistry(r string) bool {
 	named, err := reference.ParseNormalizedNamed(r + "/x")
 	return err == nil && reference.Domain(named) == r
-}
-
-// validInstance reports whether name can be an instance (or network) name:
-// a Docker label value and network name, short and plain.
-func validInstance(name string) bool {
-	if len(name) == 0 || len(name) > 63 {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
-		case (c == '-' || c == '_' || c == '.') && i > 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // engines holds the running engines, keyed by storage directory.

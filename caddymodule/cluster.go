@@ -254,7 +254,7 @@ func (c *ClusterConfig) validate() error {
 	case schemes["http"] && (c.EtcdCAFile != "" || c.EtcdCertFile != ""):
 		return errors.New("sandwake: cluster: etcd_ca_file and etcd_cert_file need https:// endpoints")
 	}
-	if !validInstance(c.Node) {
+	if !lifecycle.ValidInstance(c.Node) {
 		return fmt.Errorf("sandwake: cluster: node %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", c.Node)
 	}
 	if c.PeerListen == "" {

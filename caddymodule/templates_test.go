@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -151,23 +150,6 @@ func TestTemplatesAPI(t *testing.T) {
 		return p.Idle == 1 && p.Hits == 1 && p.Misses == 1 && p.MissReasons["bypass"] == 1, fmt.Sprintf("%+v", p)
 	})
 
-	// The CLI: templates as a table, create --template.
-	sw := func(args ...string) cliResult {
-		return runCLI(t, context.Background(), append(args, "--api", h.apiURL(""), "--token", testToken)...)
-	}
-	rows := parseTable(t, sw("templates").ok(t, "templates"), "TEMPLATE", "IMAGE", "PORTS", "MEMORY", "POOL IDLE", "HITS", "MISSES", "STATE")
-	if len(rows) != 1 || rows[0]["TEMPLATE"] != "web" || rows[0]["POOL IDLE"] != "1/1" || rows[0]["HITS"] != "1" || rows[0]["STATE"] != "paused" {
-		t.Fatalf("templates table: %+v", rows)
-	}
-	out := sw("create", "--template", "web").ok(t, "create --template")
-	if !regexp.MustCompile(`^sandbox [0-9a-z]+ running  http://\S+  \(from the web pool\)\n$`).MatchString(out) {
-		t.Fatalf("create --template printed %q", out)
-	}
-	out = sw("create", "--template", "web", "--env", "K=v").ok(t, "create --template --env")
-	if !strings.Contains(out, "created cold: --env was given") {
-		t.Fatalf("create --template --env printed %q", out)
-	}
-	sw("create", "--pool", "require").failed(t, "create --pool without --template", "--pool needs --template")
 }
 
 // TestDashboardTemplatesInBrowser: the dashboard lists the templates with

@@ -25,6 +25,7 @@ func TestWireEvent(t *testing.T) {
 		{ID: 9, Type: "sandbox.paused", SandboxID: "abc", From: lifecycle.Running, To: lifecycle.Paused, Reason: "idle", At: at},
 		{ID: 10, Type: "sandbox.destroyed", SandboxID: "abc", From: lifecycle.Stopped, At: at},
 		{SandboxID: "abc", Type: "sandbox.running", To: lifecycle.Running},
+		{ID: 11, Type: "sandbox.creating", SandboxID: "abc", To: lifecycle.Creating, At: at, Incarnation: "inc", Labels: map[string]string{"tenant": "acme"}},
 	} {
 		server, _ := json.Marshal(ev)
 		var c client.Event

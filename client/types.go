@@ -275,6 +275,13 @@ type Event struct {
 	To        string    `json:"to,omitempty"`
 	Reason    string    `json:"reason,omitempty"`
 	At        time.Time `json:"at"`
+	// Incarnation and Labels are the sandbox's: an id destroyed and
+	// created again is another incarnation.
+	Incarnation string            `json:"incarnation,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	// Node is the node of another node's sandbox (a cluster's merged
+	// stream).
+	Node string `json:"node,omitempty"`
 }
 
 // History is the answer of GET /v1/sandboxes/{id}/history.

@@ -59,3 +59,23 @@ func NewIncarnation() string {
 	}
 	return string(out)
 }
+
+// ValidInstance reports whether name can be a gateway instance's name (a
+// cluster node's is its instance's) or a sandbox network's: a Docker label
+// value and network name, short and plain: 1-63 characters of [a-z0-9_.-],
+// starting with a letter or digit.
+func ValidInstance(name string) bool {
+	if len(name) == 0 || len(name) > 63 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case (c == '-' || c == '_' || c == '.') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

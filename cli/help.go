@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import "github.com/spf13/cobra"
 

@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 // templatesCommand is `caddy sandwake templates`: the gateway's templates
 // and their warm pools.
-func (c *cli) templatesCommand() *cobra.Command {
+func (c *session) templatesCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "templates",
 		Short: "Lists the gateway's templates and their warm pools",

@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 // The CLI's output: --output json|table, and the human-readable forms
 // (tables, one sandbox, events).

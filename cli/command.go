@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import (
 	"context"
@@ -56,8 +56,8 @@ const defaultAPI = "http://localhost:8081"
 // spinEvery is how often the wake spinner polls the sandbox's state.
 const spinEvery = 200 * time.Millisecond
 
-// cli is one run of `caddy sandwake`: its global flags and where it writes.
-type cli struct {
+// session is one run of `caddy sandwake`: its global flags and where it writes.
+type session struct {
 	api, token string
 	output     outputFormat
 	json       bool // --json, the short form of --output json
@@ -66,7 +66,7 @@ type cli struct {
 
 // sandwakeCommand builds `caddy sandwake` and its subcommands on cmd.
 func sandwakeCommand(cmd *cobra.Command) {
-	c := &cli{now: time.Now, output: outputTable}
+	c := &session{now: time.Now, output: outputTable}
 	// The registered usage is for `caddy help`'s list; the command's own
 	// help shows its commands.
 	cmd.Use = "sandwake <command>"
@@ -125,7 +125,7 @@ func subcommandNames(cmd *cobra.Command) []string {
 
 // fail prints err as the command's one line on stderr and returns it, so
 // that the process exits with caddy.ExitCodeFailedStartup (1).
-func (c *cli) fail(cmd *cobra.Command, err error) error {
+func (c *session) fail(cmd *cobra.Command, err error) error {
 	msg := strings.Join(strings.Fields(err.Error()), " ")
 	fmt.Fprintf(cmd.ErrOrStderr(), "sandwake: %s\n", msg)
 	return err
@@ -133,7 +133,7 @@ func (c *cli) fail(cmd *cobra.Command, err error) error {
 
 // run wraps a subcommand's body: it builds the API client, cancels the
 // context on Ctrl-C and prints a failure as one line.
-func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error) func(*cobra.Command, []string) error {
+func (c *session) run(body func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := c.checkOutput(cmd); err != nil {
 			return c.fail(cmd, err)
@@ -162,7 +162,7 @@ func (c *cli) run(body func(ctx context.Context, cmd *cobra.Command, api *client
 }
 
 // checkOutput refuses --json with --output table: the two disagree.
-func (c *cli) checkOutput(cmd *cobra.Command) error {
+func (c *session) checkOutput(cmd *cobra.Command) error {
 	if c.json && c.output == outputTable && cmd.Flags().Changed("output") {
 		return fmt.Errorf("%s: --json and --output table disagree: give one", cmd.Name())
 	}
@@ -170,9 +170,9 @@ func (c *cli) checkOutput(cmd *cobra.Command) error {
 }
 
 // wantJSON reports whether the command prints the API's JSON.
-func (c *cli) wantJSON() bool { return c.json || c.output == outputJSON }
+func (c *session) wantJSON() bool { return c.json || c.output == outputJSON }
 
-func (c *cli) apiURL() string {
+func (c *session) apiURL() string {
 	if c.api != "" {
 		return c.api
 	}
@@ -189,7 +189,7 @@ var tokenEnv = []string{"SANDWAKE_TOKEN", "SANDWAKE_API_TOKEN"}
 
 // tokenValue is the bearer token to send and where it came from, said as
 // the 401 hint shows it.
-func (c *cli) tokenValue() (token, from string) {
+func (c *session) tokenValue() (token, from string) {
 	if c.token != "" {
 		return c.token, "the token sent came from --token"
 	}
@@ -218,7 +218,7 @@ func wantArgs(cmd *cobra.Command, args []string, names ...string) error {
 	return fmt.Errorf("%s: want %s, got %d argument(s) (usage: %s)", cmd.Name(), want, len(args), cmd.UseLine())
 }
 
-func (c *cli) lsCommand() *cobra.Command {
+func (c *session) lsCommand() *cobra.Command {
 	var state, cursor string
 	var labels []string
 	var limit int
@@ -271,7 +271,7 @@ func statesList() string {
 	return strings.Join(s, ", ")
 }
 
-func (c *cli) getCommand() *cobra.Command {
+func (c *session) getCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get <id>",
 		Short: "Shows one sandbox",
@@ -293,7 +293,7 @@ func (c *cli) getCommand() *cobra.Command {
 	return cmd
 }
 
-func (c *cli) historyCommand() *cobra.Command {
+func (c *session) historyCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "history <id>",
 		Short: "Shows the state changes the log keeps of a sandbox, oldest first",
@@ -320,7 +320,7 @@ func (c *cli) historyCommand() *cobra.Command {
 	return cmd
 }
 
-func (c *cli) whoamiCommand() *cobra.Command {
+func (c *session) whoamiCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "whoami",
 		Short: "Shows what the token may do: its scope and tenant labels",
@@ -359,7 +359,7 @@ type createFlags struct {
 	template, pool                   string
 }
 
-func (c *cli) createCommand() *cobra.Command {
+func (c *session) createCommand() *cobra.Command {
 	var f createFlags
 	cmd := &cobra.Command{
 		Use:   "create (--image <image> --port <port> | --template <name>) [flags] [-- <cmd> <arg>...]",
@@ -500,7 +500,7 @@ func keyValues(flag string, kvs []string) (map[string]string, error) {
 type sandboxOp func(api *client.Client, ctx context.Context, id string, opts ...client.CallOption) (client.Sandbox, error)
 
 // actionCommand builds wake, pause and stop: POST /v1/sandboxes/{id}/<op>.
-func (c *cli) actionCommand(op, short string, do sandboxOp) *cobra.Command {
+func (c *session) actionCommand(op, short string, do sandboxOp) *cobra.Command {
 	cmd := &cobra.Command{Use: op + " <id>", Short: short}
 	cmd.RunE = c.run(func(ctx context.Context, cmd *cobra.Command, api *client.Client, args []string) error {
 		if err := wantArgs(cmd, args, "id"); err != nil {
@@ -574,7 +574,7 @@ func spin(ctx context.Context, w io.Writer, what string, every time.Duration, po
 	}
 }
 
-func (c *cli) keepaliveCommand() *cobra.Command {
+func (c *session) keepaliveCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "keepalive <id> <duration>",
 		Short: "Keeps a sandbox from idling out for a while (capped by keepalive_max)",
@@ -603,7 +603,7 @@ func (c *cli) keepaliveCommand() *cobra.Command {
 	return cmd
 }
 
-func (c *cli) destroyCommand() *cobra.Command {
+func (c *session) destroyCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "destroy <id>",
 		Short: "Removes a sandbox's container and record; its volume is kept (see purge)",
@@ -627,7 +627,7 @@ func (c *cli) destroyCommand() *cobra.Command {
 	return cmd
 }
 
-func (c *cli) purgeCommand() *cobra.Command {
+func (c *session) purgeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "purge <id>",
 		Short: "Removes a sandbox with its volume (also the volume of a destroyed one)",
@@ -650,7 +650,7 @@ func (c *cli) purgeCommand() *cobra.Command {
 	return cmd
 }
 
-func (c *cli) eventsCommand() *cobra.Command {
+func (c *session) eventsCommand() *cobra.Command {
 	var sandbox string
 	cmd := &cobra.Command{
 		Use:   "events [--sandbox <id>]",

@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import (
 	"crypto/x509"
@@ -13,12 +13,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // clusterCommand is `caddy sandwake cluster <ca|cert>`: the cluster CA and
 // the node certificates of mutual TLS between nodes, made offline (no API
 // call).
-func (c *cli) clusterCommand() *cobra.Command {
+func (c *session) clusterCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cluster <ca|cert>",
 		Short: "Makes the cluster CA and node certificates (mutual TLS between nodes)",
@@ -33,7 +34,7 @@ func (c *cli) clusterCommand() *cobra.Command {
 
 // filesOnly refuses --output json for a command that writes files and
 // prints no API answer: a script asking for JSON gets an error, not text.
-func (c *cli) filesOnly(cmd *cobra.Command) error {
+func (c *session) filesOnly(cmd *cobra.Command) error {
 	if c.wantJSON() {
 		return fmt.Errorf("%s writes files and prints no API answer: --output json does not apply", cmd.CommandPath())
 	}
@@ -41,7 +42,7 @@ func (c *cli) filesOnly(cmd *cobra.Command) error {
 }
 
 // clusterCACommand is `caddy sandwake cluster ca --out <dir>`.
-func (c *cli) clusterCACommand() *cobra.Command {
+func (c *session) clusterCACommand() *cobra.Command {
 	var out, name string
 	var days int
 	cmd := &cobra.Command{
@@ -98,7 +99,7 @@ func (c *cli) clusterCACommand() *cobra.Command {
 
 // clusterCertCommand is `caddy sandwake cluster cert --node <name> --addr
 // <ip>[,…] --ca <dir> --out <dir> [--days 30]`.
-func (c *cli) clusterCertCommand() *cobra.Command {
+func (c *session) clusterCertCommand() *cobra.Command {
 	var node, caDir, out string
 	var addrs []string
 	var days int
@@ -120,7 +121,7 @@ func (c *cli) clusterCertCommand() *cobra.Command {
 			switch {
 			case node == "":
 				return errors.New("--node <name> is required")
-			case !validInstance(node):
+			case !lifecycle.ValidInstance(node):
 				return fmt.Errorf("--node %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", node)
 			case len(addrs) == 0:
 				return errors.New("--addr <ip>[,<ip>…] is required: the addresses the other nodes dial this node at")

@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // egressCommand is `caddy sandwake egress <id> [--policy p] [--allow e]…`:
 // it shows a sandbox's egress policy, or changes it (in force on a running
 // sandbox when the command returns).
-func (c *cli) egressCommand() *cobra.Command {
+func (c *session) egressCommand() *cobra.Command {
 	var (
 		policy string
 		allow  []string

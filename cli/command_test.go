@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +23,9 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
 
+	swclient "github.com/sandwake/sandwake/client"
+
+	"github.com/sandwake/sandwake/internal/gatewaytest"
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle/docker"
@@ -160,8 +164,8 @@ func removeSandboxOnCleanup(t *testing.T, h *harness, id string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		h.cli.ContainerRemove(ctx, docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
-		h.cli.VolumeRemove(ctx, docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
+		h.Docker.ContainerRemove(ctx, docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
+		h.Docker.VolumeRemove(ctx, docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
 	})
 }
 
@@ -171,8 +175,8 @@ func cliEventsServed(t *testing.T, h *harness) bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.apiURL("/v1/events"), nil)
-	req.Header.Set("Authorization", "Bearer "+testToken)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.APIURL("/v1/events"), nil)
+	req.Header.Set("Authorization", "Bearer "+gatewaytest.Token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("probing /v1/events: %v", err)
@@ -190,7 +194,7 @@ func TestCommandLife(t *testing.T) {
 	removeSandboxOnCleanup(t, h, id)
 	ctx := context.Background()
 	sw := func(args ...string) cliResult {
-		r := runCLI(t, ctx, append(args, "--api", h.apiURL(""), "--token", testToken)...)
+		r := runCLI(t, ctx, append(args, "--api", h.APIURL(""), "--token", gatewaytest.Token)...)
 		t.Logf("$ caddy sandwake %s\n%s%s", strings.Join(args, " "), r.out, r.errOut)
 		return r
 	}
@@ -198,7 +202,7 @@ func TestCommandLife(t *testing.T) {
 		return regexp.MustCompile(`^sandbox ` + id + ` ` + state + `  http://s-` + id + `-8080\.preview\.localhost:\d+/?(  .*)?\n$`)
 	}
 
-	out := sw("create", "--image", h.image, "--port", "8080", "--id", id, "--env", "GREETING=hi", "--label", "team=cli", "--memory-mb", "128", "--idle-pause", "1h").ok(t, "create")
+	out := sw("create", "--image", h.Image, "--port", "8080", "--id", id, "--env", "GREETING=hi", "--label", "team=cli", "--memory-mb", "128", "--idle-pause", "1h").ok(t, "create")
 	if !summary("running").MatchString(out) {
 		t.Fatalf("create printed %q", out)
 	}
@@ -209,7 +213,7 @@ func TestCommandLife(t *testing.T) {
 		t.Fatalf("ls row %v in:\n%s", row, out)
 	}
 	var list struct {
-		Sandboxes []recordView `json:"sandboxes"`
+		Sandboxes []swclient.Sandbox `json:"sandboxes"`
 	}
 	if err := json.Unmarshal([]byte(sw("ls", "--json").ok(t, "ls --json")), &list); err != nil || len(list.Sandboxes) == 0 {
 		t.Fatalf("ls --json: %v %+v", err, list)
@@ -223,10 +227,10 @@ func TestCommandLife(t *testing.T) {
 	}
 	out = sw("get", id).ok(t, "get")
 	kv := parseRecordLines(out)
-	if kv["id"] != id || kv["state"] != "paused" || kv["image"] != h.image || kv["env"] != "GREETING" || kv["labels"] != "team=cli" || kv["memory"] != "128 MiB" || kv["idle pause"] != "1h0m0s" {
+	if kv["id"] != id || kv["state"] != "paused" || kv["image"] != h.Image || kv["env"] != "GREETING" || kv["labels"] != "team=cli" || kv["memory"] != "128 MiB" || kv["idle pause"] != "1h0m0s" {
 		t.Fatalf("get printed:\n%s", out)
 	}
-	var rec recordView
+	var rec swclient.Sandbox
 	if err := json.Unmarshal([]byte(sw("get", id, "--json").ok(t, "get --json")), &rec); err != nil || rec.ID != id || rec.State != "paused" {
 		t.Fatalf("get --json: %v %+v", err, rec)
 	}
@@ -266,15 +270,15 @@ func TestCommandLife(t *testing.T) {
 			{&raw, &rawErr, &rawRes, []string{"events", "-o", "json"}},
 		} {
 			root := cliRoot(t, r.out, r.errOut)
-			root.SetArgs(append([]string{"sandwake"}, append(r.args, "--api", h.apiURL(""), "--token", testToken)...))
+			root.SetArgs(append([]string{"sandwake"}, append(r.args, "--api", h.APIURL(""), "--token", gatewaytest.Token)...))
 			wg.Go(func() { *r.res = root.ExecuteContext(ectx) })
 		}
 		// The streams start from "now" once connected: cycle the sandbox
 		// until both have shown a pause of it.
 		paused := regexp.MustCompile(`(?m)^\S+ ` + id + ` running → paused \(api\)$`)
 		testenv.Eventually(t, 45*time.Second, func() (bool, string) {
-			h.api("POST", "/v1/sandboxes/"+id+"/wake", nil, nil)
-			h.api("POST", "/v1/sandboxes/"+id+"/pause", nil, nil)
+			h.API("POST", "/v1/sandboxes/"+id+"/wake", nil, nil)
+			h.API("POST", "/v1/sandboxes/"+id+"/pause", nil, nil)
 			return paused.MatchString(text.String()) && strings.Contains(raw.String(), `"to":"paused"`),
 				fmt.Sprintf("text %q, json %q", text.String(), raw.String())
 		})
@@ -285,7 +289,7 @@ func TestCommandLife(t *testing.T) {
 			t.Fatalf("events ended with %v / %v, stderr %q / %q", textRes, rawRes, textErr.String(), rawErr.String())
 		}
 		for l := range strings.Lines(raw.String()) {
-			var ev eventView
+			var ev swclient.Event
 			if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.ID == 0 || ev.Type == "" {
 				t.Fatalf("events -o json line %q: %v", l, err)
 			}
@@ -333,7 +337,7 @@ func prettyJSON(t *testing.T, what, out string) map[string]any {
 func apiDocument(t *testing.T, h *harness, path string) map[string]any {
 	t.Helper()
 	var v map[string]any
-	if status := h.api("GET", path, nil, &v); status != http.StatusOK {
+	if status := h.API("GET", path, nil, &v); status != http.StatusOK {
 		t.Fatalf("GET %s: %d", path, status)
 	}
 	return v
@@ -362,7 +366,7 @@ func TestCommandOutput(t *testing.T) {
 	removeSandboxOnCleanup(t, h, id)
 	ctx := context.Background()
 	sw := func(args ...string) cliResult {
-		r := runCLI(t, ctx, append(args, "--api", h.apiURL(""), "--token", testToken)...)
+		r := runCLI(t, ctx, append(args, "--api", h.APIURL(""), "--token", gatewaytest.Token)...)
 		t.Logf("$ caddy sandwake %s\n%s%s", strings.Join(args, " "), r.out, r.errOut)
 		return r
 	}
@@ -372,7 +376,7 @@ func TestCommandOutput(t *testing.T) {
 		return prettyJSON(t, what, sw(args...).ok(t, what))
 	}
 
-	if v := jsonOf("create", "--image", h.image, "--port", "8080", "--id", id, "-o", "json"); v["id"] != id || v["state"] != "running" {
+	if v := jsonOf("create", "--image", h.Image, "--port", "8080", "--id", id, "-o", "json"); v["id"] != id || v["state"] != "running" {
 		t.Fatalf("create -o json: %v", v)
 	}
 	list := jsonOf("ls", "--output", "json")
@@ -444,7 +448,7 @@ func TestCommandOutput(t *testing.T) {
 // one line on stderr and a non-zero exit.
 func TestCommandUsageErrors(t *testing.T) {
 	// Nothing listens here: a call made by mistake fails differently.
-	api := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	api := fmt.Sprintf("http://127.0.0.1:%d", gatewaytest.FreePort(t))
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -485,13 +489,13 @@ func TestCommandUsageErrors(t *testing.T) {
 func TestCommandAPIErrors(t *testing.T) {
 	h := newHarness(t, "")
 	ctx := context.Background()
-	api := h.apiURL("")
+	api := h.APIURL("")
 	missing := testenv.UniqueID("nx")
-	runCLI(t, ctx, "get", missing, "--api", api, "--token", testToken).failed(t, "get unknown", "sandbox "+missing+": not found (404)")
-	runCLI(t, ctx, "get", "Not_An_ID", "--api", api, "--token", testToken).failed(t, "get bad id", `sandbox "Not_An_ID": not found`)
-	runCLI(t, ctx, "wake", missing, "--api", api, "--token", testToken).failed(t, "wake unknown", "not found (404)")
+	runCLI(t, ctx, "get", missing, "--api", api, "--token", gatewaytest.Token).failed(t, "get unknown", "sandbox "+missing+": not found (404)")
+	runCLI(t, ctx, "get", "Not_An_ID", "--api", api, "--token", gatewaytest.Token).failed(t, "get bad id", `sandbox "Not_An_ID": not found`)
+	runCLI(t, ctx, "wake", missing, "--api", api, "--token", gatewaytest.Token).failed(t, "wake unknown", "not found (404)")
 	runCLI(t, ctx, "ls", "--api", api, "--token", "wrong").failed(t, "wrong token", "wrong bearer token: it is none of this API's tokens (401); set --token, $SANDWAKE_TOKEN or $SANDWAKE_API_TOKEN (the token sent came from --token)")
-	runCLI(t, ctx, "create", "--image", h.image, "--port", "8080", "--id", "UPPER_case!", "--api", api, "--token", testToken).failed(t, "create bad id", "(400)")
+	runCLI(t, ctx, "create", "--image", h.Image, "--port", "8080", "--id", "UPPER_case!", "--api", api, "--token", gatewaytest.Token).failed(t, "create bad id", "(400)")
 
 	// The event stream gives up on a 4xx rather than retrying for ever.
 	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -505,13 +509,13 @@ func TestCommandAPIErrors(t *testing.T) {
 
 	// $SANDWAKE_API and $SANDWAKE_TOKEN stand in for the flags.
 	t.Setenv("SANDWAKE_API", api)
-	t.Setenv("SANDWAKE_TOKEN", testToken)
+	t.Setenv("SANDWAKE_TOKEN", gatewaytest.Token)
 	if out := runCLI(t, ctx, "ls").ok(t, "ls from the environment"); !strings.HasPrefix(out, "ID ") {
 		t.Fatalf("ls printed %q", out)
 	}
 	// So does $SANDWAKE_API_TOKEN, the server's variable (make run's shell).
 	t.Setenv("SANDWAKE_TOKEN", "")
-	t.Setenv("SANDWAKE_API_TOKEN", testToken)
+	t.Setenv("SANDWAKE_API_TOKEN", gatewaytest.Token)
 	if out := runCLI(t, ctx, "ls").ok(t, "ls with $SANDWAKE_API_TOKEN"); !strings.HasPrefix(out, "ID ") {
 		t.Fatalf("ls printed %q", out)
 	}
@@ -641,18 +645,18 @@ func TestCommandEventsReconnect(t *testing.T) {
 // TestCommandSSEParse: the stream parser follows the SSE rules the API uses.
 func TestCommandSSEParse(t *testing.T) {
 	stream := ": comment\n\nid: 7\nevent: x\ndata: {\"a\":1}\n\ndata:no-space\r\n\r\nid: 9\ndata: a\ndata: b\n\nid: 10\n\nretry: 1500\ndata: last\n"
-	var got []sseEvent
+	var got []swclient.Message
 	var retry time.Duration
-	err := readSSE(strings.NewReader(stream), func(ev sseEvent) error {
+	err := swclient.ReadSSE(strings.NewReader(stream), func(ev swclient.Message) error {
 		got = append(got, ev)
 		return nil
 	}, func(d time.Duration) { retry = d })
-	want := []sseEvent{{ID: "7", Data: `{"a":1}`}, {Data: "no-space"}, {ID: "9", Data: "a\nb"}}
+	want := []swclient.Message{{ID: "7", Data: `{"a":1}`}, {Data: "no-space"}, {ID: "9", Data: "a\nb"}}
 	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) || retry != 1500*time.Millisecond {
 		t.Fatalf("readSSE: %v %q retry %v, want %q", err, got, retry, want)
 	}
 	stop := errors.New("stop")
-	if err := readSSE(strings.NewReader(stream), func(sseEvent) error { return stop }, nil); err != stop {
+	if err := swclient.ReadSSE(strings.NewReader(stream), func(swclient.Message) error { return stop }, nil); err != stop {
 		t.Fatalf("an emit error: %v", err)
 	}
 }
@@ -706,7 +710,7 @@ func TestCommandFormats(t *testing.T) {
 		t.Error("relTime of zero time")
 	}
 	var b bytes.Buffer
-	recs := []recordView{
+	recs := []swclient.Sandbox{
 		{ID: "a1", State: "running", Ports: []int{8080, 3000}, URLs: map[string]string{"8080": "http://s-a1-8080.x/", "3000": "http://s-a1-3000.x/"}, LastActiveAt: now.Add(-90 * time.Second)},
 		{ID: "longer-id", State: "stopped"},
 	}
@@ -834,11 +838,11 @@ func TestCLIHelp(t *testing.T) {
 // lists a sandbox, and a refused call exits non-zero with one line.
 func TestCLIBinary(t *testing.T) {
 	h := newHarness(t, "")
-	rec := h.create(nil)
+	rec := h.Create(nil)
 	bin := buildCaddy(t)
 
 	var stdout, stderr bytes.Buffer
-	ls := exec.Command(bin, "sandwake", "ls", "--api", h.apiURL(""), "--token", testToken)
+	ls := exec.Command(bin, "sandwake", "ls", "--api", h.APIURL(""), "--token", gatewaytest.Token)
 	ls.Stdout, ls.Stderr = &stdout, &stderr
 	if err := ls.Run(); err != nil || stderr.Len() != 0 {
 		t.Fatalf("caddy sandwake ls: %v\nstderr: %s", err, stderr.String())
@@ -850,7 +854,7 @@ func TestCLIBinary(t *testing.T) {
 
 	stdout.Reset()
 	stderr.Reset()
-	get := exec.Command(bin, "sandwake", "get", "nosuchsandbox", "--api", h.apiURL(""), "--token", testToken)
+	get := exec.Command(bin, "sandwake", "get", "nosuchsandbox", "--api", h.APIURL(""), "--token", gatewaytest.Token)
 	get.Stdout, get.Stderr = &stdout, &stderr
 	err := get.Run()
 	var exit *exec.ExitError
@@ -860,4 +864,57 @@ func TestCLIBinary(t *testing.T) {
 	if stdout.Len() != 0 || stderr.String() != "sandwake: sandbox nosuchsandbox: not found (404)\n" {
 		t.Fatalf("caddy sandwake get nosuchsandbox: stdout %q, stderr %q", stdout.String(), stderr.String())
 	}
+}
+
+// TestListPagesCLI: `ls --limit` prints a page and the cursor of the next
+// one; `ls --cursor` prints the page after it (the API's pages:
+// TestListPages).
+func TestListPagesCLI(t *testing.T) {
+	h := newHarness(t, "")
+	var ids []string
+	for range 6 {
+		ids = append(ids, h.Create(nil).ID)
+	}
+	slices.Sort(ids)
+	api := []string{"--api", h.APIURL(""), "--token", gatewaytest.Token}
+	out := runCLI(t, context.Background(), append([]string{"ls", "--limit", "4"}, api...)...).ok(t, "ls --limit 4")
+	if !strings.HasSuffix(out, "more: --cursor "+ids[3]+"\n") {
+		t.Fatalf("ls --limit 4 printed %q", out)
+	}
+	out = runCLI(t, context.Background(), append([]string{"ls", "--limit", "4", "--cursor", ids[3]}, api...)...).ok(t, "ls --cursor")
+	if strings.Contains(out, "more:") || !strings.Contains(out, ids[4]) || !strings.Contains(out, ids[5]) || strings.Contains(out, ids[3]) {
+		t.Fatalf("ls --cursor printed %q", out)
+	}
+}
+
+// TestTemplatesCLI: `templates` is a table of the templates and their
+// pools; `create --template` claims from the pool (and says so), creates
+// cold with --env (and says why); --pool needs --template (the API's
+// templates: TestTemplatesAPI).
+func TestTemplatesCLI(t *testing.T) {
+	h := newHarness(t, fmt.Sprintf("template web {\n\t\t\timage %s\n\t\t\tports 8080\n\t\t\tmemory_mb 64\n\t\t\tpool {\n\t\t\t\tmin_idle 1\n\t\t\t}\n\t\t}",
+		testenv.TestAppImage(t)))
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		var list swclient.TemplateList
+		h.API("GET", "/v1/templates", nil, &list)
+		return len(list.Templates) == 1 && list.Templates[0].Pool != nil && list.Templates[0].Pool.Idle == 1, fmt.Sprintf("%+v", list)
+	})
+	sw := func(args ...string) cliResult {
+		return runCLI(t, context.Background(), append(args, "--api", h.APIURL(""), "--token", gatewaytest.Token)...)
+	}
+	rows := parseTable(t, sw("templates").ok(t, "templates"), "TEMPLATE", "IMAGE", "PORTS", "MEMORY", "POOL IDLE", "HITS", "MISSES", "STATE")
+	if len(rows) != 1 || rows[0]["TEMPLATE"] != "web" || rows[0]["POOL IDLE"] != "1/1" || rows[0]["HITS"] != "0" || rows[0]["STATE"] != "paused" {
+		t.Fatalf("templates table: %+v", rows)
+	}
+	out := sw("create", "--template", "web").ok(t, "create --template")
+	if !regexp.MustCompile(`^sandbox [0-9a-z]+ running  http://\S+  \(from the web pool\)\n$`).MatchString(out) {
+		t.Fatalf("create --template printed %q", out)
+	}
+	h.RemoveOnCleanup(strings.Fields(out)[1])
+	out = sw("create", "--template", "web", "--env", "K=v").ok(t, "create --template --env")
+	if !strings.Contains(out, "created cold: --env was given") {
+		t.Fatalf("create --template --env printed %q", out)
+	}
+	h.RemoveOnCleanup(strings.Fields(out)[1])
+	sw("create", "--pool", "require").failed(t, "create --pool without --template", "--pool needs --template")
 }

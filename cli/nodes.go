@@ -1,4 +1,4 @@
-package caddymodule
+package cli
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 )
 
 // nodesCommand is `caddy sandwake nodes`.
-func (c *cli) nodesCommand() *cobra.Command {
+func (c *session) nodesCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "nodes",
 		Short: "Lists the cluster's nodes",
@@ -63,7 +63,7 @@ func writeNodes(w io.Writer, nv client.NodeList, now time.Time) error {
 }
 
 // nodeCommand is `caddy sandwake node drain|remove <name>`.
-func (c *cli) nodeCommand() *cobra.Command {
+func (c *session) nodeCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node <drain|remove> <name>",
 		Short: "Drains or removes a cluster node",

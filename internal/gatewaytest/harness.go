@@ -1,0 +1,334 @@
+// Package gatewaytest runs sandwake in a real Caddy in the test's own
+// process (Harness): loopback ports of its own, a store in a temporary
+// directory, the real Docker engine, and helpers to call its API and its
+// preview hosts. The packages of the request path, the API and the CLI test
+// through it.
+package gatewaytest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	// sandwake's modules, as a build with the module root has them.
+	dockerclient "github.com/moby/moby/client"
+
+	_ "github.com/sandwake/sandwake/caddymodule"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/lifecycle/docker"
+)
+
+// Token is the admin token of a harness's API.
+const Token = "test-token-0123456789"
+
+// Harness is a real Caddy, in this process, serving sandwake on loopback
+// ports of its own, with its store in a temporary directory and every
+// container it makes labelled for cleanup.
+type Harness struct {
+	T           testing.TB
+	Docker      *dockerclient.Client
+	Image       string // the test app's image
+	PreviewPort int
+	APIPort     int
+	Dir         string
+	Extra       string // extra lines for the sandwake global option
+	// Client dials every preview host on loopback, whatever its name.
+	Client *http.Client
+}
+
+// caddyMu serialises in-process Caddy instances: Caddy keeps one running
+// config per process.
+var caddyMu sync.Mutex
+
+// FreePort is a loopback port no listener holds now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// New starts a harness whose sandwake global option has the extra lines.
+func New(t testing.TB, extra string) *Harness {
+	t.Helper()
+	h := NewWithCaddyfile(t, func(h *Harness) string { return h.Caddyfile(extra) })
+	h.Extra = extra
+	return h
+}
+
+// NewWithCaddyfile starts a harness whose Caddyfile render returns, once
+// the harness's ports and directory are known.
+func NewWithCaddyfile(t testing.TB, render func(h *Harness) string) *Harness {
+	t.Helper()
+	h := &Harness{
+		T:           t,
+		Docker:      testenv.Docker(t),
+		Image:       testenv.TestAppImage(t),
+		PreviewPort: FreePort(t),
+		APIPort:     FreePort(t),
+		Dir:         t.TempDir(),
+	}
+	// Every preview host is dialled on loopback, whatever its name.
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	h.Client = &http.Client{
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return dialer.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", h.PreviewPort))
+			},
+			MaxIdleConnsPerHost: 64,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	caddyMu.Lock()
+	var instance string
+	t.Cleanup(func() {
+		caddy.Stop()
+		caddyMu.Unlock()
+		// Once the gateway is gone (its reconcile would make the network
+		// again): each instance has a network of its own.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		testenv.RemoveInstance(ctx, h.Docker, instance)
+	})
+	h.LoadText(render(h))
+	h.WaitReady()
+	instance = h.Instance()
+	return h
+}
+
+// Caddyfile renders the harness's Caddyfile with extra global options.
+func (h *Harness) Caddyfile(extra string) string {
+	return fmt.Sprintf(`{
+	admin off
+	persist_config off
+	auto_https off
+	storage file_system %s
+	sandwake {
+		storage %s
+		preview_url http://*.preview.localhost:%d
+		label %s %s
+		stop_timeout 5s
+		%s
+	}
+}
+http://*.preview.localhost:%d {
+	bind 127.0.0.1
+	sandwake_preview
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sandwake_api {
+		token %s
+	}
+}
+`, filepath.Join(h.Dir, "caddy"), filepath.Join(h.Dir, "sandwake"), h.PreviewPort,
+		testenv.LabelRun, testenv.RunID(), extra, h.PreviewPort, h.APIPort, Token)
+}
+
+// Load adapts the harness's Caddyfile with extra global options and loads
+// it: the first call starts Caddy, later calls are config reloads.
+func (h *Harness) Load(extra string) { h.LoadText(h.Caddyfile(extra)) }
+
+// LoadText adapts a Caddyfile and loads it.
+func (h *Harness) LoadText(caddyfile string) {
+	h.T.Helper()
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		h.T.Fatalf("adapting Caddyfile: %v", err)
+	}
+	for _, w := range warnings {
+		h.T.Logf("caddyfile warning: %s", w.String())
+	}
+	if err := caddy.Load(cfg, true); err != nil {
+		h.T.Fatalf("loading config: %v", err)
+	}
+}
+
+// WaitReady waits until readyz answers 200.
+func (h *Harness) WaitReady() {
+	testenv.Eventually(h.T, 20*time.Second, func() (bool, string) {
+		resp, err := http.Get(h.APIURL("/v1/readyz"))
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, resp.Status
+	})
+}
+
+// APIURL is the URL of path on the harness's API.
+func (h *Harness) APIURL(path string) string {
+	return fmt.Sprintf("http://127.0.0.1:%d%s", h.APIPort, path)
+}
+
+// API calls the management API with the admin token and decodes a JSON
+// answer into out (if not nil); it returns the status.
+func (h *Harness) API(method, path string, body any, out any) int {
+	h.T.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, h.APIURL(path), rd)
+	req.Header.Set("Authorization", "Bearer "+Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.T.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil && len(b) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			h.T.Fatalf("%s %s: decoding %q: %v", method, path, b, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// Create makes a running sandbox through the API and registers its
+// removal.
+func (h *Harness) Create(extraEnv map[string]string) client.Sandbox {
+	h.T.Helper()
+	id := testenv.UniqueID("g")
+	h.RemoveOnCleanup(id)
+	var rec client.Sandbox
+	status := h.API("POST", "/v1/sandboxes", map[string]any{"id": id, "image": h.Image, "ports": []int{8080}, "env": extraEnv}, &rec)
+	if status != http.StatusCreated || rec.State != string(lifecycle.Running) {
+		h.T.Fatalf("create: %d %+v", status, rec)
+	}
+	return rec
+}
+
+// RemoveOnCleanup removes sandbox id's container and volume when the test
+// ends.
+func (h *Harness) RemoveOnCleanup(id string) {
+	h.T.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		h.Docker.ContainerRemove(ctx, docker.ContainerName(id), dockerclient.ContainerRemoveOptions{Force: true})
+		h.Docker.VolumeRemove(ctx, docker.VolumeName(id), dockerclient.VolumeRemoveOptions{Force: true})
+	})
+}
+
+// Stop stops sandbox id through the API.
+func (h *Harness) Stop(id string) {
+	h.T.Helper()
+	var rec client.Sandbox
+	if status := h.API("POST", "/v1/sandboxes/"+id+"/stop", nil, &rec); status != 200 || rec.State != "stopped" {
+		h.T.Fatalf("stop: %d %+v", status, rec)
+	}
+}
+
+// State is sandbox id's state as the API shows it.
+func (h *Harness) State(id string) string {
+	h.T.Helper()
+	var rec client.Sandbox
+	h.API("GET", "/v1/sandboxes/"+id, nil, &rec)
+	return rec.State
+}
+
+// Host is the preview host of a sandbox's port.
+func (h *Harness) Host(id string, port int) string {
+	return fmt.Sprintf("s-%s-%d.preview.localhost:%d", id, port, h.PreviewPort)
+}
+
+// Preview sends a request to a preview host (dialled on loopback).
+func (h *Harness) Preview(method, host, path string, body io.Reader, header http.Header) (*http.Response, string) {
+	h.T.Helper()
+	resp, b, err := h.PreviewErr(method, host, path, body, header)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	return resp, b
+}
+
+// PreviewErr is Preview for goroutines other than the test's: it returns
+// the error instead of failing the test.
+func (h *Harness) PreviewErr(method, host, path string, body io.Reader, header http.Header) (*http.Response, string, error) {
+	req, err := http.NewRequest(method, "http://"+host+path, body)
+	if err != nil {
+		return nil, "", err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := h.Client.Do(req)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s %s%s: %w", method, host, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp, string(b), err
+}
+
+// BrowserHeader is what a browser sends for a page load.
+func BrowserHeader() http.Header {
+	return http.Header{
+		"Accept":         {"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"},
+		"Sec-Fetch-Mode": {"navigate"},
+		"Sec-Fetch-Dest": {"document"},
+	}
+}
+
+// StartEvents counts "start" events of a container on the engine between
+// since and now: the engine's own count, independent of sandwake.
+func (h *Harness) StartEvents(id string, since time.Time) int {
+	h.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f := dockerclient.Filters{}.Add("container", docker.ContainerName(id)).Add("event", "start").Add("type", "container")
+	res := h.Docker.Events(ctx, dockerclient.EventsListOptions{
+		Since:   fmt.Sprintf("%d.%09d", since.Unix(), since.Nanosecond()),
+		Until:   fmt.Sprintf("%d.%09d", time.Now().Unix(), time.Now().Nanosecond()),
+		Filters: f,
+	})
+	n := 0
+	for {
+		select {
+		case _, ok := <-res.Messages:
+			if !ok {
+				return n
+			}
+			n++
+		case err := <-res.Err:
+			if err != nil && err != io.EOF && !strings.Contains(err.Error(), "EOF") {
+				h.T.Fatalf("reading docker events: %v", err)
+			}
+			return n
+		}
+	}
+}
+
+// Instance is the gateway's instance name, as readyz tells it.
+func (h *Harness) Instance() string {
+	h.T.Helper()
+	var ready struct {
+		Instance string `json:"instance"`
+	}
+	h.API("GET", "/v1/readyz", nil, &ready)
+	if ready.Instance == "" {
+		h.T.Fatal("readyz names no instance")
+	}
+	return ready.Instance
+}
