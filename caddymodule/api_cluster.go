@@ -1,19 +1,14 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptrace"
-	"net/http/httputil"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -23,23 +18,6 @@ import (
 	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
 )
-
-// forwarded reports whether r came from another node: through the peer
-// listener, which verified the node's certificate and signature.
-func forwarded(r *http.Request) bool {
-	return peerOf(r) != ""
-}
-
-// checkForward refuses, in cluster mode, a request that claims to come from
-// another node anywhere but the peer listener, and reports whether it may
-// go on.
-func checkForward(w http.ResponseWriter, r *http.Request, e *engine) bool {
-	if _, claimed := r.Header[cluster.ForwardHeader]; e.cluster == nil || !claimed {
-		return true
-	}
-	web.WriteError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
-	return false
-}
 
 // routed serves an operation on one sandbox where the sandbox lives: a
 // sandbox the catalog puts on another node is handed to that node's API.
@@ -93,71 +71,6 @@ func isDestroyOrPurge(r *http.Request) bool {
 		return !strings.HasSuffix(r.URL.Path, "/tokens")
 	}
 	return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/purge")
-}
-
-// forwardAPI hands r to node's management API through its peer listener
-// (mutual TLS, signed): the call carries this node's identity, never the
-// caller's Authorization. body, when not nil, replaces r's (already read)
-// body. The answer, streams included, is relayed as it comes.
-func (e *engine) forwardAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte) {
-	e.proxyAPI(w, r, nodeName, what, body, false)
-}
-
-// proxyAPI is forwardAPI; with onlyIfDialed, a node that cannot be dialled
-// (nothing was sent) gets no answer written: proxyAPI reports it instead,
-// so that the caller can try another node.
-func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte, onlyIfDialed bool) (notDialed bool) {
-	c := e.cluster.c
-	node, ok := c.Node(nodeName)
-	if !ok || !node.Live || node.Advertise == "" {
-		if onlyIfDialed {
-			return true
-		}
-		web.WriteError(w, http.StatusServiceUnavailable, "host_unavailable",
-			fmt.Sprintf("%s, which cannot be reached now (its lease is gone); retry later", what), hostRetryAfter)
-		return false
-	}
-	metricForwardedAPI.Inc()
-	// connected turns true once a connection to the node (verified as
-	// the node) carries the call: before that nothing was sent, so
-	// sending it elsewhere cannot do it twice.
-	var connected atomic.Bool
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "https", node.Advertise, peerAPIHost
-			// The node's certificate authenticates the call: the
-			// operator's token never leaves this gateway. Who called
-			// goes with it, signed, for the owner to decide as.
-			pr.Out.Header.Del("Authorization")
-			pr.Out.Header[cluster.CallerHeader] = []string{principalOf(r).callerValue()}
-			if body != nil {
-				pr.Out.Body = io.NopCloser(bytes.NewReader(body))
-				pr.Out.ContentLength = int64(len(body))
-				pr.Out.Header.Set("Content-Type", "application/json")
-			}
-			c.Sign(pr.Out)
-			pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(pr.Out.Context(), &httptrace.ClientTrace{
-				GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
-			}))
-		},
-		Transport:     e.cluster.transport(node.Name, node.Advertise),
-		FlushInterval: -1, // event streams pass through as they come
-		ErrorLog:      forwardErrorLog,
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			if onlyIfDialed && !connected.Load() {
-				notDialed = true
-				return
-			}
-			if errors.Is(err, cluster.ErrPeerIdentity) {
-				e.log.Warn("refused to forward an API call: the peer at the node's address is not that node",
-					zap.String("node", node.Name), zap.String("addr", node.Advertise), zap.Error(err))
-			}
-			web.WriteError(w, http.StatusServiceUnavailable, "host_unavailable",
-				fmt.Sprintf("%s, whose peer listener at %s did not answer: %v; retry later", what, node.Advertise, err), hostRetryAfter)
-		},
-	}
-	rp.ServeHTTP(w, r)
-	return notDialed
 }
 
 // createInCluster serves POST /v1/sandboxes in cluster mode: the id is

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,10 +12,6 @@ import (
 	"github.com/sandwake/sandwake/egress"
 	"github.com/sandwake/sandwake/lifecycle"
 )
-
-// egressCountersMaxAge is how old the denied counters shown may be:
-// reading them dumps the firewall's counters, once for every sandbox.
-const egressCountersMaxAge = 2 * time.Second
 
 // egressSettings are the App's egress options, parsed by Provision.
 type egressSettings struct {
@@ -103,21 +98,4 @@ func (e *engine) reportEgress(a *App) {
 		return
 	}
 	e.log.Info("egress firewall installed", zap.String("default_policy", a.egress.config.Default))
-}
-
-// egressCheck is readyz's egress check: "ok" when the firewall is in
-// place, a flag (still ready) when the operator turned it off, and why
-// sandboxes cannot start otherwise.
-func egressCheck(ctx context.Context, e *engine) (string, bool) {
-	if e.egressUnenforced {
-		return "unenforced (egress unenforced is set: sandboxes can reach the host and private networks)", true
-	}
-	if err := e.mgr.EgressStatus(ctx); err != nil {
-		msg := err.Error()
-		if i := strings.Index(msg, ": "); i >= 0 && errors.Is(err, lifecycle.ErrEgressUnenforced) {
-			msg = "not enforced, sandboxes do not start:" + msg[i+1:]
-		}
-		return msg, false
-	}
-	return "ok", true
 }

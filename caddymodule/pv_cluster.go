@@ -3,24 +3,14 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
-	"io"
-	"log"
-	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
-	"strings"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/internal/web"
 )
-
-// hostRetryAfter is the Retry-After, in seconds, of a sandbox whose node is
-// unreachable.
-const hostRetryAfter = 5
 
 // serveCluster routes a preview request in cluster mode and reports whether
 // it answered it. A request another node forwarded (it came through the
@@ -63,10 +53,6 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s
 	return true, g.forwardPreview(w, r, e, s, en, port)
 }
 
-// errOutsidePeerListener answers a request claiming to come from another
-// node anywhere but the peer listener.
-const errOutsidePeerListener = "node-to-node requests are accepted only on the cluster's peer listener (peer_listen), over mutual TLS"
-
 // forwardPreview sends r to the owner node of entry en, over mutual TLS to
 // its peer listener, signed. Nothing is sent unless the node is live with
 // a registration its certificate covers and the listener at its address
@@ -107,69 +93,6 @@ func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, e *engine,
 		return g.hostUnavailable(w, r, s, en, port)
 	}
 	return nil
-}
-
-// forwardErrorLog takes the forwarding proxies' own log lines, which say
-// what the caller handles (a visitor gone, an owner lost).
-var forwardErrorLog = log.New(io.Discard, "", 0)
-
-// setForwardedHeaders sets the X-Forwarded-For, -Proto and -Host of a
-// forwarded request as Caddy's reverse_proxy does: the visitor's address
-// and scheme, or, from a trusted proxy in front of this gateway, what that
-// proxy said with its address added.
-func setForwardedHeaders(pr *httputil.ProxyRequest) {
-	in, out := pr.In, pr.Out.Header
-	trusted, _ := caddyhttp.GetVar(in.Context(), caddyhttp.TrustedProxyVarKey).(bool)
-	clientIP, _, err := net.SplitHostPort(in.RemoteAddr)
-	if err != nil {
-		return
-	}
-	clientIP, _, _ = strings.Cut(clientIP, "%")
-	if prior := strings.Join(in.Header.Values("X-Forwarded-For"), ", "); trusted && prior != "" {
-		out.Set("X-Forwarded-For", prior+", "+clientIP)
-	} else {
-		out.Set("X-Forwarded-For", clientIP)
-	}
-	proto := "http"
-	if in.TLS != nil {
-		proto = "https"
-	}
-	if prior := in.Header.Get("X-Forwarded-Proto"); trusted && prior != "" {
-		proto = prior
-	}
-	out.Set("X-Forwarded-Proto", proto)
-	host := in.Host
-	if prior := in.Header.Get("X-Forwarded-Host"); trusted && prior != "" {
-		host = prior
-	}
-	out.Set("X-Forwarded-Host", host)
-}
-
-// signForward signs r for the owner node. The signature covers the request
-// URI as the transport writes it (r.URL.RequestURI()), which is what the
-// owner receives: the request line as this node received it may differ
-// (the absolute form, or characters such as | and ^ that Go escapes when it
-// writes a path), and a signature over it would be refused there.
-func signForward(c *cluster.Cluster, r *http.Request) {
-	uri := r.RequestURI
-	r.RequestURI = r.URL.RequestURI()
-	c.Sign(r)
-	r.RequestURI = uri
-}
-
-// trustForwarder treats the node that forwarded r (verified by the peer
-// listener) as a trusted proxy: the X-Forwarded-For, -Proto and -Host it
-// set are kept by reverse_proxy (the app sees the visitor's address and
-// scheme, not the forwarding node's), and the client, for the event-stream
-// caps, is the visitor that node saw (the first X-Forwarded-For address,
-// as Caddy takes it from a trusted proxy), not the node, which would make
-// every visitor it forwards one client.
-func trustForwarder(r *http.Request) {
-	caddyhttp.SetVar(r.Context(), caddyhttp.TrustedProxyVarKey, true)
-	first, _, _ := strings.Cut(r.Header.Get("X-Forwarded-For"), ",")
-	if addr, err := netip.ParseAddr(strings.TrimSpace(first)); err == nil {
-		caddyhttp.SetVar(r.Context(), caddyhttp.ClientIPVarKey, addr.String())
-	}
 }
 
 // hostUnavailable answers a request for a sandbox whose node is lost: 503

@@ -1,0 +1,157 @@
+package caddymodule
+
+import (
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// defaultNoWakeUserAgents are substrings (case-insensitive) of User-Agents
+// that never wake a sandbox: search and social crawlers, link previewers and
+// uptime monitors, which would otherwise keep every preview awake.
+var defaultNoWakeUserAgents = []string{
+	"bot", "crawler", "spider", "slurp", "facebookexternalhit", "embedly",
+	"uptimerobot", "pingdom", "statuscake", "site24x7", "kube-probe",
+	"elb-healthchecker", "googlehc",
+}
+
+// wakeGuard decides whether a request may wake a sandbox: not for crawler
+// User-Agents, not faster than a global rate, and not again too soon for a
+// sandbox whose wakes keep failing (exponential backoff, reset by an API
+// wake or a success).
+type wakeGuard struct {
+	userAgents []string
+	limiter    *rate.Limiter
+
+	mu      sync.Mutex
+	backoff map[string]*wakeBackoff
+	// admitted holds sandboxes whose wake was let through the rate cap
+	// lately: more requests for the same wake join it and take nothing
+	// from the cap (the cap counts wakes, not requests).
+	admitted map[string]time.Time
+}
+
+// admittedFor is how long a wake let through the cap covers later requests
+// for the same sandbox (longer than a wake normally takes to register).
+const admittedFor = 10 * time.Second
+
+type wakeBackoff struct {
+	failures int
+	until    time.Time
+}
+
+// Backoff of failing wakes: 2s, 4s, … capped at 5 minutes.
+const (
+	wakeBackoffBase = 2 * time.Second
+	wakeBackoffMax  = 5 * time.Minute
+)
+
+func newWakeGuard() *wakeGuard {
+	return &wakeGuard{backoff: map[string]*wakeBackoff{}, admitted: map[string]time.Time{}}
+}
+
+// configure applies a config's settings; backoff state is kept across
+// reloads.
+func (g *wakeGuard) configure(userAgents []string, perSecond float64, burst int) {
+	uas := make([]string, len(userAgents))
+	for i, ua := range userAgents {
+		uas[i] = strings.ToLower(ua)
+	}
+	var lim *rate.Limiter
+	if perSecond > 0 {
+		lim = rate.NewLimiter(rate.Limit(perSecond), max(burst, 1))
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.userAgents, g.limiter = uas, lim
+}
+
+// crawler reports whether a User-Agent must not wake sandboxes.
+func (g *wakeGuard) crawler(ua string) bool {
+	g.mu.Lock()
+	uas := g.userAgents
+	g.mu.Unlock()
+	if ua == "" || len(uas) == 0 {
+		return false
+	}
+	ua = strings.ToLower(ua)
+	for _, s := range uas {
+		if strings.Contains(ua, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// backingOff reports whether sandbox id's wakes are paused after failures,
+// and for how long still.
+func (g *wakeGuard) backingOff(id string, now time.Time) (bool, time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.backoff[id]
+	if b == nil || !now.Before(b.until) {
+		return false, 0
+	}
+	return true, b.until.Sub(now)
+}
+
+// failed notes a failed wake of id.
+func (g *wakeGuard) failed(id string, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := g.backoff[id]
+	if b == nil {
+		b = &wakeBackoff{}
+		g.backoff[id] = b
+	}
+	delete(g.admitted, id)
+	b.failures++
+	d := wakeBackoffBase << min(b.failures-1, 16)
+	b.until = now.Add(min(d, wakeBackoffMax))
+}
+
+// reset clears id's backoff (a success, or an explicit API wake).
+func (g *wakeGuard) reset(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.backoff, id)
+	delete(g.admitted, id)
+}
+
+// Answers of wakeGuard.allowWake.
+const (
+	wakeAllowed       = iota
+	wakeRefusedClient // the client's own wake budget is spent
+	wakeRefusedGlobal // wakes come faster than wake_rate
+)
+
+// allowWake takes a wake of id from client's budget (clients) and from the
+// global wake rate, answering wakeAllowed or which budget is spent.
+// Requests for a wake already let through take nothing.
+func (g *wakeGuard) allowWake(id string, clients *clientLimits, client netip.Prefix, now time.Time) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if t, ok := g.admitted[id]; ok && now.Sub(t) < admittedFor {
+		return wakeAllowed
+	}
+	ok, giveBack := clients.reserveWake(client, now)
+	if !ok {
+		return wakeRefusedClient
+	}
+	if g.limiter != nil && !g.limiter.AllowN(now, 1) {
+		giveBack()
+		return wakeRefusedGlobal
+	}
+	if len(g.admitted) > 10000 { // bounded: forget old entries
+		for k, t := range g.admitted {
+			if now.Sub(t) >= admittedFor {
+				delete(g.admitted, k)
+			}
+		}
+	}
+	g.admitted[id] = now
+	return wakeAllowed
+}
