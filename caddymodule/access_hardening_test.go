@@ -76,7 +76,7 @@ func TestPreviewTokensDoNotSurviveRecreate(t *testing.T) {
 			revoked := h.mintToken(id, "1h", "revoked").Token // generation 0
 			h.revokeTokens(id)
 			live := h.mintToken(id, "1h", "live").Token // generation 1
-			first, err := e.mgr.Get(id)
+			first, err := e.Mgr.Get(id)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,7 +98,7 @@ func TestPreviewTokensDoNotSurviveRecreate(t *testing.T) {
 			if status != http.StatusCreated || again.State != "running" || again.Access != "private" {
 				t.Fatalf("create %s again: %d %+v", id, status, again)
 			}
-			second, err := e.mgr.Get(id)
+			second, err := e.Mgr.Get(id)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,11 +113,11 @@ func TestPreviewTokensDoNotSurviveRecreate(t *testing.T) {
 					if resp.StatusCode != http.StatusUnauthorized {
 						t.Errorf("%s: the %s token as Bearer: %d %q, want 401", when, name, resp.StatusCode, body)
 					}
-					resp, body = h.preview("GET", host, "/", nil, withHeader(browserHeader(), "Cookie", tokenCookie+"="+tok))
+					resp, body = h.preview("GET", host, "/", nil, withHeader(browserHeader(), "Cookie", TokenCookie+"="+tok))
 					if resp.StatusCode != http.StatusUnauthorized || pageKind(body) != pageUnauthorized {
 						t.Errorf("%s: the %s token as cookie: %d kind %q, want 401", when, name, resp.StatusCode, pageKind(body))
 					}
-					resp, _ = h.preview("GET", host, "/?"+tokenQueryParam+"="+url.QueryEscape(tok), nil, browserHeader())
+					resp, _ = h.preview("GET", host, "/?"+TokenQueryParam+"="+url.QueryEscape(tok), nil, browserHeader())
 					if resp.StatusCode != http.StatusUnauthorized || len(resp.Header.Values("Set-Cookie")) != 0 {
 						t.Errorf("%s: the %s token in the URL: %d, cookies %q; want 401 and none", when, name, resp.StatusCode, resp.Header.Values("Set-Cookie"))
 					}
@@ -127,7 +127,7 @@ func TestPreviewTokensDoNotSurviveRecreate(t *testing.T) {
 			refused("after "+gone+" and create", old)
 			// The new sandbox reaches the live token's generation.
 			h.revokeTokens(id)
-			if r, _ := e.mgr.Get(id); r.TokenGeneration != 1 {
+			if r, _ := e.Mgr.Get(id); r.TokenGeneration != 1 {
 				t.Fatalf("generation %d after one revoke, want 1", r.TokenGeneration)
 			}
 			refused("at the same generation", old)
@@ -211,7 +211,7 @@ func TestPreviewRedirectsStayOnHost(t *testing.T) {
 	rec := createPrivate(h)
 	host := h.host(rec.ID, 8080)
 	tok := h.mintToken(rec.ID, "1h", "").Token
-	q := tokenQueryParam + "=" + url.QueryEscape(tok)
+	q := TokenQueryParam + "=" + url.QueryEscape(tok)
 
 	visits := []struct{ target, want string }{
 		{"//evil.example/x?" + q, "/"},
@@ -251,7 +251,7 @@ func TestPreviewRedirectsStayOnHost(t *testing.T) {
 		{"http://evil.example/x", "/"},
 		{"http://" + host + "/files/x?a=1", "/files/x?a=1"},
 	}
-	cookie := tokenCookie + "=" + tok
+	cookie := TokenCookie + "=" + tok
 	for _, f := range forms {
 		hdr := http.Header{
 			"Content-Type": {"application/x-www-form-urlencoded"},
@@ -281,7 +281,7 @@ func TestPrivatePreviewPassesAppCookies(t *testing.T) {
 	rec := createPrivate(h)
 	host := h.host(rec.ID, 8080)
 	tok := h.mintToken(rec.ID, "1h", "").Token
-	ours := tokenCookie + "=" + tok
+	ours := TokenCookie + "=" + tok
 	tests := []struct {
 		name string
 		sent []string // Cookie header fields
@@ -332,13 +332,13 @@ func TestAuthSchemesCaseInsensitive(t *testing.T) {
 			t.Errorf("%s <token>: the app saw the token: %q", scheme, body)
 		}
 		// With the cookie too: the header is still taken out.
-		resp, body = h.preview("GET", host, "/headers", nil, withHeader(apiHeader(), "Authorization", scheme+" "+tok, "Cookie", tokenCookie+"="+tok))
+		resp, body = h.preview("GET", host, "/headers", nil, withHeader(apiHeader(), "Authorization", scheme+" "+tok, "Cookie", TokenCookie+"="+tok))
 		if resp.StatusCode != http.StatusOK || strings.Contains(body, tok) {
 			t.Errorf("%s <token> with the cookie: %d, the app saw the token: %v", scheme, resp.StatusCode, strings.Contains(body, tok))
 		}
 	}
 	// The app's own credentials pass.
-	resp, body := h.preview("GET", host, "/headers", nil, withHeader(apiHeader(), "Authorization", "bearer app-secret", "Cookie", tokenCookie+"="+tok))
+	resp, body := h.preview("GET", host, "/headers", nil, withHeader(apiHeader(), "Authorization", "bearer app-secret", "Cookie", TokenCookie+"="+tok))
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "Authorization: bearer app-secret\n") {
 		t.Errorf("the app's own bearer token: %d %q", resp.StatusCode, body)
 	}

@@ -166,12 +166,12 @@ func TestPrivatePreview(t *testing.T) {
 	h.stop(b.ID)
 	host := h.host(a.ID, 8080)
 	e := currentEngine(t)
-	secret := e.current.Load().previewSecret
+	secret := e.Current.Load().PreviewSecret
 
 	// A token revoked before use, then tokens at the current generation.
 	revoked := h.mintToken(a.ID, "1h", "revoked").Token
 	h.revokeTokens(a.ID)
-	rec, err := e.mgr.Get(a.ID)
+	rec, err := e.Mgr.Get(a.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,8 +187,8 @@ func TestPrivatePreview(t *testing.T) {
 		// wrong MAC.
 		{"garbage", "swt_abc.def", "not valid"},
 		{"malformed", "swt_not base64!.x", "malformed"},
-		{"wrong secret", signToken([]byte("not-the-preview-secret-at-all"), a.ID, rec.Incarnation, rec.TokenGeneration, future, ""), "not valid"},
-		{"expired", signToken(secret, a.ID, rec.Incarnation, rec.TokenGeneration, time.Now().Add(-time.Minute), ""), "expired"},
+		{"wrong secret", SignToken([]byte("not-the-preview-secret-at-all"), a.ID, rec.Incarnation, rec.TokenGeneration, future, ""), "not valid"},
+		{"expired", SignToken(secret, a.ID, rec.Incarnation, rec.TokenGeneration, time.Now().Add(-time.Minute), ""), "expired"},
 		{"other sandbox", h.mintToken(b.ID, "1h", "").Token, "another sandbox"},
 		{"revoked", revoked, "revoked"},
 	}
@@ -198,7 +198,7 @@ func TestPrivatePreview(t *testing.T) {
 			// A browser page load with the token as cookie.
 			hdr := browserHeader()
 			if c.token != "" {
-				hdr.Set("Cookie", tokenCookie+"="+c.token)
+				hdr.Set("Cookie", TokenCookie+"="+c.token)
 			}
 			resp, body := h.preview("GET", host, "/", nil, hdr)
 			if resp.StatusCode != http.StatusUnauthorized || pageKind(body) != pageUnauthorized {
@@ -232,9 +232,9 @@ func TestPrivatePreview(t *testing.T) {
 
 			// The token in the URL: refused, and no cookie is set.
 			if c.token != "" {
-				resp, body = h.preview("GET", host, "/?"+tokenQueryParam+"="+url.QueryEscape(c.token), nil, browserHeader())
+				resp, body = h.preview("GET", host, "/?"+TokenQueryParam+"="+url.QueryEscape(c.token), nil, browserHeader())
 				if resp.StatusCode != http.StatusUnauthorized || pageKind(body) != pageUnauthorized {
-					t.Errorf("page load with ?%s: %d kind %q", tokenQueryParam, resp.StatusCode, pageKind(body))
+					t.Errorf("page load with ?%s: %d kind %q", TokenQueryParam, resp.StatusCode, pageKind(body))
 				}
 				if sc := resp.Header.Values("Set-Cookie"); len(sc) > 0 {
 					t.Errorf("a refused token set cookies: %q", sc)
@@ -249,7 +249,7 @@ func TestPrivatePreview(t *testing.T) {
 			defer cancel()
 			wsHdr := http.Header{}
 			if c.token != "" {
-				wsHdr.Set("Cookie", tokenCookie+"="+c.token)
+				wsHdr.Set("Cookie", TokenCookie+"="+c.token)
 			}
 			conn, wsResp, err := websocket.Dial(ctx, "ws://"+host+"/ws", &websocket.DialOptions{HTTPClient: h.client, HTTPHeader: wsHdr})
 			if err == nil {
@@ -270,7 +270,7 @@ func TestPrivatePreview(t *testing.T) {
 	// A valid token, given once in the URL, becomes a host-only cookie.
 	before := time.Now()
 	m := h.mintToken(a.ID, "10m", "alice")
-	if want := a.URLs["8080"] + "?" + tokenQueryParam + "=" + url.QueryEscape(m.Token); m.URL != want {
+	if want := a.URLs["8080"] + "?" + TokenQueryParam + "=" + url.QueryEscape(m.Token); m.URL != want {
 		t.Errorf("token url %q, want %q", m.URL, want)
 	}
 	if m.ExpiresAt.Before(before.Add(10*time.Minute-time.Second)) || m.ExpiresAt.After(time.Now().Add(10*time.Minute)) {
@@ -282,7 +282,7 @@ func TestPrivatePreview(t *testing.T) {
 	}
 	redirects := []struct{ path, want string }{
 		{u.RequestURI(), "/"},
-		{"/files/x?a=1&" + tokenQueryParam + "=" + url.QueryEscape(m.Token) + "&b=2", "/files/x?a=1&b=2"},
+		{"/files/x?a=1&" + TokenQueryParam + "=" + url.QueryEscape(m.Token) + "&b=2", "/files/x?a=1&b=2"},
 	}
 	var cookie *http.Cookie
 	for _, rd := range redirects {
@@ -291,7 +291,7 @@ func TestPrivatePreview(t *testing.T) {
 			t.Fatalf("GET %s: %d, want 303", rd.path, resp.StatusCode)
 		}
 		loc := resp.Header.Get("Location")
-		if loc != rd.want || strings.Contains(loc, tokenQueryParam) || strings.Contains(loc, m.Token) {
+		if loc != rd.want || strings.Contains(loc, TokenQueryParam) || strings.Contains(loc, m.Token) {
 			t.Errorf("GET %s: Location %q, want %q", rd.path, loc, rd.want)
 		}
 		if rp := resp.Header.Get("Referrer-Policy"); rp != "no-referrer" {
@@ -305,8 +305,8 @@ func TestPrivatePreview(t *testing.T) {
 			t.Errorf("cookie %q has a Domain attribute: it must be host-only", raw[0])
 		}
 		c := resp.Cookies()[0]
-		if c.Name != tokenCookie || c.Value != m.Token || !c.HttpOnly || c.SameSite != http.SameSiteLaxMode || c.Path != "/" || c.Domain != "" {
-			t.Errorf("cookie %q: want %s=<token>; Path=/; HttpOnly; SameSite=Lax, no Domain", raw[0], tokenCookie)
+		if c.Name != TokenCookie || c.Value != m.Token || !c.HttpOnly || c.SameSite != http.SameSiteLaxMode || c.Path != "/" || c.Domain != "" {
+			t.Errorf("cookie %q: want %s=<token>; Path=/; HttpOnly; SameSite=Lax, no Domain", raw[0], TokenCookie)
 		}
 		if c.Secure {
 			t.Errorf("cookie %q is Secure on plain http: the browser would drop it", raw[0])
@@ -559,15 +559,15 @@ func TestFailingWakesBackOff(t *testing.T) {
 	host := h.host(id, 8080)
 	e := currentEngine(t)
 	failures := func() int {
-		e.guard.mu.Lock()
-		defer e.guard.mu.Unlock()
-		if b := e.guard.backoff[id]; b != nil {
+		e.Guard.mu.Lock()
+		defer e.Guard.mu.Unlock()
+		if b := e.Guard.backoff[id]; b != nil {
 			return b.failures
 		}
 		return 0
 	}
 	waking := func() bool {
-		_, ok := e.mgr.Waking(id)
+		_, ok := e.Mgr.Waking(id)
 		return ok
 	}
 
@@ -702,7 +702,7 @@ http://127.0.0.1:%d {
 			testenv.LabelRun, testenv.RunID(), h.previewPort, previewLog, h.apiPort, apiLog, testToken)
 	})
 	e := currentEngine(t)
-	secret := e.current.Load().previewSecret
+	secret := e.Current.Load().PreviewSecret
 	if len(secret) < 16 {
 		t.Fatalf("preview secret of %d bytes", len(secret))
 	}
@@ -740,13 +740,13 @@ http://127.0.0.1:%d {
 		t.Errorf("status with the cookie: %d", resp.StatusCode)
 	}
 	// Refused tokens: expired, revoked, by query.
-	recNow, err := e.mgr.Get(rec.ID)
+	recNow, err := e.Mgr.Get(rec.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	expired := signToken(secret, rec.ID, recNow.Incarnation, recNow.TokenGeneration, time.Now().Add(-time.Minute), "eve")
+	expired := SignToken(secret, rec.ID, recNow.Incarnation, recNow.TokenGeneration, time.Now().Add(-time.Minute), "eve")
 	tokens = append(tokens, expired)
-	resp, _ = h.preview("GET", host, "/?"+tokenQueryParam+"="+url.QueryEscape(expired), nil, browserHeader())
+	resp, _ = h.preview("GET", host, "/?"+TokenQueryParam+"="+url.QueryEscape(expired), nil, browserHeader())
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("expired token by query: %d", resp.StatusCode)
 	}
@@ -787,7 +787,7 @@ http://127.0.0.1:%d {
 	apiGet("/v1/sandboxes")
 	apiGet("/v1/sandboxes/" + rec.ID)
 	apiGet("/v1/sandboxes/" + rec.ID + "/history")
-	evs, err := e.mgr.EventsAfter(0, 0)
+	evs, err := e.Mgr.EventsAfter(0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -864,12 +864,12 @@ http://127.0.0.1:%d {
 			}
 			// Only the URI of a first visit may carry it.
 			rest := strings.Replace(line, entry.Request.URI, "", 1)
-			if !strings.Contains(entry.Request.URI, tokenQueryParam+"=") || strings.Contains(rest, s) {
+			if !strings.Contains(entry.Request.URI, TokenQueryParam+"=") || strings.Contains(rest, s) {
 				t.Errorf("preview access log line %d contains %s outside a first visit's URI: %s", ln+1, what, line)
 			}
 		}
 	}
-	if strings.Contains(previewAccess, tokenQueryParam+"=") {
-		t.Logf("note: the preview access log holds first-visit URIs with %s= (Caddy logs URIs as received); operators should filter it: format filter { request>uri query { delete %s } }", tokenQueryParam, tokenQueryParam)
+	if strings.Contains(previewAccess, TokenQueryParam+"=") {
+		t.Logf("note: the preview access log holds first-visit URIs with %s= (Caddy logs URIs as received); operators should filter it: format filter { request>uri query { delete %s } }", TokenQueryParam, TokenQueryParam)
 	}
 }

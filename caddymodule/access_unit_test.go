@@ -19,11 +19,11 @@ import (
 // TestWakeRateCountsWakesNotRequests: the cap limits how many sandboxes start
 // waking per second; any number of requests joining one wake take nothing.
 func TestWakeRateCountsWakesNotRequests(t *testing.T) {
-	g := newWakeGuard()
-	g.configure(nil, 1, 3)       // 1 wake/s, burst 3
-	clients := newClientLimits() // no per-client cap
+	g := NewWakeGuard()
+	g.Configure(nil, 1, 3)       // 1 wake/s, burst 3
+	clients := NewClientLimits() // no per-client cap
 	one := netip.MustParsePrefix("127.0.0.1/32")
-	allowWake := func(id string, now time.Time) bool { return g.allowWake(id, clients, one, now) == wakeAllowed }
+	allowWake := func(id string, now time.Time) bool { return g.AllowWake(id, clients, one, now) == wakeAllowed }
 	now := time.Unix(1_800_000_000, 0)
 	for i := range 500 {
 		if !allowWake("storm", now) {
@@ -44,11 +44,11 @@ func TestWakeRateCountsWakesNotRequests(t *testing.T) {
 	}
 	// A failure ends the admission: the next try counts again.
 	g.failed("storm", now)
-	if off, left := g.backingOff("storm", now); !off || left != wakeBackoffBase {
+	if off, left := g.BackingOff("storm", now); !off || left != wakeBackoffBase {
 		t.Fatalf("backoff after a failure: %v %s", off, left)
 	}
-	g.reset("storm")
-	if off, _ := g.backingOff("storm", now); off {
+	g.Reset("storm")
+	if off, _ := g.BackingOff("storm", now); off {
 		t.Fatal("reset left the backoff")
 	}
 }
@@ -67,8 +67,8 @@ func TestTokenRoundTrip(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	now := time.Unix(1_800_000_000, 0)
 	const inc = "0123456789abcdef"
-	tok := signToken(secret, "abc", inc, 3, now.Add(time.Hour), "rev@example.com")
-	legacy := signToken(secret, "abc", "", 3, now.Add(time.Hour), "")
+	tok := SignToken(secret, "abc", inc, 3, now.Add(time.Hour), "rev@example.com")
+	legacy := SignToken(secret, "abc", "", 3, now.Add(time.Hour), "")
 	v1 := signTokenV1(secret, "abc", 3, now.Add(time.Hour), "old")
 	tests := []struct {
 		name  string
@@ -87,7 +87,7 @@ func TestTokenRoundTrip(t *testing.T) {
 		{"missing", "", "abc", inc, 3, now, errTokenMissing},
 		{"not ours", "Bearer-xyz", "abc", inc, 3, now, errTokenMalformed},
 		{"tampered", tok[:len(tok)-2] + "AA", "abc", inc, 3, now, errTokenInvalid},
-		{"other secret", signToken([]byte("another-secret-of-enough-length"), "abc", inc, 3, now.Add(time.Hour), ""), "abc", inc, 3, now, errTokenInvalid},
+		{"other secret", SignToken([]byte("another-secret-of-enough-length"), "abc", inc, 3, now.Add(time.Hour), ""), "abc", inc, 3, now, errTokenInvalid},
 		// A sandbox destroyed and created again under the same id: same
 		// generation, new incarnation.
 		{"earlier incarnation", tok, "abc", "fedcba9876543210", 3, now, errTokenInvalid},
@@ -103,11 +103,11 @@ func TestTokenRoundTrip(t *testing.T) {
 		{"garbage payload", "swt_abc.def", "abc", inc, 3, now, errTokenInvalid},
 	}
 	for _, tt := range tests {
-		if err := verifyToken(secret, tt.token, tt.id, tt.inc, tt.gen, tt.now); !errors.Is(err, tt.want) {
+		if err := VerifyToken(secret, tt.token, tt.id, tt.inc, tt.gen, tt.now); !errors.Is(err, tt.want) {
 			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 		}
 	}
-	if exp := tokenExpiry(tok); !exp.Equal(now.Add(time.Hour)) {
+	if exp := TokenExpiry(tok); !exp.Equal(now.Add(time.Hour)) {
 		t.Fatalf("expiry %s", exp)
 	}
 	// The token does not carry the incarnation, and stays as short as a
@@ -148,11 +148,11 @@ func TestBearerCredentials(t *testing.T) {
 		{"Token swt_abc.def", "", false, false},
 	}
 	for _, tt := range tests {
-		got, ok := bearerCredentials(tt.header)
+		got, ok := BearerCredentials(tt.header)
 		if got != tt.want || ok != tt.ok {
 			t.Errorf("bearerCredentials(%q) = %q, %v; want %q, %v", tt.header, got, ok, tt.want, tt.ok)
 		}
-		if _, ok := previewBearer(tt.header); ok != tt.preview {
+		if _, ok := PreviewBearer(tt.header); ok != tt.preview {
 			t.Errorf("previewBearer(%q) = %v, want %v", tt.header, ok, tt.preview)
 		}
 	}
@@ -178,7 +178,7 @@ func TestWithoutCookie(t *testing.T) {
 		{"none", `d=a"b; e=ü`, `d=a"b; e=ü`, false},
 	}
 	for _, tt := range tests {
-		got, removed := withoutCookie(tt.in, tokenCookie)
+		got, removed := withoutCookie(tt.in, TokenCookie)
 		if got != tt.want || removed != tt.removed {
 			t.Errorf("%s: withoutCookie(%q) = %q, %v; want %q, %v", tt.name, tt.in, got, removed, tt.want, tt.removed)
 		}
@@ -305,60 +305,60 @@ func TestRedirectTargets(t *testing.T) {
 // budget and its own held-request cap; a wake the global rate refuses
 // gives the client's token back; a release frees its place once.
 func TestClientBudgetsAreSeparate(t *testing.T) {
-	g := newWakeGuard()
-	g.configure(nil, 100, 100)
-	clients := newClientLimits()
-	clients.configure(1, 2, 2) // 1 wake/s per client, burst 2; 2 held
+	g := NewWakeGuard()
+	g.Configure(nil, 100, 100)
+	clients := NewClientLimits()
+	clients.Configure(1, 2, 2) // 1 wake/s per client, burst 2; 2 held
 	a, b := netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("127.0.0.2/32")
 	now := time.Unix(1_800_000_000, 0)
 	for i := range 2 {
-		if got := g.allowWake(fmt.Sprintf("a%d", i), clients, a, now); got != wakeAllowed {
+		if got := g.AllowWake(fmt.Sprintf("a%d", i), clients, a, now); got != wakeAllowed {
 			t.Fatalf("client a's wake %d: %d, want allowed", i, got)
 		}
 	}
-	if got := g.allowWake("a2", clients, a, now); got != wakeRefusedClient {
+	if got := g.AllowWake("a2", clients, a, now); got != WakeRefusedClient {
 		t.Fatalf("client a's third wake at once: %d, want refused by its own budget", got)
 	}
-	if got := g.allowWake("b0", clients, b, now); got != wakeAllowed {
+	if got := g.AllowWake("b0", clients, b, now); got != wakeAllowed {
 		t.Fatalf("client b's first wake: %d, want allowed (a's budget is a's)", got)
 	}
 	// The global rate refusing a wake gives the client's token back.
-	g.configure(nil, 0.001, 1)
+	g.Configure(nil, 0.001, 1)
 	g.limiter.AllowN(now, 1) // spend the global burst
 	c := netip.MustParsePrefix("127.0.0.3/32")
-	clients.configure(1, 1, 2)
-	if got := g.allowWake("c0", clients, c, now); got != wakeRefusedGlobal {
+	clients.Configure(1, 1, 2)
+	if got := g.AllowWake("c0", clients, c, now); got != WakeRefusedGlobal {
 		t.Fatalf("c's wake with the global budget spent: %d, want refused globally", got)
 	}
-	g.configure(nil, 100, 100)
-	if got := g.allowWake("c1", clients, c, now); got != wakeAllowed {
+	g.Configure(nil, 100, 100)
+	if got := g.AllowWake("c1", clients, c, now); got != wakeAllowed {
 		t.Fatalf("c's wake after a global refusal: %d, want allowed (its token was given back)", got)
 	}
 
 	var releases []func()
 	for i := range 2 {
-		ok, release := clients.hold(a)
+		ok, release := clients.Hold(a)
 		if !ok {
 			t.Fatalf("client a's held request %d refused", i)
 		}
 		releases = append(releases, release)
 	}
-	if ok, _ := clients.hold(a); ok {
+	if ok, _ := clients.Hold(a); ok {
 		t.Fatal("client a's third held request was let in")
 	}
-	if ok, release := clients.hold(b); !ok {
+	if ok, release := clients.Hold(b); !ok {
 		t.Fatal("client b's held request refused because of a's")
 	} else {
 		release()
 	}
 	releases[0]()
 	releases[0]() // twice: frees one place only
-	if ok, release := clients.hold(a); !ok {
+	if ok, release := clients.Hold(a); !ok {
 		t.Fatal("client a's place was not freed")
 	} else {
 		defer release()
 	}
-	if ok, _ := clients.hold(a); ok {
+	if ok, _ := clients.Hold(a); ok {
 		t.Fatal("a double release freed two places")
 	}
 }

@@ -24,17 +24,17 @@ import (
 // Requests forwarded by a node are served here, never forwarded again.
 func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func(http.ResponseWriter, *http.Request, *engine) {
 	return func(w http.ResponseWriter, r *http.Request, e *engine) {
-		if e.cluster == nil || forwarded(r) {
+		if e.Cluster == nil || Forwarded(r) {
 			h(w, r, e)
 			return
 		}
 		id := strings.ToLower(r.PathValue("id"))
-		en, ok := e.cluster.c.Lookup(id)
-		if !ok || en.Node == e.cluster.c.Self() {
+		en, ok := e.Cluster.c.Lookup(id)
+		if !ok || en.Node == e.Cluster.c.Self() {
 			h(w, r, e)
 			return
 		}
-		if _, err := e.mgr.Get(id); err == nil {
+		if _, err := e.Mgr.Get(id); err == nil {
 			// This node holds the record: it answers, whatever the
 			// catalog says (an entry moved or put back behind its back
 			// is repaired by the publisher).
@@ -45,10 +45,10 @@ func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func
 			// Its node was removed for good: nobody can answer for it, so
 			// destroying (or purging) it forgets its entry, and the id is
 			// free again. The files went with the host.
-			forgotten, err := e.cluster.c.Forget(r.Context(), id)
+			forgotten, err := e.Cluster.c.Forget(r.Context(), id)
 			if err != nil {
 				web.WriteError(w, http.StatusServiceUnavailable, "cluster_unavailable",
-					fmt.Sprintf("sandbox %s of removed node %s could not be forgotten: %v", id, en.Node, err), hostRetryAfter)
+					fmt.Sprintf("sandbox %s of removed node %s could not be forgotten: %v", id, en.Node, err), HostRetryAfter)
 				return
 			}
 			if forgotten {
@@ -60,7 +60,7 @@ func (api *API) routed(h func(http.ResponseWriter, *http.Request, *engine)) func
 				return
 			}
 		}
-		e.forwardAPI(w, r, en.Node, fmt.Sprintf("sandbox %s lives on node %s", id, en.Node), nil)
+		e.Cluster.ForwardAPI(w, r, en.Node, fmt.Sprintf("sandbox %s lives on node %s", id, en.Node), principalOf(r).callerValue(), nil)
 	}
 }
 
@@ -78,7 +78,7 @@ func isDestroyOrPurge(r *http.Request) bool {
 // placed on the least loaded node with room. A create forwarded by another
 // node was placed there already: it is created here.
 func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engine, body *createBody, spec lifecycle.Spec) {
-	c := e.cluster.c
+	c := e.Cluster.c
 	// A create from a template without an id takes the id of the pool
 	// container it claims (or draws one on the node it is placed on), and
 	// is placed where the template's pool has an idle container.
@@ -97,13 +97,13 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		what = "a sandbox of template " + body.Template
 	}
 	mem := spec.MemoryMB
-	if t, ok := e.mgr.Template(body.Template); ok && mem == 0 {
+	if t, ok := e.Mgr.Template(body.Template); ok && mem == 0 {
 		mem = t.Spec.MemoryMB
 	}
 	if mem == 0 {
-		mem = e.defaultMemMB.Load()
+		mem = e.DefaultMemMB.Load()
 	}
-	if !forwarded(r) {
+	if !Forwarded(r) {
 		// A node that cannot be dialled (dead within its lease) got
 		// nothing: the create is placed again without it.
 		var unreachable []string
@@ -125,10 +125,10 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 				web.WriteError(w, http.StatusInternalServerError, "failed", "encoding the create for node "+node.Name+": "+err.Error(), 0)
 				return
 			}
-			if !e.proxyAPI(w, r, node.Name, what+" was placed on node "+node.Name, b, true) {
+			if !e.Cluster.ProxyAPI(w, r, node.Name, what+" was placed on node "+node.Name, principalOf(r).callerValue(), b, true) {
 				return
 			}
-			e.log.Warn("node did not answer a create placed on it; placing again without it",
+			e.Log.Warn("node did not answer a create placed on it; placing again without it",
 				zap.String("sandbox", what), zap.String("node", node.Name))
 			unreachable = append(unreachable, node.Name)
 		}
@@ -158,7 +158,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if err := c.Release(ctx, got); err != nil {
-				e.log.Warn("releasing the id of a failed claim", zap.String("id", got), zap.Error(err))
+				e.Log.Warn("releasing the id of a failed claim", zap.String("id", got), zap.Error(err))
 			}
 			if id == got {
 				id = ""
@@ -168,7 +168,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		web.WriteEngineError(w, err)
 		return
 	}
-	rec, pool, err := e.mgr.CreatePooled(r.Context(), req)
+	rec, pool, err := e.Mgr.CreatePooled(r.Context(), req)
 	if err != nil && id == "" {
 		web.WriteEngineError(w, err) // nothing was reserved
 		return
@@ -176,10 +176,10 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 	if err != nil {
 		// A create that left no record gives its id back; one that left a
 		// failed record publishes it like any change.
-		if _, gerr := e.mgr.Get(id); errors.Is(gerr, lifecycle.ErrNotFound) {
+		if _, gerr := e.Mgr.Get(id); errors.Is(gerr, lifecycle.ErrNotFound) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			if rerr := c.Release(ctx, id); rerr != nil {
-				e.log.Warn("releasing the id of a failed create", zap.String("id", id), zap.Error(rerr))
+				e.Log.Warn("releasing the id of a failed create", zap.String("id", id), zap.Error(rerr))
 			}
 			cancel()
 		} else {
@@ -188,7 +188,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 		web.WriteEngineError(w, err)
 		return
 	}
-	v := e.view(&rec)
+	v := view(e, &rec)
 	if body.Template != "" {
 		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
 	}
@@ -199,7 +199,7 @@ func (api *API) createInCluster(w http.ResponseWriter, r *http.Request, e *engin
 // records in full, the other nodes' sandboxes as the catalog shows them.
 func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine, q listQuery) {
 	state := q.state
-	recs, err := e.mgr.List(state)
+	recs, err := e.Mgr.List(state)
 	if err != nil {
 		web.WriteEngineError(w, err)
 		return
@@ -210,15 +210,15 @@ func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine,
 	for i := range recs {
 		local[recs[i].ID] = true
 		if who.sees(recs[i].Spec.Labels) && lifecycle.HasLabels(recs[i].Spec.Labels, q.labels) {
-			out = append(out, e.view(&recs[i]))
+			out = append(out, view(e, &recs[i]))
 		}
 	}
-	self := e.cluster.c.Self()
-	for _, en := range e.cluster.c.Entries() {
+	self := e.Cluster.c.Self()
+	for _, en := range e.Cluster.c.Entries() {
 		if en.Node == self || local[en.ID] || (state != "" && en.State != state) || !who.sees(en.Labels) || !lifecycle.HasLabels(en.Labels, q.labels) {
 			continue
 		}
-		out = append(out, e.entryView(&en))
+		out = append(out, entryView(e, &en))
 	}
 	next := ""
 	if q.paged {
@@ -240,15 +240,15 @@ func (api *API) listInCluster(w http.ResponseWriter, r *http.Request, e *engine,
 
 // entryView renders another node's sandbox from its catalog entry: what
 // the catalog knows (the owner's API has the rest).
-func (e *engine) entryView(en *cluster.Entry) recordView {
-	s := e.current.Load()
+func entryView(e *engine, en *cluster.Entry) recordView {
+	s := e.Current.Load()
 	v := recordView{
 		ID: en.ID, State: string(en.State), Reason: en.Reason, EnvKeys: []string{}, Ports: en.Ports,
 		URLs: make(map[string]string, len(en.Ports)), MemoryMB: en.MemoryMB, Labels: en.Labels,
 		Access: en.Access, CreatedAt: en.CreatedAt, StateSince: en.UpdatedAt, Node: en.Node,
 	}
 	for _, p := range en.Ports {
-		v.URLs[strconv.Itoa(p)] = s.previewURLOf(en.ID, p)
+		v.URLs[strconv.Itoa(p)] = s.PreviewURLOf(en.ID, p)
 	}
 	return v
 }
@@ -256,7 +256,7 @@ func (e *engine) entryView(en *cluster.Entry) recordView {
 // notClustered answers the cluster endpoints of a single host, and reports
 // whether it did.
 func notClustered(w http.ResponseWriter, e *engine) bool {
-	if e.cluster != nil {
+	if e.Cluster != nil {
 		return false
 	}
 	web.WriteError(w, http.StatusNotFound, "not_clustered",
@@ -274,11 +274,11 @@ func (api *API) nodes(w http.ResponseWriter, _ *http.Request, e *engine) {
 	if notClustered(w, e) {
 		return
 	}
-	nodes := e.cluster.c.Nodes()
+	nodes := e.Cluster.c.Nodes()
 	if nodes == nil {
 		nodes = []cluster.NodeInfo{}
 	}
-	web.WriteJSON(w, http.StatusOK, nodesView{Self: e.cluster.c.Self(), Nodes: nodes})
+	web.WriteJSON(w, http.StatusOK, nodesView{Self: e.Cluster.c.Self(), Nodes: nodes})
 }
 
 // drainNode serves POST /v1/nodes/{name}/drain {"draining": true|false}.
@@ -297,11 +297,11 @@ func (api *API) drainNode(w http.ResponseWriter, r *http.Request, e *engine) {
 		return
 	}
 	name := r.PathValue("name")
-	if err := e.cluster.c.Drain(r.Context(), name, *body.Draining); err != nil {
+	if err := e.Cluster.c.Drain(r.Context(), name, *body.Draining); err != nil {
 		web.WriteEngineError(w, fmt.Errorf("draining node %s: %w", name, err))
 		return
 	}
-	n, _ := e.cluster.c.Node(name)
+	n, _ := e.Cluster.c.Node(name)
 	n.Draining = *body.Draining // the registry may not have seen the mark yet
 	web.WriteJSON(w, http.StatusOK, n)
 }
@@ -313,12 +313,12 @@ func (api *API) removeNode(w http.ResponseWriter, r *http.Request, e *engine) {
 		return
 	}
 	name := r.PathValue("name")
-	if n, ok := e.cluster.c.Node(name); ok && n.Live {
+	if n, ok := e.Cluster.c.Node(name); ok && n.Live {
 		web.WriteError(w, http.StatusConflict, "node_live",
 			fmt.Sprintf("node %s holds its lease: stop it first (a live node cannot be removed)", name), 0)
 		return
 	}
-	killed, err := e.cluster.c.Remove(r.Context(), name)
+	killed, err := e.Cluster.c.Remove(r.Context(), name)
 	if err != nil {
 		web.WriteEngineError(w, fmt.Errorf("removing node %s: %w", name, err))
 		return
@@ -330,15 +330,15 @@ func (api *API) removeNode(w http.ResponseWriter, r *http.Request, e *engine) {
 // plaintext etcd and a node certificate about to expire are flagged
 // without making the node unready.
 func clusterCheck(e *engine) (string, bool) {
-	if err := e.cluster.c.Health(); err != nil {
+	if err := e.Cluster.c.Health(); err != nil {
 		return err.Error(), false
 	}
 	var notes []string
-	if e.clusterCfg != nil && e.clusterCfg.InsecurePlaintext {
+	if e.Cluster.Plaintext {
 		notes = append(notes, "etcd is plaintext (insecure_plaintext is set)")
 	}
-	if cr := e.cluster.peers.Current(); cr != nil {
-		if left := time.Until(cr.Cert.Leaf.NotAfter); left < certRenewWarning {
+	if cr := e.Cluster.Peers.Current(); cr != nil {
+		if left := time.Until(cr.Cert.Leaf.NotAfter); left < CertRenewWarning {
 			notes = append(notes, fmt.Sprintf("the node certificate expires in %s (issue a new one and reload)", left.Round(time.Minute)))
 		}
 	}

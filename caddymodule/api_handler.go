@@ -153,14 +153,14 @@ func (api *API) authed(need Scope, h func(http.ResponseWriter, *http.Request, *e
 			r = withPrincipal(r, who)
 		}
 		e := api.app.engine()
-		if e == nil || !e.ready.Load() {
+		if e == nil || !e.Ready.Load() {
 			web.WriteError(w, http.StatusServiceUnavailable, "unavailable", "sandwake is starting", 1)
 			return
 		}
-		if !checkForward(w, r, e) {
+		if !CheckForward(w, r, e) {
 			return
 		}
-		if id := strings.ToLower(r.PathValue("id")); id != "" && who.bound() && !e.visible(id, who, from != "") {
+		if id := strings.ToLower(r.PathValue("id")); id != "" && who.bound() && !visible(e, id, who, from != "") {
 			// Another tenant's sandbox is answered as an unknown one.
 			web.WriteEngineError(w, fmt.Errorf("sandbox %s: %w", id, lifecycle.ErrNotFound))
 			return
@@ -185,40 +185,40 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 	failed := map[string]bool{}
 	fail := func(name, detail string) { checks[name], failed[name] = detail, true }
 	e := api.app.engine()
-	if e == nil || !e.ready.Load() {
+	if e == nil || !e.Ready.Load() {
 		fail("store", "not started")
 		fail("docker", "not started")
 		fail("boot_reconcile", "not done")
 	} else {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if err := e.mgr.Ping(ctx); err != nil {
+		if err := e.Mgr.Ping(ctx); err != nil {
 			fail("docker", err.Error())
-		} else if open, until := e.mgr.BreakerOpen(); open {
+		} else if open, until := e.Mgr.BreakerOpen(); open {
 			fail("docker", "circuit open until "+until.UTC().Format(time.RFC3339))
 		}
-		if e.mgr.LastReconcile().IsZero() {
+		if e.Mgr.LastReconcile().IsZero() {
 			fail("boot_reconcile", "not done (docker unreachable at start?)")
 		}
-		if err := e.mgr.CheckStore(); err != nil {
+		if err := e.Mgr.CheckStore(); err != nil {
 			fail("store", err.Error())
-		} else if e.storeWarning != "" {
-			fail("store", e.storeWarning)
+		} else if e.StoreWarning != "" {
+			fail("store", e.StoreWarning)
 		}
-		if e.cluster != nil {
+		if e.Cluster != nil {
 			detail, ok := clusterCheck(e)
 			if checks["cluster"] = detail; !ok {
 				fail("cluster", detail)
 			}
 		}
-		detail, ok := egressCheck(ctx, e)
+		detail, ok := EgressCheck(ctx, e)
 		if checks["egress"] = detail; !ok {
 			fail("egress", detail)
 		}
-		checks["isolation"] = e.isolation.check()
+		checks["isolation"] = e.Isolation.Check()
 		// How sandboxes are reached, and why: information, never a
 		// failure (published works wherever direct cannot).
-		checks["upstreams"] = e.upstreams + ": " + e.upstreamsWhy
+		checks["upstreams"] = e.Upstreams + ": " + e.UpstreamsWhy
 	}
 	status := http.StatusOK
 	if len(failed) > 0 {
@@ -236,9 +236,9 @@ func (api *API) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	out := map[string]any{"ready": len(failed) == 0, "checks": checks}
 	if e != nil {
-		out["instance"] = e.instance
-		out["node"] = e.nodeName()
-		if at := e.mgr.LastReconcile(); !at.IsZero() {
+		out["instance"] = e.Instance
+		out["node"] = e.NodeName()
+		if at := e.Mgr.LastReconcile(); !at.IsZero() {
 			out["last_reconcile"] = at.UTC().Format(time.RFC3339Nano)
 		}
 	}
@@ -338,16 +338,16 @@ func (api *API) create(w http.ResponseWriter, r *http.Request, e *engine) {
 		web.WriteEngineError(w, err)
 		return
 	}
-	if e.cluster != nil {
+	if e.Cluster != nil {
 		api.createInCluster(w, r, e, &body, spec)
 		return
 	}
-	rec, pool, err := e.mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec, Template: body.Template, Pool: body.Pool, Tenant: principalOf(r).labels})
+	rec, pool, err := e.Mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec, Template: body.Template, Pool: body.Pool, Tenant: principalOf(r).labels})
 	if err != nil {
 		web.WriteEngineError(w, err)
 		return
 	}
-	v := e.view(&rec)
+	v := view(e, &rec)
 	if body.Template != "" {
 		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
 	}
@@ -360,13 +360,13 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 		web.WriteEngineError(w, err)
 		return
 	}
-	if e.cluster != nil {
+	if e.Cluster != nil {
 		api.listInCluster(w, r, e, q)
 		return
 	}
 	who := principalOf(r)
 	if q.paged {
-		recs, next, err := e.mgr.ListPage(lifecycle.PageOptions{After: q.cursor, Limit: q.limit, State: q.state, Labels: q.labels,
+		recs, next, err := e.Mgr.ListPage(lifecycle.PageOptions{After: q.cursor, Limit: q.limit, State: q.state, Labels: q.labels,
 			Keep: func(rec *lifecycle.Record) bool { return who.sees(rec.Spec.Labels) }})
 		if err != nil {
 			web.WriteEngineError(w, err)
@@ -374,20 +374,20 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 		}
 		out := make([]recordView, len(recs))
 		for i := range recs {
-			out[i] = e.view(&recs[i])
+			out[i] = view(e, &recs[i])
 		}
 		page := client.SandboxList{Sandboxes: out, Next: next}
 		if !who.bound() {
 			// The engine's in-memory counts: what a page cannot tell.
 			page.Counts = map[string]int{}
-			for s, n := range e.mgr.Counts() {
+			for s, n := range e.Mgr.Counts() {
 				page.Counts[string(s)] = n
 			}
 		}
 		web.WriteJSON(w, http.StatusOK, page)
 		return
 	}
-	recs, err := e.mgr.List(q.state)
+	recs, err := e.Mgr.List(q.state)
 	if err != nil {
 		web.WriteEngineError(w, err)
 		return
@@ -395,7 +395,7 @@ func (api *API) list(w http.ResponseWriter, r *http.Request, e *engine) {
 	out := make([]recordView, 0, len(recs))
 	for i := range recs {
 		if who.sees(recs[i].Spec.Labels) && lifecycle.HasLabels(recs[i].Spec.Labels, q.labels) {
-			out = append(out, e.view(&recs[i]))
+			out = append(out, view(e, &recs[i]))
 		}
 	}
 	web.WriteJSON(w, http.StatusOK, client.SandboxList{Sandboxes: out})
@@ -472,17 +472,17 @@ func (api *API) recordOp(w http.ResponseWriter, r *http.Request, e *engine, op f
 		web.WriteEngineError(w, err)
 		return
 	}
-	web.WriteJSON(w, http.StatusOK, e.view(&rec))
+	web.WriteJSON(w, http.StatusOK, view(e, &rec))
 }
 
 func (api *API) get(w http.ResponseWriter, r *http.Request, e *engine) {
-	api.recordOp(w, r, e, e.mgr.Get)
+	api.recordOp(w, r, e, e.Mgr.Get)
 }
 
 func (api *API) wake(w http.ResponseWriter, r *http.Request, e *engine) {
 	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) {
-		e.guard.reset(id) // an explicit wake ends a failure backoff
-		return e.mgr.Wake(r.Context(), id)
+		e.Guard.Reset(id) // an explicit wake ends a failure backoff
+		return e.Mgr.Wake(r.Context(), id)
 	})
 }
 
@@ -508,7 +508,7 @@ func (api *API) patch(w http.ResponseWriter, r *http.Request, e *engine) {
 		web.WriteEngineError(w, err)
 		return
 	}
-	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Update(id, p) })
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.Mgr.Update(id, p) })
 }
 
 // Preview token lifetimes.
@@ -539,15 +539,15 @@ func (api *API) createToken(w http.ResponseWriter, r *http.Request, e *engine) {
 		web.WriteError(w, http.StatusBadRequest, "invalid", "subject: at most 200 characters, without | or NUL", 0)
 		return
 	}
-	rec, err := e.mgr.Get(id)
+	rec, err := e.Mgr.Get(id)
 	if err != nil {
 		web.WriteEngineError(w, err)
 		return
 	}
-	s := e.current.Load()
+	s := e.Current.Load()
 	exp := time.Now().Add(ttl).Truncate(time.Second)
-	token := signToken(s.previewSecret, id, rec.Incarnation, rec.TokenGeneration, exp, body.Subject)
-	link := s.previewURLOf(id, rec.Spec.Ports[0]) + "?" + tokenQueryParam + "=" + url.QueryEscape(token)
+	token := SignToken(s.PreviewSecret, id, rec.Incarnation, rec.TokenGeneration, exp, body.Subject)
+	link := s.PreviewURLOf(id, rec.Spec.Ports[0]) + "?" + TokenQueryParam + "=" + url.QueryEscape(token)
 	web.WriteJSON(w, http.StatusCreated, client.Token{Token: token, URL: link, ExpiresAt: exp.UTC()})
 }
 
@@ -556,7 +556,7 @@ func (api *API) revokeTokens(w http.ResponseWriter, r *http.Request, e *engine) 
 	if !ok {
 		return
 	}
-	if _, err := e.mgr.RotateTokens(id); err != nil {
+	if _, err := e.Mgr.RotateTokens(id); err != nil {
 		web.WriteEngineError(w, err)
 		return
 	}
@@ -564,11 +564,11 @@ func (api *API) revokeTokens(w http.ResponseWriter, r *http.Request, e *engine) 
 }
 
 func (api *API) pause(w http.ResponseWriter, r *http.Request, e *engine) {
-	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Pause(r.Context(), id, "api") })
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.Mgr.Pause(r.Context(), id, "api") })
 }
 
 func (api *API) stop(w http.ResponseWriter, r *http.Request, e *engine) {
-	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Stop(r.Context(), id, "api") })
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.Mgr.Stop(r.Context(), id, "api") })
 }
 
 func (api *API) keepalive(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -581,7 +581,7 @@ func (api *API) keepalive(w http.ResponseWriter, r *http.Request, e *engine) {
 		web.WriteError(w, http.StatusBadRequest, "invalid", fmt.Sprintf("for: %q is not a duration like \"10m\"", body.For), 0)
 		return
 	}
-	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.mgr.Keepalive(id, d) })
+	api.recordOp(w, r, e, func(id string) (lifecycle.Record, error) { return e.Mgr.Keepalive(id, d) })
 }
 
 func (api *API) destroy(w http.ResponseWriter, r *http.Request, e *engine) {
@@ -589,7 +589,7 @@ func (api *API) destroy(w http.ResponseWriter, r *http.Request, e *engine) {
 	if !ok {
 		return
 	}
-	if err := e.mgr.Destroy(r.Context(), id, "api"); err != nil {
+	if err := e.Mgr.Destroy(r.Context(), id, "api"); err != nil {
 		web.WriteEngineError(w, err)
 		return
 	}
@@ -601,7 +601,7 @@ func (api *API) purge(w http.ResponseWriter, r *http.Request, e *engine) {
 	if !ok {
 		return
 	}
-	freed, err := e.mgr.Purge(r.Context(), id, "api")
+	freed, err := e.Mgr.Purge(r.Context(), id, "api")
 	if err != nil {
 		web.WriteEngineError(w, err)
 		return
@@ -614,7 +614,7 @@ func (api *API) history(w http.ResponseWriter, r *http.Request, e *engine) {
 	if !ok {
 		return
 	}
-	evs, err := e.mgr.History(id)
+	evs, err := e.Mgr.History(id)
 	if err != nil {
 		web.WriteEngineError(w, err)
 		return
@@ -651,26 +651,26 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		web.WriteError(w, http.StatusBadRequest, "invalid", err.Error(), 0)
 		return
 	}
-	sub := e.mgr.Subscribe()
+	sub := e.Mgr.Subscribe()
 	defer func() { sub.Cancel() }()
 	// In a cluster, other nodes' transitions come from the catalog watch
 	// (nil channel on a single host: never ready).
 	var remote *remoteSub
 	var remoteC <-chan remoteEvent
-	if e.cluster != nil {
-		remote = e.cluster.remote.subscribe()
+	if e.Cluster != nil {
+		remote = e.Cluster.Remote.Subscribe()
 		remoteC = remote.C
-		defer func() { remote.cancel() }()
+		defer func() { remote.Cancel() }()
 	}
 	if resume {
 		// A resume point beyond the log (a wiped store restarts ids) would
 		// silently skip live events: start from now instead.
-		if newest, err := e.mgr.LastEventID(); err == nil && last > newest {
+		if newest, err := e.Mgr.LastEventID(); err == nil && last > newest {
 			last = newest
 		}
 	} else {
 		// No resume point: only what happens from now on.
-		n, err := e.mgr.LastEventID()
+		n, err := e.Mgr.LastEventID()
 		if err != nil {
 			web.WriteEngineError(w, err)
 			return
@@ -694,7 +694,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 		// Replay from the log everything after last: on connect, and
 		// after the live subscription dropped us for being slow.
 		for {
-			evs, err := e.mgr.EventsAfter(last, eventsReplayPage)
+			evs, err := e.Mgr.EventsAfter(last, eventsReplayPage)
 			if err != nil {
 				return
 			}
@@ -720,7 +720,7 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 					if !sub.Lagged() {
 						return // shutting down
 					}
-					sub = e.mgr.Subscribe()
+					sub = e.Mgr.Subscribe()
 					break live
 				}
 				if ev.ID <= last {
@@ -731,10 +731,10 @@ func (api *API) events(w http.ResponseWriter, r *http.Request, e *engine) {
 				}
 			case ev, ok := <-remoteC:
 				if !ok {
-					if !remote.lagged {
+					if !remote.Lagged {
 						return // shutting down
 					}
-					remote = e.cluster.remote.subscribe()
+					remote = e.Cluster.Remote.Subscribe()
 					remoteC = remote.C
 					continue
 				}
@@ -769,8 +769,8 @@ func optDuration(d *time.Duration) string {
 
 // view renders a record for the API, with its preview URLs and the
 // in-memory activity the store has not been told of yet.
-func (e *engine) view(r *lifecycle.Record) recordView {
-	s := e.current.Load()
+func view(e *engine, r *lifecycle.Record) recordView {
+	s := e.Current.Load()
 	v := recordView{
 		ID: r.ID, State: string(r.State), Reason: r.Reason, Error: r.Error,
 		Image: r.Spec.Image, Cmd: r.Spec.Cmd, EnvKeys: slices.Sorted(maps.Keys(r.Spec.Env)), Ports: r.Spec.Ports,
@@ -780,7 +780,7 @@ func (e *engine) view(r *lifecycle.Record) recordView {
 		Labels: r.Spec.Labels, Access: r.Spec.Access,
 		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, StateSince: r.StateSince,
 		ExpiresAt: optTime(r.ExpiresAt), KeepaliveUntil: optTime(r.KeepaliveUntil), VerifiedAt: optTime(r.VerifiedAt),
-		Node: e.nodeName(), Template: r.Template,
+		Node: e.NodeName(), Template: r.Template,
 	}
 	if eg := r.Spec.Egress; eg.Policy != "" {
 		v.Egress = &client.Egress{Policy: eg.Policy, Allow: eg.Allow}
@@ -788,21 +788,21 @@ func (e *engine) view(r *lifecycle.Record) recordView {
 	v.User, v.CapAdd, v.Runtime = r.Spec.User, r.Spec.CapAdd, r.Spec.Runtime
 	v.ReadonlyRootfs = r.Spec.ReadonlyRootfs != nil && *r.Spec.ReadonlyRootfs
 	v.DiskMB = r.Spec.DiskMB
-	if used, ok := e.mgr.DiskUsed(r.ID); ok && (r.State == lifecycle.Running || r.State == lifecycle.Paused) {
+	if used, ok := e.Mgr.DiskUsed(r.ID); ok && (r.State == lifecycle.Running || r.State == lifecycle.Paused) {
 		mb := used >> 20
 		v.DiskUsedMB = &mb
 	}
 	if r.Address.IsValid() {
 		v.Address = r.Address.String()
-		v.EgressDenied = e.mgr.EgressDenied(r.ID, egressCountersMaxAge)
+		v.EgressDenied = e.Mgr.EgressDenied(r.ID, EgressCountersMaxAge)
 	}
 	if v.EnvKeys == nil {
 		v.EnvKeys = []string{}
 	}
 	for _, p := range r.Spec.Ports {
-		v.URLs[strconv.Itoa(p)] = s.previewURLOf(r.ID, p)
+		v.URLs[strconv.Itoa(p)] = s.PreviewURLOf(r.ID, p)
 	}
-	a := e.mgr.Activity(r.ID)
+	a := e.Mgr.Activity(r.ID)
 	if t := a.LastActive(); t.After(v.LastActiveAt) {
 		v.LastActiveAt = t
 	}

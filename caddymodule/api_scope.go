@@ -49,7 +49,7 @@ func (s Scope) String() string {
 }
 
 // parseScope reads a scope name.
-func parseScope(name string) (Scope, error) {
+func ParseScope(name string) (Scope, error) {
 	switch name {
 	case "read":
 		return ScopeRead, nil
@@ -120,7 +120,7 @@ func (api *API) provisionTokens() error {
 		if secret == "" {
 			return fmt.Errorf("sandwake_api: %s (%s) is empty once placeholders are replaced (is the variable set?)", name, tc.Secret)
 		}
-		scope, err := parseScope(tc.Scope)
+		scope, err := ParseScope(tc.Scope)
 		if err != nil {
 			return fmt.Errorf("sandwake_api: %s: %w", name, err)
 		}
@@ -167,7 +167,7 @@ func labelList(labels map[string]string) string {
 // caller is the principal of r's bearer token, nil when it carries none
 // of the API's tokens. Every token is compared, in constant time.
 func (api *API) caller(r *http.Request) *principal {
-	given, ok := bearerCredentials(r.Header.Get("Authorization"))
+	given, ok := BearerCredentials(r.Header.Get("Authorization"))
 	if !ok {
 		return nil
 	}
@@ -199,7 +199,7 @@ func forwardedCaller(r *http.Request, node string) (*principal, error) {
 	if !ok {
 		return nil, fmt.Errorf("a call forwarded by node %s carries no caller (%s): the node runs an older sandwake; upgrade it", node, cluster.CallerHeader)
 	}
-	scope, err := parseScope(scopeName)
+	scope, err := ParseScope(scopeName)
 	if err != nil || scopeName == "" {
 		return nil, fmt.Errorf("a call forwarded by node %s names no valid scope (%q)", node, scopeName)
 	}
@@ -235,21 +235,21 @@ func writeForbidden(w http.ResponseWriter, r *http.Request, p *principal, need S
 // the record that made its kept volume (a tenant purges its own destroyed
 // sandboxes' volumes and reads their history). An unknown id is not
 // visible.
-func (e *engine) visible(id string, who *principal, forwarded bool) bool {
+func visible(e *engine, id string, who *principal, forwarded bool) bool {
 	if !who.bound() {
 		return true
 	}
-	if rec, err := e.mgr.Get(id); err == nil {
+	if rec, err := e.Mgr.Get(id); err == nil {
 		return who.sees(rec.Spec.Labels)
 	}
 	// A forwarded call was sent here as to the owner: only this node's
 	// records decide it, never the catalog.
-	if e.cluster != nil && !forwarded {
-		if en, ok := e.cluster.c.Lookup(id); ok {
+	if e.Cluster != nil && !forwarded {
+		if en, ok := e.Cluster.c.Lookup(id); ok {
 			return who.sees(en.Labels)
 		}
 	}
-	if o, err := e.mgr.VolumeOwner(id); err == nil {
+	if o, err := e.Mgr.VolumeOwner(id); err == nil {
 		return who.sees(o.Labels)
 	}
 	return false
@@ -289,7 +289,7 @@ func unauthorizedMessage(r *http.Request) string {
 	if strings.TrimSpace(auth) == "" {
 		return "missing Authorization header: send Authorization: Bearer <token>"
 	}
-	if _, ok := bearerCredentials(auth); !ok {
+	if _, ok := BearerCredentials(auth); !ok {
 		scheme, _, _ := strings.Cut(strings.TrimSpace(auth), " ")
 		if len(scheme) > 20 {
 			scheme = scheme[:20] + "…"

@@ -12,7 +12,7 @@ import (
 
 // templates answers GET /v1/templates: every template with its pool.
 func (api *API) templates(w http.ResponseWriter, r *http.Request, e *engine) {
-	sts := e.mgr.Templates()
+	sts := e.Mgr.Templates()
 	out := client.TemplateList{Templates: make([]client.Template, 0, len(sts))}
 	bound := principalOf(r).bound()
 	for i := range sts {

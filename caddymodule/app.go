@@ -410,7 +410,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.XRobotsTag = "noindex"
 	}
 	if a.NoWakeUserAgents == nil {
-		a.NoWakeUserAgents = defaultNoWakeUserAgents
+		a.NoWakeUserAgents = DefaultNoWakeUserAgents
 	} else if len(a.NoWakeUserAgents) == 1 && a.NoWakeUserAgents[0] == "off" {
 		a.NoWakeUserAgents = []string{}
 	}
@@ -554,7 +554,7 @@ func (a *App) Validate() error {
 	if err := a.validateIsolation(); err != nil {
 		return err
 	}
-	if !validDomain(a.Domain) {
+	if !ValidDomain(a.Domain) {
 		return fmt.Errorf("sandwake: domain %q is not a DNS name", a.Domain)
 	}
 	if strings.Count(a.PreviewURL, "*") != 1 {
@@ -673,14 +673,14 @@ func (a *App) Start() error {
 		}
 		return fmt.Errorf("sandwake: %s: cluster membership is set when sandwake starts; restart Caddy to apply it (the running config is kept)", diff)
 	}
-	if h, ok := e.core.Host(); loaded && ok && a.Runtime != "" && !slices.Contains(h.Runtimes, a.Runtime) {
+	if h, ok := e.Core.Host(); loaded && ok && a.Runtime != "" && !slices.Contains(h.Runtimes, a.Runtime) {
 		if _, err := engines.Delete(a.storageDir); err != nil {
 			a.logger.Error("releasing the engine", zap.Error(err))
 		}
 		return fmt.Errorf("sandwake: runtime %q is not installed on the Docker engine (it has: %s); the running config is kept", a.Runtime, strings.Join(h.Runtimes, ", "))
 	}
 	a.started = true
-	if loaded && (e.dockerHost != a.DockerHost || e.upstreamMode != a.UpstreamMode || e.network != a.Network) {
+	if loaded && (e.DockerHost != a.DockerHost || e.UpstreamMode != a.UpstreamMode || e.Network != a.Network) {
 		a.logger.Warn("docker_host, upstream_mode and network changes take effect after a restart",
 			zap.String("storage", a.storageDir))
 	}
@@ -727,17 +727,17 @@ func openEngine(a *App) (*engine, error) {
 	// construction, point into it (routes is set before anything can
 	// change, the loops start after).
 	e := &engine{
-		log: log, dockerHost: a.DockerHost, upstreamMode: a.UpstreamMode, network: a.Network,
-		guard: newWakeGuard(), streams: newStreamLimiter(), clients: newClientLimits(),
+		Log: log, DockerHost: a.DockerHost, UpstreamMode: a.UpstreamMode, Network: a.Network,
+		Guard: NewWakeGuard(), Streams: NewStreamLimiter(), Clients: NewClientLimits(),
 	}
 	mcfg := lifecycle.Config{
-		OnChange:          e.changed,
-		OnWake:            e.observeWake,
-		OnReap:            observeReap,
-		OnDelivery:        observeDelivery,
-		OnReconcile:       observeCorrection,
-		OnDiskQuota:       observeDiskQuota,
-		OnPoolClaim:       observePoolClaim,
+		OnChange:          e.Changed,
+		OnWake:            e.ObserveWake,
+		OnReap:            ObserveReap,
+		OnDelivery:        ObserveDelivery,
+		OnReconcile:       ObserveCorrection,
+		OnDiskQuota:       ObserveDiskQuota,
+		OnPoolClaim:       ObservePoolClaim,
 		DiskInterval:      time.Duration(a.DiskCheckInterval),
 		ActivityFlush:     time.Duration(a.ActivityFlush),
 		ReapInterval:      time.Duration(a.ReapInterval),
@@ -770,14 +770,14 @@ func openEngine(a *App) (*engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
-	e.core, e.mgr, e.instance = c, c.Manager, c.Instance
+	e.Core, e.Mgr, e.Instance = c, c.Manager, c.Instance
 	mgr, instance := c.Manager, c.Instance
-	e.routes = newRouteCache(mgr)
+	e.Routes = NewRouteCache(mgr)
 	if err := e.joinCluster(a); err != nil {
 		c.Close()
 		return nil, err
 	}
-	e.storedSecret, err = c.Secret("preview", func() ([]byte, error) {
+	e.StoredSecret, err = c.Secret("preview", func() ([]byte, error) {
 		b := make([]byte, 32)
 		_, err := rand.Read(b)
 		return b, err
@@ -799,21 +799,21 @@ func openEngine(a *App) (*engine, error) {
 	// How sandboxes are reached is settled before the boot reconcile,
 	// which moves sandboxes made with published ports to their own
 	// addresses when the mode is direct.
-	e.upstreams, e.upstreamsWhy = c.Upstreams(ctx)
-	log.Info("upstream mode: "+e.upstreams, zap.String("why", e.upstreamsWhy))
+	e.Upstreams, e.UpstreamsWhy = c.Upstreams(ctx)
+	log.Info("upstream mode: "+e.Upstreams, zap.String("why", e.UpstreamsWhy))
 	if stats, err := mgr.Reconcile(ctx); err != nil {
 		log.Warn("boot reconcile failed (docker unreachable?)", zap.Error(err))
 	} else {
 		log.Info("boot reconcile done", zap.String("instance", instance), zap.Int("records", stats.Records), zap.Int("containers", stats.Containers),
 			zap.Any("corrections", stats.Corrections), zap.Int("orphans", len(stats.Orphans)))
-		if e.storeWarning = c.StoreWarning(stats); e.storeWarning != "" {
-			log.Error("store lost? "+e.storeWarning, zap.Strings("containers", stats.Orphans))
+		if e.StoreWarning = c.StoreWarning(stats); e.StoreWarning != "" {
+			log.Error("store lost? "+e.StoreWarning, zap.Strings("containers", stats.Orphans))
 		}
 	}
-	e.egressUnenforced = a.EgressUnenforced
-	e.isolation = isolationReport(c)
-	if !e.isolation.ok {
-		log.Warn("sandbox isolation: " + e.isolation.detail)
+	e.EgressUnenforced = a.EgressUnenforced
+	e.Isolation = IsolationReport(c)
+	if !e.Isolation.Ok {
+		log.Warn("sandbox isolation: " + e.Isolation.Detail)
 	}
 	e.reportEgress(a)
 	if !a.EgressUnenforced {
@@ -824,12 +824,12 @@ func openEngine(a *App) (*engine, error) {
 		}
 	}
 	if err := e.startCluster(); err != nil {
-		e.closeCluster()
+		e.Cluster.Leave()
 		c.Close()
 		return nil, err
 	}
-	e.ready.Store(true)
-	metricsEngine.Store(e)
+	e.Ready.Store(true)
+	SetCurrent(e)
 	log.Info("sandwake engine started", zap.String("storage", a.storageDir))
 	return e, nil
 }
@@ -838,22 +838,22 @@ func openEngine(a *App) (*engine, error) {
 func (e *engine) apply(a *App) {
 	secret := []byte(a.previewSecret)
 	if len(secret) == 0 {
-		secret = e.storedSecret
+		secret = e.StoredSecret
 	}
 	var xrt []string
 	if a.XRobotsTag != "off" {
 		xrt = []string{a.XRobotsTag}
 		xrt = xrt[:1:1]
 	}
-	e.current.Store(&settings{
-		domain: a.Domain, holdTimeout: time.Duration(a.HoldTimeout), maxOpen: int64(*a.MaxOpenPerSandbox), previewURL: a.PreviewURL,
-		previewSecret: secret, robotsTxt: *a.RobotsTxt, xRobotsTag: xrt,
+	e.Current.Store(&Settings{
+		Domain: a.Domain, HoldTimeout: time.Duration(a.HoldTimeout), MaxOpen: int64(*a.MaxOpenPerSandbox), PreviewURL: a.PreviewURL,
+		PreviewSecret: secret, RobotsTxt: *a.RobotsTxt, XRobotsTag: xrt,
 	})
-	e.guard.configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)
-	e.clients.configure(*a.WakeRatePerClient, max(1, int(2**a.WakeRatePerClient)), *a.MaxHeldPerClient)
-	e.streams.configure(*a.MaxEventStreams, *a.MaxEventStreamsPerClient)
-	e.mgr.Reconfigure(a.managerSettings())
-	e.mgr.SetWebhooks(a.hooks)
+	e.Guard.Configure(a.NoWakeUserAgents, *a.WakeRate, a.WakeBurst)
+	e.Clients.Configure(*a.WakeRatePerClient, max(1, int(2**a.WakeRatePerClient)), *a.MaxHeldPerClient)
+	e.Streams.Configure(*a.MaxEventStreams, *a.MaxEventStreamsPerClient)
+	e.Mgr.Reconfigure(a.managerSettings())
+	e.Mgr.SetWebhooks(a.hooks)
 	e.applyCluster(a)
 }
 

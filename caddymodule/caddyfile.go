@@ -532,7 +532,7 @@ func (api *API) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					if !d.AllArgs(&tc.Scope) {
 						return d.ArgErr()
 					}
-					if _, err := parseScope(tc.Scope); err != nil || tc.Scope == "" {
+					if _, err := ParseScope(tc.Scope); err != nil || tc.Scope == "" {
 						return d.Errf("token scope %q: want read, operate or admin", tc.Scope)
 					}
 				case "labels":

@@ -71,7 +71,7 @@ func TestPerClientBudgets(t *testing.T) {
 	}()
 	e := currentEngine(t)
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
-		_, waking := e.mgr.Waking(slow.ID)
+		_, waking := e.Mgr.Waking(slow.ID)
 		return waking, "waiting for the slow wake to start"
 	})
 	code, body, err = h.getFrom("127.0.0.4", h.host(slow.ID, 8080), "/healthz")

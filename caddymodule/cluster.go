@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -302,28 +301,23 @@ func (e *engine) joinCluster(a *App) error {
 	c, err := cluster.New(cluster.Config{
 		Endpoints: cc.Etcd, Node: cc.Node, Advertise: cc.Advertise, Peers: peers,
 		Secret: cc.secret, Prefix: cc.Prefix, LeaseTTL: time.Duration(cc.LeaseTTL),
-		Logger: e.log.Named("cluster"),
+		Logger: e.Log.Named("cluster"),
 		TLS:    cc.tls, Username: cc.EtcdUsername, Password: cc.password,
-	}, clusterSource{e: e})
+	}, clusterSource{Mgr: e.Mgr, Limits: &e.clusterFigures})
 	if cc.InsecurePlaintext {
-		e.log.Warn("cluster: etcd over plaintext http (insecure_plaintext): anyone on the network between this node and etcd can read and forge the catalog that routes every preview",
+		e.Log.Warn("cluster: etcd over plaintext http (insecure_plaintext): anyone on the network between this node and etcd can read and forge the catalog that routes every preview",
 			zap.Strings("etcd", cc.Etcd))
 	}
 	if err != nil {
 		return fmt.Errorf("sandwake: cluster: %w", err)
 	}
 	e.applyCapacity(a)
-	cs := &clusterState{
-		c:      c,
-		remote: newRemoteEvents(c.Self()),
-		peers:  peers,
-	}
-	cs.listener = newPeerListener(cs, e.log.Named("cluster.peer"))
+	cs := NewNode(c, peers, e.Log, CountUnsignedForward)
+	cs.Plaintext = cc.InsecurePlaintext
 	// Set again by every config's Start (applyCluster); set here too, so
 	// that the node serves its peers from the moment it registers.
-	cs.listener.targets.Store(&peerTargets{preview: cc.previewServer(), api: cc.api})
-	c.Watch(cs.remote.observe)
-	e.cluster = cs
+	cs.SetTargets(cc.previewServer(), cc.apiHandler())
+	e.Cluster = cs
 	joined := *cc
 	e.clusterCfg = &joined
 	return nil
@@ -367,48 +361,12 @@ func clusterChanges(prev, next *ClusterConfig) string {
 }
 
 // startCluster opens the peer listener and joins the cluster once the
-// manager runs. With etcd down the node still starts: readyz says why, and
-// the cluster keeps retrying.
+// manager runs.
 func (e *engine) startCluster() error {
-	if e.cluster == nil {
+	if e.Cluster == nil {
 		return nil
 	}
-	// Listening before registering: a node the others see live accepts
-	// their connections.
-	if err := e.cluster.listener.start(e.clusterCfg.PeerListen); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := e.cluster.c.Start(ctx); err != nil && !errors.Is(err, cluster.ErrEtcd) {
-		return fmt.Errorf("sandwake: starting cluster membership: %w", err)
-	}
-	if err := e.cluster.c.Health(); err != nil {
-		e.log.Warn("joined the cluster without etcd (routes and local wakes work; creates wait for etcd)", zap.Error(err))
-	} else {
-		e.log.Info("joined the cluster", zap.String("node", e.cluster.c.Self()), zap.String("peer_listen", e.clusterCfg.PeerListen))
-	}
-	return nil
-}
-
-// closeCluster leaves the cluster (the lease is revoked: other nodes see
-// this node gone at once), then closes the peer listener and stops
-// forwarding.
-func (e *engine) closeCluster() error {
-	if e.cluster == nil {
-		return nil
-	}
-	err := e.cluster.c.Close()
-	e.cluster.remote.close()
-	lerr := e.cluster.listener.close()
-	e.cluster.transports.Range(func(_, v any) bool {
-		v.(*http.Transport).CloseIdleConnections()
-		return true
-	})
-	if err != nil {
-		return fmt.Errorf("leaving the cluster: %w", err)
-	}
-	return lerr
+	return e.Cluster.Join(e.clusterCfg.PeerListen)
 }
 
 // applyCluster publishes a config's cluster settings to the running
@@ -417,24 +375,20 @@ func (e *engine) closeCluster() error {
 // listener serves.
 func (e *engine) applyCluster(a *App) {
 	e.applyCapacity(a)
-	if e.cluster == nil || a.Cluster == nil {
+	if e.Cluster == nil || a.Cluster == nil {
 		return
 	}
 	cc := a.Cluster
-	e.cluster.peers.Store(cc.creds)
-	e.cluster.listener.targets.Store(&peerTargets{preview: cc.previewServer(), api: cc.api})
+	e.Cluster.Peers.Store(cc.creds)
+	e.Cluster.SetTargets(cc.previewServer(), cc.apiHandler())
 	if cc.api == nil {
-		e.log.Warn("cluster: this config has no sandwake_api handler: API calls other nodes forward here answer 503")
+		e.Log.Warn("cluster: this config has no sandwake_api handler: API calls other nodes forward here answer 503")
 	}
-	if left := time.Until(cc.creds.Cert.Leaf.NotAfter); left < certRenewWarning {
-		e.log.Warn("cluster: the node certificate expires soon: issue a new one (caddy sandwake cluster cert) and reload",
+	if left := time.Until(cc.creds.Cert.Leaf.NotAfter); left < CertRenewWarning {
+		e.Log.Warn("cluster: the node certificate expires soon: issue a new one (caddy sandwake cluster cert) and reload",
 			zap.String("peer_cert_file", cc.PeerCertFile), zap.Time("not_after", cc.creds.Cert.Leaf.NotAfter))
 	}
 }
-
-// certRenewWarning is how long before its end a node certificate is
-// flagged (start-up log, readyz).
-const certRenewWarning = 7 * 24 * time.Hour
 
 // registerPreview records the HTTP server a sandwake_preview route is
 // provisioned in (the gate calls it): forwarded preview requests go
@@ -456,6 +410,16 @@ func (c *ClusterConfig) registerAPI(api *API) {
 	}
 }
 
+// apiHandler is the handler forwarded API calls go to, nil without one.
+func (c *ClusterConfig) apiHandler() http.Handler {
+	if c.api == nil {
+		return nil
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = c.api.ServeHTTP(w, r, nil) // the API answers every request itself
+	})
+}
+
 // previewServer is the server forwarded preview requests go through: of
 // several with a sandwake_preview route, the one with the lowest listen
 // addresses, so that every load picks the same.
@@ -471,7 +435,7 @@ func (c *ClusterConfig) previewServer() http.Handler {
 
 // applyCapacity publishes the config's limits to what the node registers.
 func (e *engine) applyCapacity(a *App) {
-	e.maxResident.Store(int64(*a.MaxResident))
-	e.minFreeBytes.Store(a.minFreeBytes)
-	e.defaultMemMB.Store(a.defaultMemMB)
+	e.MaxResident.Store(int64(*a.MaxResident))
+	e.MinFreeBytes.Store(a.minFreeBytes)
+	e.DefaultMemMB.Store(a.defaultMemMB)
 }

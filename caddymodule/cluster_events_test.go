@@ -13,7 +13,7 @@ import (
 // (lagged) without blocking the watch.
 func TestRemoteEvents(t *testing.T) {
 	r := newRemoteEvents("self")
-	sub := r.subscribe()
+	sub := r.Subscribe()
 	entry := func(id, node string, st lifecycle.State) cluster.Change {
 		return cluster.Change{Entry: cluster.Entry{ID: id, Node: node, State: st}}
 	}
@@ -58,17 +58,17 @@ func TestRemoteEvents(t *testing.T) {
 	for range sub.C {
 		n++
 	}
-	if n != remoteEventBuffer || !sub.lagged {
-		t.Fatalf("got %d buffered events, lagged %v; want %d and lagged", n, sub.lagged, remoteEventBuffer)
+	if n != remoteEventBuffer || !sub.Lagged {
+		t.Fatalf("got %d buffered events, lagged %v; want %d and lagged", n, sub.Lagged, remoteEventBuffer)
 	}
-	sub.cancel() // no-op once dropped
+	sub.Cancel() // no-op once dropped
 
-	other := r.subscribe()
+	other := r.Subscribe()
 	r.close()
-	if _, ok := <-other.C; ok || other.lagged {
+	if _, ok := <-other.C; ok || other.Lagged {
 		t.Fatal("close must end subscriptions without marking them lagged")
 	}
-	if _, ok := <-r.subscribe().C; ok {
+	if _, ok := <-r.Subscribe().C; ok {
 		t.Fatal("a subscription after close must be closed")
 	}
 }

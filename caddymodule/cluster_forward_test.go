@@ -51,7 +51,7 @@ func TestForwardSignatureMatchesTheWire(t *testing.T) {
 		"http://s-abc-8080.preview.localhost/absolute",
 	} {
 		r := readRequest(t, "GET "+target+" HTTP/1.1\r\nHost: s-abc-8080.preview.localhost\r\n\r\n")
-		signForward(from, r)
+		SignForward(from, r)
 		if r.RequestURI != target {
 			t.Fatalf("signForward changed the request URI: %q, want %q", r.RequestURI, target)
 		}
@@ -80,7 +80,7 @@ func TestForwardSignatureMatchesTheWire(t *testing.T) {
 // refused.
 func TestForwardedRequestTrustsItsNode(t *testing.T) {
 	from, owner := testNode(t, "n1"), testNode(t, "n2")
-	e := &engine{cluster: &clusterState{c: owner}}
+	e := &engine{Cluster: &clusterState{c: owner}}
 	g := &Gate{}
 	request := func() *http.Request {
 		r := readRequest(t, "GET /events HTTP/1.1\r\nHost: s-abc-8080.preview.localhost\r\n"+
@@ -92,7 +92,7 @@ func TestForwardedRequestTrustsItsNode(t *testing.T) {
 	}
 	serve := func(r *http.Request) (*http.Request, *httptest.ResponseRecorder, bool) {
 		w := httptest.NewRecorder()
-		done, err := g.serveCluster(w, r, e, &settings{}, "abc", 8080)
+		done, err := g.serveCluster(w, r, e, &Settings{}, "abc", 8080)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +107,7 @@ func TestForwardedRequestTrustsItsNode(t *testing.T) {
 	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted {
 		t.Fatal("the forwarding node is not a trusted proxy: reverse_proxy replaces its X-Forwarded-* with its own address and scheme")
 	}
-	if got, want := streamClient(r), netip.MustParsePrefix("203.0.113.7/32"); got != want {
+	if got, want := StreamClient(r), netip.MustParsePrefix("203.0.113.7/32"); got != want {
 		t.Fatalf("stream client of a forwarded request = %s, want the visitor %s", got, want)
 	}
 
@@ -118,12 +118,12 @@ func TestForwardedRequestTrustsItsNode(t *testing.T) {
 	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); trusted {
 		t.Fatal("a visitor's request is trusted as a proxy")
 	}
-	if got, want := streamClient(r), netip.MustParsePrefix("10.0.0.2/32"); got != want {
+	if got, want := StreamClient(r), netip.MustParsePrefix("10.0.0.2/32"); got != want {
 		t.Fatalf("stream client of a visitor's request = %s, want its peer %s", got, want)
 	}
 
 	r = request()
-	signForward(from, r)
+	SignForward(from, r)
 	if _, w, done = serve(r); !done || w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "unsigned_forward") {
 		t.Fatalf("a signed request on a visitor's listener: %v %d %s, want 403 unsigned_forward", done, w.Code, w.Body)
 	}

@@ -57,13 +57,13 @@ func TestClusterMetrics(t *testing.T) {
 	}
 
 	c := testNode(t, "n1")
-	e := &engine{cluster: &clusterState{c: c}}
+	e := &engine{Cluster: &clusterState{c: c}}
 	// The collector reads only the cluster: a bare engine will do, but
 	// the states collector needs a manager, so it is left out here.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(clusterCollector{}, metricForwarded)
+	reg.MustRegister(clusterCollector{currentNode}, metricForwarded)
 	metricsEngine.Store(e)
-	metricForwardedPreview.Add(0)
+	MetricForwardedPreview.Add(0)
 	metricForwardedAPI.Add(0)
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -89,7 +89,7 @@ func TestClusterMetrics(t *testing.T) {
 func TestHotPathAllocationsInCluster(t *testing.T) {
 	g, _ := hotPathGate(t)
 	c := testNode(t, "n1")
-	g.app.engine().cluster = &clusterState{c: c}
+	g.app.engine().Cluster = &clusterState{c: c}
 	r := hotRequest()
 	w := httptest.NewRecorder()
 	var next caddyhttp.Handler = proxyStub{t}

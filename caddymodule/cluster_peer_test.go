@@ -147,7 +147,7 @@ func TestForwardOverMutualTLS(t *testing.T) {
 		t.Fatalf("the forged registration is live: %+v", n)
 	}
 
-	e := &engine{log: zaptest.NewLogger(t), cluster: &clusterState{c: n1, peers: n1Peers}}
+	e := &engine{Log: zaptest.NewLogger(t), Cluster: &clusterState{c: n1, Peers: n1Peers}}
 	// The test certificates live a day: readyz flags it, still ready.
 	if msg, ok := clusterCheck(e); !ok || !strings.Contains(msg, "ok, but the node certificate expires in") {
 		t.Errorf("readyz cluster check with a certificate ending tomorrow: %q %v", msg, ok)
@@ -167,11 +167,11 @@ func TestForwardOverMutualTLS(t *testing.T) {
 
 	// The owner.
 	w := httptest.NewRecorder()
-	if err := g.forwardPreview(w, visitor(), e, &settings{}, cluster.Entry{ID: "abc", Node: "n2"}, 8080); err != nil || w.Code != 200 {
+	if err := g.forwardPreview(w, visitor(), e, &Settings{}, cluster.Entry{ID: "abc", Node: "n2"}, 8080); err != nil || w.Code != 200 {
 		t.Fatalf("preview to n2: %d %s %v", w.Code, w.Body, err)
 	}
 	w = httptest.NewRecorder()
-	e.forwardAPI(w, api(), "n2", "sandbox abc lives on node n2", nil)
+	e.Cluster.ForwardAPI(w, api(), "n2", "sandbox abc lives on node n2", principalOf(api()).callerValue(), nil)
 	if w.Code != 200 {
 		t.Fatalf("API call to n2: %d %s", w.Code, w.Body)
 	}
@@ -198,12 +198,12 @@ func TestForwardOverMutualTLS(t *testing.T) {
 	// The impostor and the forged registration: nothing sent.
 	for _, node := range []string{"n4", "evil", "nobody"} {
 		w := httptest.NewRecorder()
-		if err := g.forwardPreview(w, visitor(), e, &settings{}, cluster.Entry{ID: "abc", Node: node}, 8080); err != nil ||
+		if err := g.forwardPreview(w, visitor(), e, &Settings{}, cluster.Entry{ID: "abc", Node: node}, 8080); err != nil ||
 			w.Code != 503 || !strings.Contains(w.Body.String(), "host_unavailable") {
 			t.Errorf("preview to %s: %d %s %v, want 503 host_unavailable", node, w.Code, w.Body, err)
 		}
 		w = httptest.NewRecorder()
-		e.forwardAPI(w, api(), node, "sandbox abc lives on node "+node, nil)
+		e.Cluster.ForwardAPI(w, api(), node, "sandbox abc lives on node "+node, principalOf(api()).callerValue(), nil)
 		if w.Code != 503 || !strings.Contains(w.Body.String(), "host_unavailable") {
 			t.Errorf("API call to %s: %d %s, want 503 host_unavailable", node, w.Code, w.Body)
 		}

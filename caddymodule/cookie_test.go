@@ -41,9 +41,9 @@ func TestTokenCookieFollowsTheVisitorsScheme(t *testing.T) {
 				t.Fatalf("first visit: %d, cookies %q", resp.StatusCode, resp.Header.Values("Set-Cookie"))
 			}
 			c := resp.Cookies()[0]
-			wantName := tokenCookie
+			wantName := TokenCookie
 			if tc.secure {
-				wantName = tokenCookieHost
+				wantName = TokenCookieHost
 			}
 			if c.Name != wantName || c.Secure != tc.secure || c.Path != "/" || c.Domain != "" || !c.HttpOnly || c.Value != m.Token {
 				t.Fatalf("cookie %q, want %s with Secure=%v, Path=/, no Domain, HttpOnly", resp.Header.Values("Set-Cookie"), wantName, tc.secure)

@@ -120,7 +120,7 @@ func TestDockerCutMidWake(t *testing.T) {
 				completed, inflight := proxy.calls(mark)
 				return ph.cutNow(t, completed, inflight)
 			})
-			_, wakingAtCut := e.mgr.Waking(rec.ID)
+			_, wakingAtCut := e.Mgr.Waking(rec.ID)
 			proxy.cut()
 			completed, inflight := proxy.calls(mark)
 			t.Logf("docker cut; wake in flight: %v; calls answered: %v; in flight: %v", wakingAtCut, completed, inflight)
@@ -190,7 +190,7 @@ func TestDockerSocketCut(t *testing.T) {
 	e := engineFor(t, h)
 
 	histBefore := len(h.historyOf(rec.ID))
-	lastBefore, err := e.mgr.LastEventID()
+	lastBefore, err := e.Mgr.LastEventID()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestDockerSocketCut(t *testing.T) {
 			circuitOpenSeen++
 		}
 	}
-	if open, until := e.mgr.BreakerOpen(); !open {
+	if open, until := e.Mgr.BreakerOpen(); !open {
 		t.Errorf("circuit breaker closed after 8 failed wakes with docker cut")
 	} else {
 		t.Logf("circuit open until %s; %d of 8 requests failed fast on it", until.Format(time.RFC3339), circuitOpenSeen)
@@ -262,7 +262,7 @@ func TestDockerSocketCut(t *testing.T) {
 	if n := len(h.historyOf(rec.ID)); n != histBefore {
 		t.Fatalf("history grew from %d to %d events while docker was cut", histBefore, n)
 	}
-	if last, _ := e.mgr.LastEventID(); last != lastBefore {
+	if last, _ := e.Mgr.LastEventID(); last != lastBefore {
 		t.Fatalf("event log moved from %d to %d while docker was cut", lastBefore, last)
 	}
 
@@ -276,7 +276,7 @@ func TestDockerSocketCut(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, fmt.Sprintf("%d %s", resp.StatusCode, b)
 	})
-	if open, _ := e.mgr.BreakerOpen(); open {
+	if open, _ := e.Mgr.BreakerOpen(); open {
 		t.Fatal("readyz is 200 but the circuit is still open")
 	}
 	start := time.Now()

@@ -83,19 +83,19 @@ func (s egressSettings) firewall(log *zap.Logger) lifecycle.Firewall {
 // cannot be installed (sandboxes then do not start).
 func (e *engine) reportEgress(a *App) {
 	if a.EgressUnenforced {
-		e.log.Warn("egress unenforced: sandboxes can reach the host, cloud metadata (169.254.169.254), the private network and, in a cluster, etcd; " +
+		e.Log.Warn("egress unenforced: sandboxes can reach the host, cloud metadata (169.254.169.254), the private network and, in a cluster, etcd; " +
 			"remove `egress unenforced` from the sandwake block to enforce egress policies")
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := e.mgr.EgressStatus(ctx); err != nil {
+	if err := e.Mgr.EgressStatus(ctx); err != nil {
 		if errors.Is(err, lifecycle.ErrEgressUnenforced) {
-			e.log.Error("egress firewall cannot be installed: sandboxes will not start (503 egress_unenforced)", zap.Error(err))
+			e.Log.Error("egress firewall cannot be installed: sandboxes will not start (503 egress_unenforced)", zap.Error(err))
 			return
 		}
-		e.log.Warn("egress firewall not installed yet (docker unreachable?): retried at every create, wake and reconcile", zap.Error(err))
+		e.Log.Warn("egress firewall not installed yet (docker unreachable?): retried at every create, wake and reconcile", zap.Error(err))
 		return
 	}
-	e.log.Info("egress firewall installed", zap.String("default_policy", a.egress.config.Default))
+	e.Log.Info("egress firewall installed", zap.String("default_policy", a.egress.config.Default))
 }

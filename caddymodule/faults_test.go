@@ -173,12 +173,12 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 		t.Fatalf("list: %d", status)
 	}
 	recordsBefore := len(list.Sandboxes)
-	lastBefore, err := e.mgr.LastEventID()
+	lastBefore, err := e.Mgr.LastEventID()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cachedBefore := e.routes.cache.Len()
-	trackedBefore := e.mgr.Tracked()
+	cachedBefore := e.Routes.cache.Len()
+	trackedBefore := e.Mgr.Tracked()
 	notFoundBefore := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeNotFound))
 
 	const n, workers = 2000, 16
@@ -232,16 +232,16 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 	if status := h.api("GET", "/v1/sandboxes", nil, &list); status != http.StatusOK {
 		t.Fatalf("list: %d", status)
 	}
-	if tracked := e.mgr.Tracked(); tracked != trackedBefore {
+	if tracked := e.Mgr.Tracked(); tracked != trackedBefore {
 		t.Fatalf("%d activity trackers after %d requests to unknown ids, %d before", tracked, n, trackedBefore)
 	}
 	if len(list.Sandboxes) != recordsBefore {
 		t.Fatalf("%d records after the flood, %d before", len(list.Sandboxes), recordsBefore)
 	}
-	if last, _ := e.mgr.LastEventID(); last != lastBefore {
+	if last, _ := e.Mgr.LastEventID(); last != lastBefore {
 		t.Fatalf("event log moved from %d to %d during the flood", lastBefore, last)
 	}
-	if c := e.routes.cache.Len(); c != cachedBefore {
+	if c := e.Routes.cache.Len(); c != cachedBefore {
 		t.Fatalf("route cache grew from %d to %d entries during the flood", cachedBefore, c)
 	}
 	if got := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeNotFound)) - notFoundBefore; got < n {

@@ -24,7 +24,7 @@ func init() {
 
 // varUpstream is the request variable through which the gate hands the chosen
 // upstream to the dynamic upstream source.
-const varUpstream = "sandwake.upstream"
+const VarUpstream = "sandwake.upstream"
 
 // Reserved paths on every preview host, answered by the gate, never the app.
 const (
@@ -71,32 +71,32 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	e := g.app.engine()
-	if e == nil || !e.ready.Load() {
+	if e == nil || !e.Ready.Load() {
 		return g.unavailable(w, r, "sandwake is starting")
 	}
-	s := e.current.Load()
-	id, port, ok := parseHost(r.Host, s.domain)
+	s := e.Current.Load()
+	id, port, ok := ParseHost(r.Host, s.Domain)
 	if !ok {
-		return g.notFound(w, r, "", 0, "This is not a preview address. Preview addresses look like s-<id>-<port>.preview."+s.domain+".")
+		return g.notFound(w, r, "", 0, "This is not a preview address. Preview addresses look like s-<id>-<port>.preview."+s.Domain+".")
 	}
-	if e.cluster != nil {
+	if e.Cluster != nil {
 		if done, err := g.serveCluster(w, r, e, s, id, port); done {
 			return err
 		}
 	}
-	if s.xRobotsTag != nil {
+	if s.XRobotsTag != nil {
 		// Assigned, not Set: the slice is shared and full (len == cap), so
 		// an append by reverse_proxy copies it; no allocation here.
-		w.Header()["X-Robots-Tag"] = s.xRobotsTag
+		w.Header()["X-Robots-Tag"] = s.XRobotsTag
 	}
-	if s.robotsTxt && r.URL.Path == "/robots.txt" {
+	if s.RobotsTxt && r.URL.Path == "/robots.txt" {
 		countRequest(outcomeRobots)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "public, max-age=86400")
 		io.WriteString(w, "User-agent: *\nDisallow: /\n")
 		return nil
 	}
-	rt, err := e.routes.get(id)
+	rt, err := e.Routes.Get(id)
 	if errors.Is(err, lifecycle.ErrNotFound) {
 		return g.notFound(w, r, id, port, "There is no sandbox with this id.")
 	}
@@ -104,17 +104,17 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 		g.logger.Error("reading sandbox", zap.String("id", id), zap.Error(err))
 		return g.unavailable(w, r, "the sandbox store could not be read")
 	}
-	if !rt.declares(port) {
+	if !rt.Declares(port) {
 		return g.notFound(w, r, id, port, fmt.Sprintf("Sandbox %s does not serve port %d.", id, port))
 	}
-	if rt.access == lifecycle.AccessPrivate && !g.authorize(w, r, s, rt) {
+	if rt.Access == lifecycle.AccessPrivate && !g.authorize(w, r, s, rt) {
 		return nil
 	}
 	if strings.HasPrefix(r.URL.Path, reservedPrefix) {
 		countRequest(outcomeReserved)
 		return g.serveReserved(w, r, e, rt, port)
 	}
-	if rt.state == lifecycle.Running {
+	if rt.State == lifecycle.Running {
 		requestsProxied.Inc()
 		return g.serveRunning(w, r, next, e, s, rt, port)
 	}
@@ -129,7 +129,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.
 // bare 502. A request cut because sandwake stopped the sandbox under it (the
 // API, expiry) is held the same way, or answered 503 interrupted once part of
 // its body was sent.
-func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *Settings, rt *Route, port int) error {
 	var body *unreadBody
 	if r.Body != nil && r.Body != http.NoBody {
 		body = &unreadBody{ReadCloser: r.Body}
@@ -145,12 +145,12 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 	if err == nil || !isUpstreamFailure(err) {
 		return err
 	}
-	if a := rt.activity; a.GoingDown() || a.Downs() != rt.downs {
+	if a := rt.Activity; a.GoingDown() || a.Downs() != rt.Downs {
 		// sandwake paused or stopped the sandbox under this request.
 		if body != nil && body.read {
 			countRequest(outcomeInterrupted)
 			web.WriteError(w, http.StatusServiceUnavailable, "interrupted",
-				fmt.Sprintf("sandbox %s was paused or stopped by sandwake while this request was being sent; it is woken again on the next request: retry", rt.id), 1)
+				fmt.Sprintf("sandbox %s was paused or stopped by sandwake while this request was being sent; it is woken again on the next request: retry", rt.Id), 1)
 			return nil
 		}
 		return g.holdThrough(w, r, next, e, s, rt, port)
@@ -162,7 +162,7 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 	defer cancel()
 	// The engine's event handler may have recorded the exit first; either
 	// way, after this the record follows Docker.
-	corr, verr := e.mgr.ReconcileOne(ctx, rt.id)
+	corr, verr := e.Mgr.ReconcileOne(ctx, rt.Id)
 	if errors.Is(verr, lifecycle.ErrStoreUnavailable) {
 		// Docker says it is not running, but that cannot be recorded, so
 		// it cannot be woken either: not the app's 502, a retry later.
@@ -171,17 +171,17 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 	if verr != nil {
 		return err
 	}
-	fresh, ferr := e.routes.get(rt.id)
+	fresh, ferr := e.Routes.Get(rt.Id)
 	if ferr != nil {
 		return err
 	}
 	if corr != nil {
 		g.logger.Info("upstream unreachable; sandbox was not running after all",
-			zap.String("id", rt.id), zap.String("now", string(corr.To)), zap.String("reason", corr.Reason))
+			zap.String("id", rt.Id), zap.String("now", string(corr.To)), zap.String("reason", corr.Reason))
 	}
-	switch fresh.state {
+	switch fresh.State {
 	case lifecycle.Running:
-		if up := fresh.upstreams[port]; up == nil || rt.upstreams[port] == nil || up.dial == rt.upstreams[port].dial {
+		if up := fresh.Upstreams[port]; up == nil || rt.Upstreams[port] == nil || up.Dial == rt.Upstreams[port].Dial {
 			return err // Docker agrees it runs where we sent it: the app itself failed
 		}
 		// Restarted outside sandwake on a new port.
@@ -201,7 +201,7 @@ func (g *Gate) serveRunning(w http.ResponseWriter, r *http.Request, next caddyht
 
 // holdThrough holds a request whose sandbox sandwake was putting to sleep
 // until it is woken again (a wake waits for the pause or stop to end).
-func (g *Gate) holdThrough(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
+func (g *Gate) holdThrough(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *Settings, rt *Route, port int) error {
 	if g.refuseWake(w, r, e, rt, port) {
 		return nil
 	}
@@ -212,45 +212,45 @@ func (g *Gate) holdThrough(w http.ResponseWriter, r *http.Request, next caddyhtt
 // reports whether it did: a crawler or monitor, a sandbox whose wakes keep
 // failing (backoff), or wakes coming faster than wake_rate. Joining a wake
 // already in flight is always allowed.
-func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt *route, port int) bool {
-	if _, waking := e.mgr.Waking(rt.id); waking {
+func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt *Route, port int) bool {
+	if _, waking := e.Mgr.Waking(rt.Id); waking {
 		return false
 	}
-	if rt.state == lifecycle.Stopped && rt.reason == lifecycle.ReasonDiskQuota {
+	if rt.State == lifecycle.Stopped && rt.Reason == lifecycle.ReasonDiskQuota {
 		// Woken, it would write on past its quota: its owner decides
 		// (an API wake, a purge).
 		countRequest(outcomeDiskQuota)
 		d := g.page(rt, port, pageError, time.Time{})
-		d.Message = fmt.Sprintf("Sandbox %s was stopped: %s It is not woken by visits; its owner can free space and wake it.", rt.id, reasonSentence(lifecycle.ReasonDiskQuota))
+		d.Message = fmt.Sprintf("Sandbox %s was stopped: %s It is not woken by visits; its owner can free space and wake it.", rt.Id, reasonSentence(lifecycle.ReasonDiskQuota))
 		answer(w, r, http.StatusInsufficientStorage, d, lifecycle.ReasonDiskQuota,
-			fmt.Sprintf("sandbox %s was stopped over its disk quota; it is not woken by requests", rt.id), 0)
+			fmt.Sprintf("sandbox %s was stopped over its disk quota; it is not woken by requests", rt.Id), 0)
 		return true
 	}
-	if e.guard.crawler(r.UserAgent()) {
+	if e.Guard.Crawler(r.UserAgent()) {
 		countRequest(outcomeCrawler)
 		d := g.page(rt, port, pageAsleep, time.Time{})
 		d.RetryAfter = 3600
 		renderPage(w, r, http.StatusServiceUnavailable, d)
 		return true
 	}
-	if off, left := e.guard.backingOff(rt.id, time.Now()); off {
+	if off, left := e.Guard.BackingOff(rt.Id, time.Now()); off {
 		countRequest(outcomeBackoff)
 		retry := int(left.Seconds()) + 1
 		d := g.page(rt, port, pageError, time.Time{})
-		d.Message = fmt.Sprintf("Sandbox %s failed to start. %s It is tried again in %ds.", rt.id, reasonSentence(rt.reason), retry)
+		d.Message = fmt.Sprintf("Sandbox %s failed to start. %s It is tried again in %ds.", rt.Id, reasonSentence(rt.Reason), retry)
 		d.RetryAfter = retry
 		answer(w, r, http.StatusServiceUnavailable, d, "backoff",
-			fmt.Sprintf("sandbox %s failed to start; next attempt in %ds", rt.id, retry), retry)
+			fmt.Sprintf("sandbox %s failed to start; next attempt in %ds", rt.Id, retry), retry)
 		return true
 	}
-	switch e.guard.allowWake(rt.id, e.clients, streamClient(r), time.Now()) {
-	case wakeRefusedGlobal:
+	switch e.Guard.AllowWake(rt.Id, e.Clients, StreamClient(r), time.Now()) {
+	case WakeRefusedGlobal:
 		countRequest(outcomeRateLimited)
 		answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageCapacity, Title: "Busy waking sandboxes", RetryAfter: 1,
 			Message: "Too many previews are waking at once. This page retries by itself.", StatusURL: pathStatus, EventsURL: pathEvents},
 			"wake_rate", "too many sandboxes are waking at once; retry", 1)
 		return true
-	case wakeRefusedClient:
+	case WakeRefusedClient:
 		countRequest(outcomeClientRateLimited)
 		answer(w, r, http.StatusTooManyRequests, pageData{Kind: pageCapacity, Title: "Too many wakes", RetryAfter: 2,
 			Message: "You have woken many previews in a short time. This page retries by itself.", StatusURL: pathStatus, EventsURL: pathEvents},
@@ -265,12 +265,12 @@ func (g *Gate) refuseWake(w http.ResponseWriter, r *http.Request, e *engine, rt 
 // becomes a cookie for this host and the browser is sent to the same URL
 // without it. sandwake's credentials are removed before the request reaches
 // the app. Nothing unauthorised ever wakes a sandbox.
-func (g *Gate) authorize(w http.ResponseWriter, r *http.Request, s *settings, rt *route) bool {
+func (g *Gate) authorize(w http.ResponseWriter, r *http.Request, s *Settings, rt *Route) bool {
 	token, fromQuery := presentedToken(r)
-	if err := verifyToken(s.previewSecret, token, rt.id, rt.incarnation, rt.tokenGen, time.Now()); err != nil {
+	if err := VerifyToken(s.PreviewSecret, token, rt.Id, rt.Incarnation, rt.TokenGen, time.Now()); err != nil {
 		countRequest(outcomeUnauthorized)
 		if isPageLoad(r) {
-			renderPage(w, r, http.StatusUnauthorized, pageData{Kind: pageUnauthorized, SandboxID: rt.id, Message: capitalize(err.Error()) + "."})
+			renderPage(w, r, http.StatusUnauthorized, pageData{Kind: pageUnauthorized, SandboxID: rt.Id, Message: capitalize(err.Error()) + "."})
 			return false
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sandwake preview"`)
@@ -278,7 +278,7 @@ func (g *Gate) authorize(w http.ResponseWriter, r *http.Request, s *settings, rt
 		return false
 	}
 	if fromQuery {
-		setTokenCookie(w, r, token, tokenExpiry(token))
+		setTokenCookie(w, r, token, TokenExpiry(token))
 		w.Header().Set("Referrer-Policy", "no-referrer")
 		http.Redirect(w, r, withoutToken(r), http.StatusSeeOther)
 		return false
@@ -335,15 +335,15 @@ var errBusy = errors.New("the sandbox had max_open_per_sandbox exchanges open un
 // (Activity.Enter), so a pause or stop either sees it and backs off or has
 // marked the sandbox first, and then proxy sends nothing and returns
 // errGoingDown.
-func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, s *settings, rt *route, port int) error {
-	ups := rt.upstreams[port]
+func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, s *Settings, rt *Route, port int) error {
+	ups := rt.Upstreams[port]
 	if ups == nil {
-		web.WriteError(w, http.StatusBadGateway, "no_upstream", fmt.Sprintf("sandbox %s has no address for port %d", rt.id, port), 1)
+		web.WriteError(w, http.StatusBadGateway, "no_upstream", fmt.Sprintf("sandbox %s has no address for port %d", rt.Id, port), 1)
 		return nil
 	}
-	a := rt.activity
-	if s.maxOpen > 0 && !isUpgrade(r) {
-		sl := a.TakeSlot(s.maxOpen)
+	a := rt.Activity
+	if s.MaxOpen > 0 && !isUpgrade(r) {
+		sl := a.TakeSlot(s.MaxOpen)
 		if sl == nil {
 			if sl = g.waitSlot(w, r, s, rt); sl == nil {
 				return errAnswered
@@ -351,11 +351,11 @@ func (g *Gate) proxy(w http.ResponseWriter, r *http.Request, next caddyhttp.Hand
 		}
 		defer sl.Release()
 	}
-	if !a.Enter(rt.downs) {
+	if !a.Enter(rt.Downs) {
 		return errGoingDown
 	}
 	defer a.Finish() // long exchanges (websockets, SSE) count until they end
-	caddyhttp.SetVar(r.Context(), varUpstream, ups)
+	caddyhttp.SetVar(r.Context(), VarUpstream, ups)
 	return next.ServeHTTP(w, r)
 }
 
@@ -372,11 +372,11 @@ func isUpgrade(r *http.Request) bool {
 // waitSlot waits, first in first out, for one of the max_open_per_sandbox
 // slots of rt's sandbox, up to hold_timeout. When none came it answers 503
 // busy (unless the client left) and returns nil.
-func (g *Gate) waitSlot(w http.ResponseWriter, r *http.Request, s *settings, rt *route) *lifecycle.Slots {
-	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
+func (g *Gate) waitSlot(w http.ResponseWriter, r *http.Request, s *Settings, rt *Route) *lifecycle.Slots {
+	ctx, cancel := context.WithTimeout(r.Context(), s.HoldTimeout)
 	defer cancel()
 	metricSlotWaiting.Inc()
-	sl, err := rt.activity.WaitSlot(ctx, s.maxOpen)
+	sl, err := rt.Activity.WaitSlot(ctx, s.MaxOpen)
 	metricSlotWaiting.Dec()
 	if err == nil {
 		return sl
@@ -384,24 +384,24 @@ func (g *Gate) waitSlot(w http.ResponseWriter, r *http.Request, s *settings, rt 
 	if r.Context().Err() == nil {
 		countRequest(outcomeBusy)
 		web.WriteError(w, http.StatusServiceUnavailable, "busy",
-			fmt.Sprintf("sandbox %s had %d exchanges open (max_open_per_sandbox) for %s; retry", rt.id, s.maxOpen, s.holdTimeout), 1)
+			fmt.Sprintf("sandbox %s had %d exchanges open (max_open_per_sandbox) for %s; retry", rt.Id, s.MaxOpen, s.HoldTimeout), 1)
 	}
 	return nil
 }
 
 // serveSleeping answers a request to a sandbox that is not running.
-func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int) error {
-	switch rt.state {
+func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *Settings, rt *Route, port int) error {
+	switch rt.State {
 	case lifecycle.Paused, lifecycle.Stopped:
 		if refused := g.refuseWake(w, r, e, rt, port); refused {
 			return nil
 		}
 		if isPageLoad(r) {
-			ctx, tr := startWakeTrace(r.Context(), rt.id, port)
-			e.mgr.StartWake(ctx, rt.id)
+			ctx, tr := startWakeTrace(r.Context(), rt.Id, port)
+			e.Mgr.StartWake(ctx, rt.Id)
 			tr.end(wakeWarmingPage, nil)
 			countRequest(outcomeWarming)
-			since, _ := e.mgr.Waking(rt.id)
+			since, _ := e.Mgr.Waking(rt.Id)
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageWarming, since))
 			return nil
 		}
@@ -414,14 +414,14 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, pageCreating, time.Time{}))
 			return nil
 		}
-		web.WriteError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
+		web.WriteError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.Id), 2)
 		return nil
 	default: // killed, expired, error: explained, woken only on request
-		if since, waking := e.mgr.Waking(rt.id); waking {
+		if since, waking := e.Mgr.Waking(rt.Id); waking {
 			// Someone asked for the wake: ride on it as for a stopped
 			// sandbox, without ever starting one.
 			if isPageLoad(r) {
-				_, tr := startWakeTrace(r.Context(), rt.id, port)
+				_, tr := startWakeTrace(r.Context(), rt.Id, port)
 				tr.joined()
 				tr.end(wakeWarmingPage, nil)
 				countRequest(outcomeWarming)
@@ -432,7 +432,7 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 		}
 		if isPageLoad(r) {
 			countRequest(outcomeRefused)
-			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, string(rt.state), time.Time{}))
+			renderPage(w, r, http.StatusServiceUnavailable, g.page(rt, port, string(rt.State), time.Time{}))
 			return nil
 		}
 		g.writeAsleep(w, rt)
@@ -443,10 +443,10 @@ func (g *Gate) serveSleeping(w http.ResponseWriter, r *http.Request, next caddyh
 // writeAsleep answers an API client of a killed, expired or failed sandbox
 // that nobody is waking: what happened, as a reason code's sentence (never
 // the raw error), and how to wake it.
-func (g *Gate) writeAsleep(w http.ResponseWriter, rt *route) {
+func (g *Gate) writeAsleep(w http.ResponseWriter, rt *Route) {
 	countRequest(outcomeRefused)
-	web.WriteError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.state),
-		fmt.Sprintf("sandbox %s is %s: %s POST %s to wake it", rt.id, rt.state, reasonSentence(rt.reason), pathWake), 0)
+	web.WriteError(w, http.StatusServiceUnavailable, "sandbox_"+string(rt.State),
+		fmt.Sprintf("sandbox %s is %s: %s POST %s to wake it", rt.Id, rt.State, reasonSentence(rt.Reason), pathWake), 0)
 }
 
 // hold keeps a non-browser request, body untouched, until the sandbox is
@@ -456,8 +456,8 @@ func (g *Gate) writeAsleep(w http.ResponseWriter, rt *route) {
 // error text is for the management API, the logs and traces, not for
 // visitors. A traced request gets a sandwake.wake span with a sandwake.hold
 // child per wait and a sandwake.proxy child for the exchange.
-func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *settings, rt *route, port int, joinOnly bool) error {
-	ok, release := e.clients.hold(streamClient(r))
+func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, e *engine, s *Settings, rt *Route, port int, joinOnly bool) error {
+	ok, release := e.Clients.Hold(StreamClient(r))
 	if !ok {
 		countRequest(outcomeClientHeldLimit)
 		web.WriteError(w, http.StatusTooManyRequests, "too_many_held",
@@ -465,15 +465,15 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 		return nil
 	}
 	defer release()
-	ctx, cancel := context.WithTimeout(r.Context(), s.holdTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), s.HoldTimeout)
 	defer cancel()
-	ctx, tr := startWakeTrace(ctx, rt.id, port)
+	ctx, tr := startWakeTrace(ctx, rt.Id, port)
 	var (
 		outcome string
 		cause   error
 	)
 	defer func() { tr.end(outcome, cause) }()
-	if _, waking := e.mgr.Waking(rt.id); waking {
+	if _, waking := e.Mgr.Waking(rt.Id); waking {
 		metricWaitersCollapsed.Inc()
 	}
 	for attempt := range 10 {
@@ -483,11 +483,11 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 		if outcome != "" {
 			return nil // answered
 		}
-		woke, err := e.routes.get(rt.id)
-		if err != nil || woke.state != lifecycle.Running {
+		woke, err := e.Routes.Get(rt.Id)
+		if err != nil || woke.State != lifecycle.Running {
 			outcome, cause = wakeFailed, errStateChanged
 			countRequest(outcomeWakeFailed)
-			web.WriteError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.id), 1)
+			web.WriteError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s changed state while waking; retry", rt.Id), 1)
 			return nil
 		}
 		proxied := tr.child(ctx, spanProxy)
@@ -506,7 +506,7 @@ func (g *Gate) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Handl
 	}
 	outcome, cause = wakeFailed, errKeptAsleep
 	countRequest(outcomeWakeFailed)
-	web.WriteError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s keeps being put to sleep while waking; retry", rt.id), 1)
+	web.WriteError(w, http.StatusServiceUnavailable, "waking", fmt.Sprintf("sandbox %s keeps being put to sleep while waking; retry", rt.Id), 1)
 	return nil
 }
 
@@ -520,15 +520,15 @@ var (
 // joins a wake in flight, never starts one). It returns an empty outcome
 // once the sandbox is running; when the wake fails (or the client left) it
 // answers the request and returns the outcome for the trace and its cause.
-func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *settings, rt *route, port int, joinOnly bool) (outcome string, cause error) {
+func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *engine, s *Settings, rt *Route, port int, joinOnly bool) (outcome string, cause error) {
 	var err error
 	if joinOnly {
 		var joined bool
-		if _, joined, err = e.mgr.JoinWake(ctx, rt.id); !joined {
+		if _, joined, err = e.Mgr.JoinWake(ctx, rt.Id); !joined {
 			// The wake ended between the check and the join: answer from
 			// the record it left.
-			fresh, ferr := e.routes.get(rt.id)
-			if ferr != nil || fresh.state != lifecycle.Running {
+			fresh, ferr := e.Routes.Get(rt.Id)
+			if ferr != nil || fresh.State != lifecycle.Running {
 				if ferr == nil {
 					rt = fresh
 				}
@@ -537,7 +537,7 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 			}
 		}
 	} else {
-		_, err = e.mgr.Wake(ctx, rt.id)
+		_, err = e.Mgr.Wake(ctx, rt.Id)
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -546,7 +546,7 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 		if errors.Is(err, context.DeadlineExceeded) {
 			countRequest(outcomeHoldTimeout)
 			web.WriteError(w, http.StatusServiceUnavailable, "waking",
-				fmt.Sprintf("sandbox %s is still waking after %s; retry", rt.id, s.holdTimeout), 1)
+				fmt.Sprintf("sandbox %s is still waking after %s; retry", rt.Id, s.HoldTimeout), 1)
 			return wakeTimeout, err
 		}
 		status, code, retry := web.ErrorStatus(err)
@@ -565,14 +565,14 @@ func (g *Gate) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.R
 		if errors.Is(err, lifecycle.ErrCircuitOpen) {
 			why = "circuit_open"
 		}
-		web.WriteError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.id, reasonSentence(why)), retry)
+		web.WriteError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.Id, reasonSentence(why)), retry)
 		return wakeFailed, err
 	}
 	return "", nil
 }
 
 // serveReserved answers /.well-known/sandwake/*.
-func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, rt *route, port int) error {
+func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, rt *Route, port int) error {
 	switch r.URL.Path {
 	case pathStatus:
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -587,15 +587,15 @@ func (g *Gate) serveReserved(w http.ResponseWriter, r *http.Request, e *engine, 
 			web.WriteError(w, http.StatusMethodNotAllowed, "method", "POST only", 0)
 			return nil
 		}
-		if rt.state == lifecycle.Creating {
-			web.WriteError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.id), 2)
+		if rt.State == lifecycle.Creating {
+			web.WriteError(w, http.StatusConflict, "creating", fmt.Sprintf("sandbox %s is still being created", rt.Id), 2)
 			return nil
 		}
 		if refused := g.refuseWake(w, r, e, rt, port); refused {
 			return nil
 		}
-		ctx, tr := startWakeTrace(r.Context(), rt.id, port)
-		e.mgr.StartWake(ctx, rt.id)
+		ctx, tr := startWakeTrace(r.Context(), rt.Id, port)
+		e.Mgr.StartWake(ctx, rt.Id)
 		tr.end(wakeRequested, nil)
 		if strings.Contains(r.Header.Get("Accept"), "text/html") || strings.HasPrefix(r.Header.Get("Content-Type"), "application/x-www-form-urlencoded") {
 			// A form post from a state page: back to the page, which now
@@ -623,16 +623,16 @@ type previewStatus struct {
 	WakingSince *time.Time `json:"waking_since,omitempty"`
 }
 
-func (g *Gate) status(e *engine, rt *route, port int) previewStatus {
-	st := previewStatus{ID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason}
-	if fresh, err := e.routes.get(rt.id); err == nil {
-		st.State, st.Reason = string(fresh.state), fresh.reason
+func (g *Gate) status(e *engine, rt *Route, port int) previewStatus {
+	st := previewStatus{ID: rt.Id, Port: port, State: string(rt.State), Reason: rt.Reason}
+	if fresh, err := e.Routes.Get(rt.Id); err == nil {
+		st.State, st.Reason = string(fresh.State), fresh.Reason
 	}
 	switch lifecycle.State(st.State) {
 	case lifecycle.Error, lifecycle.Killed, lifecycle.Expired:
 		st.Message = reasonSentence(st.Reason)
 	}
-	if since, ok := e.mgr.Waking(rt.id); ok {
+	if since, ok := e.Mgr.Waking(rt.Id); ok {
 		st.Waking = true
 		st.WakingSince = &since
 	}
@@ -644,24 +644,24 @@ func (g *Gate) status(e *engine, rt *route, port int) previewStatus {
 // sandbox became ready still learns of it. Streams are capped per client
 // and overall (max_event_streams_per_client, max_event_streams); a refused
 // page polls the status instead.
-func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt *route) error {
-	release, refused := e.streams.acquire(streamClient(r))
+func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt *Route) error {
+	release, refused := e.Streams.Acquire(StreamClient(r))
 	switch refused {
 	case http.StatusTooManyRequests:
-		web.WriteError(w, refused, "too_many_streams", "this client has too many event streams open; close some or poll "+pathStatus, streamRetryAfter)
+		web.WriteError(w, refused, "too_many_streams", "this client has too many event streams open; close some or poll "+pathStatus, StreamRetryAfter)
 		return nil
 	case http.StatusServiceUnavailable:
-		web.WriteError(w, refused, "streams_full", "the gateway has too many event streams open; poll "+pathStatus, streamRetryAfter)
+		web.WriteError(w, refused, "streams_full", "the gateway has too many event streams open; poll "+pathStatus, StreamRetryAfter)
 		return nil
 	}
 	defer release()
-	sub := e.mgr.Subscribe()
+	sub := e.Mgr.Subscribe()
 	defer sub.Cancel()
 	stream := web.StartSSE(w)
 	defer stream.Stop()
-	current := lifecycle.Event{SandboxID: rt.id, Type: "sandbox." + string(rt.state), To: rt.state}
-	if fresh, err := e.routes.get(rt.id); err == nil {
-		current.To, current.Type = fresh.state, "sandbox."+string(fresh.state)
+	current := lifecycle.Event{SandboxID: rt.Id, Type: "sandbox." + string(rt.State), To: rt.State}
+	if fresh, err := e.Routes.Get(rt.Id); err == nil {
+		current.To, current.Type = fresh.State, "sandbox."+string(fresh.State)
 	}
 	if err := stream.Event(current); err != nil {
 		return nil
@@ -675,7 +675,7 @@ func (g *Gate) serveEvents(w http.ResponseWriter, r *http.Request, e *engine, rt
 			if !ok {
 				return nil // lagged or shutting down; the page falls back to polling
 			}
-			if ev.SandboxID != rt.id {
+			if ev.SandboxID != rt.Id {
 				continue
 			}
 			if stream.Event(ev) != nil || stream.Flush() != nil {
@@ -696,9 +696,9 @@ func killedMessage(id, reason string) string {
 }
 
 // page builds the data of a state page for rt.
-func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData {
+func (g *Gate) page(rt *Route, port int, kind string, since time.Time) pageData {
 	d := pageData{
-		Kind: kind, SandboxID: rt.id, Port: port, State: string(rt.state), Reason: rt.reason,
+		Kind: kind, SandboxID: rt.Id, Port: port, State: string(rt.State), Reason: rt.Reason,
 		Since: since, EventsURL: pathEvents, StatusURL: pathStatus, WakeURL: pathWake,
 	}
 	switch kind {
@@ -706,15 +706,15 @@ func (g *Gate) page(rt *route, port int, kind string, since time.Time) pageData 
 		// The record keeps its state until the wake ends; the visitor
 		// sees what is happening, not the internal reason.
 		d.State, d.Reason, d.RetryAfter = "starting", "", 2
-		d.Title, d.Message = "Waking up…", fmt.Sprintf("Sandbox %s was %s and is starting. This page opens the app by itself as soon as it answers.", rt.id, rt.state)
+		d.Title, d.Message = "Waking up…", fmt.Sprintf("Sandbox %s was %s and is starting. This page opens the app by itself as soon as it answers.", rt.Id, rt.State)
 	case pageCreating:
-		d.Title, d.Message, d.RetryAfter = "Being created…", fmt.Sprintf("Sandbox %s is still being created.", rt.id), 2
+		d.Title, d.Message, d.RetryAfter = "Being created…", fmt.Sprintf("Sandbox %s is still being created.", rt.Id), 2
 	case pageKilled:
-		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", killedMessage(rt.id, rt.reason), true
+		d.Title, d.Message, d.CanWake = "Sandbox stopped unexpectedly", killedMessage(rt.Id, rt.Reason), true
 	case pageExpired:
-		d.Title, d.Message, d.CanWake = "Sandbox expired", fmt.Sprintf("Sandbox %s reached its maximum lifetime and was removed. Its files are kept: waking recreates it.", rt.id), true
+		d.Title, d.Message, d.CanWake = "Sandbox expired", fmt.Sprintf("Sandbox %s reached its maximum lifetime and was removed. Its files are kept: waking recreates it.", rt.Id), true
 	case pageError:
-		d.Title, d.Message, d.CanWake = "Sandbox failed to start", fmt.Sprintf("Sandbox %s could not be started. %s", rt.id, reasonSentence(rt.reason)), true
+		d.Title, d.Message, d.CanWake = "Sandbox failed to start", fmt.Sprintf("Sandbox %s could not be started. %s", rt.Id, reasonSentence(rt.Reason)), true
 	}
 	return d
 }
@@ -729,11 +729,11 @@ func (g *Gate) notFound(w http.ResponseWriter, r *http.Request, id string, port 
 // cannot be woken now because the store refuses writes (full or not
 // writable): 503 with Retry-After, a page for browsers. Visitors are not
 // told the store's path; readyz and the logs are.
-func (g *Gate) storeUnavailable(w http.ResponseWriter, r *http.Request, rt *route, port int) error {
+func (g *Gate) storeUnavailable(w http.ResponseWriter, r *http.Request, rt *Route, port int) error {
 	countRequest(outcomeUnavailable)
-	msg := fmt.Sprintf("Sandbox %s is not running, and sandwake cannot record changes right now (its store is full or not writable), so it cannot be woken yet.", rt.id)
+	msg := fmt.Sprintf("Sandbox %s is not running, and sandwake cannot record changes right now (its store is full or not writable), so it cannot be woken yet.", rt.Id)
 	answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Temporarily unavailable", Message: msg + " This page retries by itself.",
-		SandboxID: rt.id, Port: port, RetryAfter: web.StoreRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents},
+		SandboxID: rt.Id, Port: port, RetryAfter: web.StoreRetryAfter, StatusURL: pathStatus, EventsURL: pathEvents},
 		"store_unavailable", msg+" Retry later.", web.StoreRetryAfter)
 	return nil
 }

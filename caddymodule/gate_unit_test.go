@@ -64,23 +64,23 @@ func newUnitGate(t *testing.T, recs ...lifecycle.Record) *unitGate {
 	if err := seed.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e := &engine{log: zap.NewNop(), guard: newWakeGuard(), streams: newStreamLimiter(), clients: newClientLimits()}
+	e := &engine{Log: zap.NewNop(), Guard: NewWakeGuard(), Streams: NewStreamLimiter(), Clients: NewClientLimits()}
 	c, err := core.Open(core.Options{Dir: dir, Runtime: rt, Manager: lifecycle.Config{
-		OnChange: func(id string) { e.routes.invalidate(id) },
-		OnWake:   e.observeWake,
+		OnChange: func(id string) { e.Routes.invalidate(id) },
+		OnWake:   e.ObserveWake,
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	e.core, e.mgr = c, c.Manager
-	e.routes = newRouteCache(c.Manager)
+	e.Core, e.Mgr = c, c.Manager
+	e.Routes = NewRouteCache(c.Manager)
 	if err := c.Manager.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e.current.Store(&settings{domain: "localhost", holdTimeout: 10 * time.Second, previewSecret: []byte("unit-test-secret"), robotsTxt: true})
-	e.guard.configure([]string{"crawlerbot"}, 0, 0)
-	e.ready.Store(true)
+	e.Current.Store(&Settings{Domain: "localhost", HoldTimeout: 10 * time.Second, PreviewSecret: []byte("unit-test-secret"), RobotsTxt: true})
+	e.Guard.Configure([]string{"crawlerbot"}, 0, 0)
+	e.Ready.Store(true)
 	rt.ResetCalls()
 	a := &App{eng: new(atomic.Pointer[engine])}
 	a.eng.Store(e)
@@ -102,11 +102,11 @@ func unitRecord(id string, state lifecycle.State, mutate func(*lifecycle.Record)
 // proxied is the next handler in the unit tests: it answers 200 "proxied to
 // <dial>" for the upstream the gate chose.
 func proxied(w http.ResponseWriter, r *http.Request) error {
-	set, ok := caddyhttp.GetVar(r.Context(), varUpstream).(*upstreamSet)
+	set, ok := caddyhttp.GetVar(r.Context(), VarUpstream).(*UpstreamSet)
 	if !ok {
 		return errors.New("no upstream chosen")
 	}
-	fmt.Fprintf(w, "proxied to %s", set.dial)
+	fmt.Fprintf(w, "proxied to %s", set.Dial)
 	return nil
 }
 
@@ -186,7 +186,7 @@ func TestGateDecisions(t *testing.T) {
 			}
 			u := newUnitGate(t, recs...)
 			if tt.notReady {
-				u.e.ready.Store(false)
+				u.e.Ready.Store(false)
 			}
 			if tt.failStart != nil {
 				u.rt.FailWith("Start", tt.failStart)
@@ -228,7 +228,7 @@ func TestGateDecisions(t *testing.T) {
 				}
 				time.Sleep(time.Millisecond)
 			}
-			if _, waking := u.e.mgr.Waking("app"); !waking {
+			if _, waking := u.e.Mgr.Waking("app"); !waking {
 				if got := u.rt.Calls(); !callsEqual(got, tt.wantCalls) {
 					t.Fatalf("runtime calls %v, want %v", got, tt.wantCalls)
 				}

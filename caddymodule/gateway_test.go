@@ -192,14 +192,14 @@ func TestReloadsDropNothing(t *testing.T) {
 	if got := engineFor(t, h); got != eng {
 		t.Fatal("a reload opened a second engine (store)")
 	}
-	if refs, _ := engines.References(eng.core.Dir()); refs != 1 {
+	if refs, _ := engines.References(eng.Core.Dir()); refs != 1 {
 		t.Fatalf("engine references = %d, want 1 after reloads", refs)
 	}
 	after := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeProxied))
 	if after-before < float64(ok.Load()) {
 		t.Fatalf("proxied counter grew by %v for %d requests", after-before, ok.Load())
 	}
-	if hold := eng.current.Load().holdTimeout; hold != 45*time.Second {
+	if hold := eng.Current.Load().HoldTimeout; hold != 45*time.Second {
 		t.Fatalf("reloaded hold_timeout = %s", hold)
 	}
 }

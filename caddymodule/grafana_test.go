@@ -21,7 +21,7 @@ import (
 func TestGrafanaDashboardQueriesExportedMetrics(t *testing.T) {
 	exported := map[string]bool{}
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
-	for _, c := range collectors {
+	for _, c := range allCollectors() {
 		ch := make(chan *prometheus.Desc, 64)
 		go func() { c.Describe(ch); close(ch) }()
 		for d := range ch {

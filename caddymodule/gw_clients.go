@@ -19,7 +19,7 @@ const maxTrackedClients = 16384
 // IPv6 address counts as its /64; behind trusted proxies, the real
 // client). They sit beside the global wake_rate, so that one client cannot
 // spend the whole budget.
-type clientLimits struct {
+type ClientLimits struct {
 	mu        sync.Mutex
 	perSecond float64 // 0: no per-client wake cap
 	burst     int
@@ -33,14 +33,14 @@ type clientState struct {
 	held  int
 }
 
-func newClientLimits() *clientLimits {
+func NewClientLimits() *ClientLimits {
 	c, _ := lru.New[netip.Prefix, *clientState](maxTrackedClients)
-	return &clientLimits{clients: c}
+	return &ClientLimits{clients: c}
 }
 
 // configure applies a config's settings. Budgets already tracked keep
 // what they spent; their rate changes.
-func (c *clientLimits) configure(perSecond float64, burst, maxHeld int) {
+func (c *ClientLimits) Configure(perSecond float64, burst, maxHeld int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.perSecond, c.burst, c.maxHeld = perSecond, max(burst, 1), maxHeld
@@ -53,7 +53,7 @@ func (c *clientLimits) configure(perSecond float64, burst, maxHeld int) {
 
 // limiter is a wake limiter of the current settings, reusing old (nil: a
 // new one).
-func (c *clientLimits) limiter(old *rate.Limiter) *rate.Limiter {
+func (c *ClientLimits) limiter(old *rate.Limiter) *rate.Limiter {
 	if c.perSecond <= 0 {
 		return nil
 	}
@@ -66,7 +66,7 @@ func (c *clientLimits) limiter(old *rate.Limiter) *rate.Limiter {
 }
 
 // state is client's state, made when new. Called with c.mu held.
-func (c *clientLimits) state(client netip.Prefix) *clientState {
+func (c *ClientLimits) state(client netip.Prefix) *clientState {
 	s, ok := c.clients.Get(client)
 	if !ok {
 		s = &clientState{wakes: c.limiter(nil)}
@@ -78,7 +78,7 @@ func (c *clientLimits) state(client netip.Prefix) *clientState {
 // reserveWake takes one wake from client's budget. It answers false when
 // the client has none left; otherwise a cancel that gives the wake back
 // (when a later, global check refuses it).
-func (c *clientLimits) reserveWake(client netip.Prefix, now time.Time) (ok bool, cancel func()) {
+func (c *ClientLimits) reserveWake(client netip.Prefix, now time.Time) (ok bool, cancel func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.state(client)
@@ -96,7 +96,7 @@ func (c *clientLimits) reserveWake(client netip.Prefix, now time.Time) (ok bool,
 // hold counts a request of client held through a wake. It answers false
 // when the client already has maxHeld; otherwise a release to call when
 // the request is no longer held.
-func (c *clientLimits) hold(client netip.Prefix) (ok bool, release func()) {
+func (c *ClientLimits) Hold(client netip.Prefix) (ok bool, release func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.state(client)

@@ -11,16 +11,16 @@ import (
 
 // egressCountersMaxAge is how old the denied counters shown may be:
 // reading them dumps the firewall's counters, once for every sandbox.
-const egressCountersMaxAge = 2 * time.Second
+const EgressCountersMaxAge = 2 * time.Second
 
 // egressCheck is readyz's egress check: "ok" when the firewall is in
 // place, a flag (still ready) when the operator turned it off, and why
 // sandboxes cannot start otherwise.
-func egressCheck(ctx context.Context, e *engine) (string, bool) {
-	if e.egressUnenforced {
+func EgressCheck(ctx context.Context, e *engine) (string, bool) {
+	if e.EgressUnenforced {
 		return "unenforced (egress unenforced is set: sandboxes can reach the host and private networks)", true
 	}
-	if err := e.mgr.EgressStatus(ctx); err != nil {
+	if err := e.Mgr.EgressStatus(ctx); err != nil {
 		msg := err.Error()
 		if i := strings.Index(msg, ": "); i >= 0 && errors.Is(err, lifecycle.ErrEgressUnenforced) {
 			msg = "not enforced, sandboxes do not start:" + msg[i+1:]

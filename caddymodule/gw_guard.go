@@ -12,7 +12,7 @@ import (
 // defaultNoWakeUserAgents are substrings (case-insensitive) of User-Agents
 // that never wake a sandbox: search and social crawlers, link previewers and
 // uptime monitors, which would otherwise keep every preview awake.
-var defaultNoWakeUserAgents = []string{
+var DefaultNoWakeUserAgents = []string{
 	"bot", "crawler", "spider", "slurp", "facebookexternalhit", "embedly",
 	"uptimerobot", "pingdom", "statuscake", "site24x7", "kube-probe",
 	"elb-healthchecker", "googlehc",
@@ -22,7 +22,7 @@ var defaultNoWakeUserAgents = []string{
 // User-Agents, not faster than a global rate, and not again too soon for a
 // sandbox whose wakes keep failing (exponential backoff, reset by an API
 // wake or a success).
-type wakeGuard struct {
+type WakeGuard struct {
 	userAgents []string
 	limiter    *rate.Limiter
 
@@ -49,13 +49,13 @@ const (
 	wakeBackoffMax  = 5 * time.Minute
 )
 
-func newWakeGuard() *wakeGuard {
-	return &wakeGuard{backoff: map[string]*wakeBackoff{}, admitted: map[string]time.Time{}}
+func NewWakeGuard() *WakeGuard {
+	return &WakeGuard{backoff: map[string]*wakeBackoff{}, admitted: map[string]time.Time{}}
 }
 
 // configure applies a config's settings; backoff state is kept across
 // reloads.
-func (g *wakeGuard) configure(userAgents []string, perSecond float64, burst int) {
+func (g *WakeGuard) Configure(userAgents []string, perSecond float64, burst int) {
 	uas := make([]string, len(userAgents))
 	for i, ua := range userAgents {
 		uas[i] = strings.ToLower(ua)
@@ -70,7 +70,7 @@ func (g *wakeGuard) configure(userAgents []string, perSecond float64, burst int)
 }
 
 // crawler reports whether a User-Agent must not wake sandboxes.
-func (g *wakeGuard) crawler(ua string) bool {
+func (g *WakeGuard) Crawler(ua string) bool {
 	g.mu.Lock()
 	uas := g.userAgents
 	g.mu.Unlock()
@@ -88,7 +88,7 @@ func (g *wakeGuard) crawler(ua string) bool {
 
 // backingOff reports whether sandbox id's wakes are paused after failures,
 // and for how long still.
-func (g *wakeGuard) backingOff(id string, now time.Time) (bool, time.Duration) {
+func (g *WakeGuard) BackingOff(id string, now time.Time) (bool, time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	b := g.backoff[id]
@@ -99,7 +99,7 @@ func (g *wakeGuard) backingOff(id string, now time.Time) (bool, time.Duration) {
 }
 
 // failed notes a failed wake of id.
-func (g *wakeGuard) failed(id string, now time.Time) {
+func (g *WakeGuard) failed(id string, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	b := g.backoff[id]
@@ -114,7 +114,7 @@ func (g *wakeGuard) failed(id string, now time.Time) {
 }
 
 // reset clears id's backoff (a success, or an explicit API wake).
-func (g *wakeGuard) reset(id string) {
+func (g *WakeGuard) Reset(id string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	delete(g.backoff, id)
@@ -124,14 +124,14 @@ func (g *wakeGuard) reset(id string) {
 // Answers of wakeGuard.allowWake.
 const (
 	wakeAllowed       = iota
-	wakeRefusedClient // the client's own wake budget is spent
-	wakeRefusedGlobal // wakes come faster than wake_rate
+	WakeRefusedClient // the client's own wake budget is spent
+	WakeRefusedGlobal // wakes come faster than wake_rate
 )
 
 // allowWake takes a wake of id from client's budget (clients) and from the
 // global wake rate, answering wakeAllowed or which budget is spent.
 // Requests for a wake already let through take nothing.
-func (g *wakeGuard) allowWake(id string, clients *clientLimits, client netip.Prefix, now time.Time) int {
+func (g *WakeGuard) AllowWake(id string, clients *ClientLimits, client netip.Prefix, now time.Time) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if t, ok := g.admitted[id]; ok && now.Sub(t) < admittedFor {
@@ -139,11 +139,11 @@ func (g *wakeGuard) allowWake(id string, clients *clientLimits, client netip.Pre
 	}
 	ok, giveBack := clients.reserveWake(client, now)
 	if !ok {
-		return wakeRefusedClient
+		return WakeRefusedClient
 	}
 	if g.limiter != nil && !g.limiter.AllowN(now, 1) {
 		giveBack()
-		return wakeRefusedGlobal
+		return WakeRefusedGlobal
 	}
 	if len(g.admitted) > 10000 { // bounded: forget old entries
 		for k, t := range g.admitted {

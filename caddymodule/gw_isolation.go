@@ -10,34 +10,34 @@ import (
 )
 
 // isolationState is how the engine isolates sandboxes, read at start.
-type isolationState struct {
-	ok     bool   // false: the operator should know (no seccomp)
-	detail string // what readyz and the log say
+type IsolationState struct {
+	Ok     bool   // false: the operator should know (no seccomp)
+	Detail string // what readyz and the log say
 }
 
 // check is the readyz line: "ok: …", or "ok, but …" when something is
 // missing. It never makes the gateway unready: a missing profile is the
 // engine's and a restart cannot fix it.
-func (s isolationState) check() string {
-	if s.ok {
-		return "ok: " + s.detail
+func (s IsolationState) Check() string {
+	if s.Ok {
+		return "ok: " + s.Detail
 	}
-	return "ok, but " + s.detail
+	return "ok, but " + s.Detail
 }
 
 // isolationReport reads what the engine said of itself: its seccomp
 // profile (Docker applies its default profile to every container it is
 // not told otherwise about, and sandwake never tells it otherwise), its
 // AppArmor and its default runtime.
-func isolationReport(c *core.Engine) isolationState {
+func IsolationReport(c *core.Engine) IsolationState {
 	h, ok := c.Host()
 	if !ok {
-		return isolationState{ok: true, detail: "not known (the engine's info could not be read at start)"}
+		return IsolationState{Ok: true, Detail: "not known (the engine's info could not be read at start)"}
 	}
 	var parts []string
 	switch h.Seccomp {
 	case "", "unconfined":
-		return isolationState{detail: fmt.Sprintf("the Docker engine applies no seccomp profile (security options: seccomp %q): sandboxes may make every system call; run an engine with seccomp, or a runtime such as runsc (the runtime option)", h.Seccomp)}
+		return IsolationState{Detail: fmt.Sprintf("the Docker engine applies no seccomp profile (security options: seccomp %q): sandboxes may make every system call; run an engine with seccomp, or a runtime such as runsc (the runtime option)", h.Seccomp)}
 	default:
 		parts = append(parts, "seccomp "+h.Seccomp)
 	}
@@ -54,5 +54,5 @@ func isolationReport(c *core.Engine) isolationState {
 		parts = append(parts, "rootless")
 	}
 	parts = append(parts, "runtime "+h.DefaultRuntime, "capabilities "+strings.Join(lifecycle.SandboxCapabilities, ","))
-	return isolationState{ok: true, detail: strings.Join(parts, ", ")}
+	return IsolationState{Ok: true, Detail: strings.Join(parts, ", ")}
 }

@@ -100,34 +100,34 @@ func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 	if e == nil {
 		return
 	}
-	counts := e.mgr.Counts()
+	counts := e.Mgr.Counts()
 	for _, s := range lifecycle.States {
 		ch <- prometheus.MustNewConstMetric(metricSandboxes, prometheus.GaugeValue, float64(counts[s]), string(s))
 	}
-	resident, reserved := e.mgr.Resident()
+	resident, reserved := e.Mgr.Resident()
 	ch <- prometheus.MustNewConstMetric(metricResident, prometheus.GaugeValue, float64(resident), "resident")
 	ch <- prometheus.MustNewConstMetric(metricResident, prometheus.GaugeValue, float64(reserved), "reserved")
 	if avail, err := lifecycle.HostMemAvailable(); err == nil {
 		ch <- prometheus.MustNewConstMetric(metricMemAvailable, prometheus.GaugeValue, float64(avail))
 	}
 	open := 0.0
-	if o, _ := e.mgr.BreakerOpen(); o {
+	if o, _ := e.Mgr.BreakerOpen(); o {
 		open = 1
 	}
 	ch <- prometheus.MustNewConstMetric(metricBreakerOpen, prometheus.GaugeValue, open)
-	ch <- prometheus.MustNewConstMetric(metricEgressDenied, prometheus.CounterValue, float64(e.mgr.EgressDeniedTotal(egressCountersMaxAge)))
+	ch <- prometheus.MustNewConstMetric(metricEgressDenied, prometheus.CounterValue, float64(e.Mgr.EgressDeniedTotal(EgressCountersMaxAge)))
 	enforced := 0.0
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if !e.egressUnenforced && e.mgr.EgressStatus(ctx) == nil {
+	if !e.EgressUnenforced && e.Mgr.EgressStatus(ctx) == nil {
 		enforced = 1
 	}
 	ch <- prometheus.MustNewConstMetric(metricEgressEnforced, prometheus.GaugeValue, enforced)
-	for _, t := range e.mgr.Templates() {
+	for _, t := range e.Mgr.Templates() {
 		ch <- prometheus.MustNewConstMetric(metricPoolIdle, prometheus.GaugeValue, float64(t.Idle), t.Template.Name)
 		ch <- prometheus.MustNewConstMetric(metricPoolRefills, prometheus.CounterValue, float64(t.Refills), t.Template.Name)
 	}
-	removed := e.mgr.PoolRemoved()
+	removed := e.Mgr.PoolRemoved()
 	for _, reason := range poolRemovedReasons {
 		ch <- prometheus.MustNewConstMetric(metricPoolRemoved, prometheus.CounterValue, float64(removed[reason]), reason)
 	}
@@ -141,7 +141,7 @@ var poolRemovedReasons = []string{
 }
 
 // observePoolClaim counts a create from a template and times its claim.
-func observePoolClaim(template string, out lifecycle.PoolOutcome, took time.Duration) {
+func ObservePoolClaim(template string, out lifecycle.PoolOutcome, took time.Duration) {
 	if out.Hit {
 		metricPoolClaims.WithLabelValues(template, "hit").Inc()
 		metricPoolClaimSeconds.Observe(took.Seconds())
@@ -151,7 +151,7 @@ func observePoolClaim(template string, out lifecycle.PoolOutcome, took time.Dura
 }
 
 // observeDiskQuota counts a sandbox stopped over its disk quota.
-func observeDiskQuota(string, int64, int64) { metricDiskQuotaStops.Inc() }
+func ObserveDiskQuota(string, int64, int64) { metricDiskQuotaStops.Inc() }
 
 // observeWake records a wake's outcome.
 func observeWake(w lifecycle.WakeResult) {
@@ -170,7 +170,7 @@ func observeWake(w lifecycle.WakeResult) {
 }
 
 // observeReap counts a reaper pass's actions.
-func observeReap(s lifecycle.ReapStats) {
+func ObserveReap(s lifecycle.ReapStats) {
 	for reaper, byAction := range s.Actions {
 		for action, n := range byAction {
 			metricReaperActions.WithLabelValues(reaper, action).Add(float64(n))
@@ -179,7 +179,7 @@ func observeReap(s lifecycle.ReapStats) {
 }
 
 // observeDelivery counts a webhook delivery attempt.
-func observeDelivery(d lifecycle.DeliveryResult) {
+func ObserveDelivery(d lifecycle.DeliveryResult) {
 	result := "ok"
 	switch {
 	case d.Dropped:
@@ -191,4 +191,20 @@ func observeDelivery(d lifecycle.DeliveryResult) {
 }
 
 // observeCorrection counts a reconcile correction.
-func observeCorrection(c lifecycle.Correction) { metricCorrections.WithLabelValues(c.Kind).Inc() }
+func ObserveCorrection(c lifecycle.Correction) { metricCorrections.WithLabelValues(c.Kind).Inc() }
+
+// engineCollectors are the engine's metrics.
+func engineCollectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		metricWakes, metricWakeDuration, statesCollector{},
+		metricReaperActions, metricCorrections, metricDeliveries, metricDiskQuotaStops,
+		metricPoolClaims, metricPoolClaimSeconds,
+	}
+}
+
+// current is the running engine, nil before one starts (the collectors
+// read it at scrape time).
+func Current() *engine { return metricsEngine.Load() }
+
+// setCurrent makes e the engine the collectors read; Destruct unsets it.
+func SetCurrent(e *engine) { metricsEngine.Store(e) }

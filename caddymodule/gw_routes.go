@@ -14,36 +14,36 @@ const routeCacheSize = 16384
 
 // route is what the request path needs to know of one sandbox, built from its
 // record once and kept until the sandbox's next event.
-type route struct {
-	id       string
-	state    lifecycle.State
-	access   string
-	tokenGen uint64
+type Route struct {
+	Id       string
+	State    lifecycle.State
+	Access   string
+	TokenGen uint64
 	ports    []int
 	// reason is the record's reason code. The record's error text is left
 	// out on purpose: the request path answers anonymous visitors.
-	reason   string
-	activity *lifecycle.Activity
+	Reason   string
+	Activity *lifecycle.Activity
 	// downs is activity.Downs() as it was before the record was read: if it
 	// moved on, the sandbox was paused or stopped since and this route is
 	// stale (see Activity.Enter).
-	downs uint64
+	Downs uint64
 	// upstreams holds, per declared port, the address handed to
 	// reverse_proxy (a pointer, so storing it in the request vars allocates
 	// nothing).
-	upstreams map[int]*upstreamSet
+	Upstreams map[int]*UpstreamSet
 	// incarnation is the record's incarnation, which preview tokens are
 	// bound to besides tokenGen.
-	incarnation string
+	Incarnation string
 }
 
 // upstreamSet is the value stored in the request's vars for the dynamic
 // upstream source.
-type upstreamSet struct {
-	dial string
+type UpstreamSet struct {
+	Dial string
 }
 
-func (rt *route) declares(port int) bool {
+func (rt *Route) Declares(port int) bool {
 	for _, p := range rt.ports {
 		if p == port {
 			return true
@@ -55,19 +55,19 @@ func (rt *route) declares(port int) bool {
 // routeCache maps sandbox ids to routes. It is invalidated by the manager's
 // event hook, which runs in commit order; gen guards against a reader that
 // loaded a record just before an event putting back a stale route.
-type routeCache struct {
+type RouteCache struct {
 	mgr   *lifecycle.Manager
-	cache *lru.Cache[string, *route]
+	cache *lru.Cache[string, *Route]
 	gen   atomic.Uint64
 }
 
-func newRouteCache(mgr *lifecycle.Manager) *routeCache {
-	c, _ := lru.New[string, *route](routeCacheSize) // only fails for size <= 0
-	return &routeCache{mgr: mgr, cache: c}
+func NewRouteCache(mgr *lifecycle.Manager) *RouteCache {
+	c, _ := lru.New[string, *Route](routeCacheSize) // only fails for size <= 0
+	return &RouteCache{mgr: mgr, cache: c}
 }
 
 // get returns sandbox id's route, reading the store on a miss.
-func (c *routeCache) get(id string) (*route, error) {
+func (c *RouteCache) Get(id string) (*Route, error) {
 	if rt, ok := c.cache.Get(id); ok {
 		return rt, nil
 	}
@@ -80,21 +80,21 @@ func (c *routeCache) get(id string) (*route, error) {
 		return nil, err
 	}
 	act := c.mgr.Activity(id)
-	rt := &route{
-		id:        id,
-		state:     rec.State,
-		access:    rec.Spec.Access,
-		tokenGen:  rec.TokenGeneration,
+	rt := &Route{
+		Id:        id,
+		State:     rec.State,
+		Access:    rec.Spec.Access,
+		TokenGen:  rec.TokenGeneration,
 		ports:     rec.Spec.Ports,
-		reason:    rec.Reason,
-		activity:  act,
-		downs:     downs,
-		upstreams: make(map[int]*upstreamSet, len(rec.Upstreams)),
+		Reason:    rec.Reason,
+		Activity:  act,
+		Downs:     downs,
+		Upstreams: make(map[int]*UpstreamSet, len(rec.Upstreams)),
 
-		incarnation: rec.Incarnation,
+		Incarnation: rec.Incarnation,
 	}
 	for port, addr := range rec.Upstreams {
-		rt.upstreams[port] = &upstreamSet{dial: addr}
+		rt.Upstreams[port] = &UpstreamSet{Dial: addr}
 	}
 	if c.gen.Load() == gen {
 		c.cache.Add(id, rt)
@@ -103,7 +103,7 @@ func (c *routeCache) get(id string) (*route, error) {
 }
 
 // invalidate drops a sandbox's route after its record changed.
-func (c *routeCache) invalidate(id string) {
+func (c *RouteCache) invalidate(id string) {
 	c.gen.Add(1)
 	c.cache.Remove(id)
 }

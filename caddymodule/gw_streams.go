@@ -22,11 +22,11 @@ const (
 )
 
 // streamRetryAfter is the Retry-After, in seconds, of a refused stream.
-const streamRetryAfter = 5
+const StreamRetryAfter = 5
 
 // streamLimiter caps the event streams open on preview hosts, overall and
 // per client address.
-type streamLimiter struct {
+type StreamLimiter struct {
 	mu        sync.Mutex
 	max       int // 0: no cap
 	perClient int // 0: no cap
@@ -34,12 +34,12 @@ type streamLimiter struct {
 	byClient  map[netip.Prefix]int
 }
 
-func newStreamLimiter() *streamLimiter {
-	return &streamLimiter{byClient: make(map[netip.Prefix]int)}
+func NewStreamLimiter() *StreamLimiter {
+	return &StreamLimiter{byClient: make(map[netip.Prefix]int)}
 }
 
 // configure sets the caps; streams already open stay open.
-func (l *streamLimiter) configure(max, perClient int) {
+func (l *StreamLimiter) Configure(max, perClient int) {
 	l.mu.Lock()
 	l.max, l.perClient = max, perClient
 	l.mu.Unlock()
@@ -48,7 +48,7 @@ func (l *streamLimiter) configure(max, perClient int) {
 // acquire admits one stream of client, or refuses it with the status to
 // answer: 429 when the client has its share open, 503 when the host has.
 // An admitted stream must be released exactly once.
-func (l *streamLimiter) acquire(client netip.Prefix) (release func(), status int) {
+func (l *StreamLimiter) Acquire(client netip.Prefix) (release func(), status int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.perClient > 0 && l.byClient[client] >= l.perClient {
@@ -63,7 +63,7 @@ func (l *streamLimiter) acquire(client netip.Prefix) (release func(), status int
 	return func() { once.Do(func() { l.release(client) }) }, 0
 }
 
-func (l *streamLimiter) release(client netip.Prefix) {
+func (l *StreamLimiter) release(client netip.Prefix) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.total--
@@ -73,7 +73,7 @@ func (l *streamLimiter) release(client netip.Prefix) {
 }
 
 // open reports how many streams are open, overall and of client.
-func (l *streamLimiter) open(client netip.Prefix) (total, ofClient int) {
+func (l *StreamLimiter) open(client netip.Prefix) (total, ofClient int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.total, l.byClient[client]
@@ -83,7 +83,7 @@ func (l *streamLimiter) open(client netip.Prefix) (total, ofClient int) {
 // IP (the remote address, or the forwarded one when the server trusts the
 // proxy that sent it), an IPv6 address widened to its /64, which one host
 // usually holds whole.
-func streamClient(r *http.Request) netip.Prefix {
+func StreamClient(r *http.Request) netip.Prefix {
 	ip, _ := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
 	if ip == "" {
 		ip, _, _ = net.SplitHostPort(r.RemoteAddr)

@@ -28,13 +28,13 @@ import (
 // before incarnations existed.
 const (
 	tokenPrefix     = "swt_"
-	tokenQueryParam = "sandwake_token"
-	tokenCookie     = "sandwake_token"
+	TokenQueryParam = "sandwake_token"
+	TokenCookie     = "sandwake_token"
 	// tokenCookieHost is the cookie's name for a visitor on https: the
 	// __Host- prefix makes browsers refuse it unless it is Secure, for
 	// this host only (no Domain) and for every path, so that a sibling
 	// preview cannot plant or shadow it.
-	tokenCookieHost = "__Host-" + tokenCookie
+	TokenCookieHost = "__Host-" + TokenCookie
 	tokenVersion    = "v2"
 )
 
@@ -62,7 +62,7 @@ func tokenMAC(secret []byte, payload, incarnation string) []byte {
 }
 
 // signToken makes a preview token for incarnation inc of sandbox id.
-func signToken(secret []byte, id, inc string, gen uint64, exp time.Time, subject string) string {
+func SignToken(secret []byte, id, inc string, gen uint64, exp time.Time, subject string) string {
 	payload := tokenVersion + "|" + id + "|" + strconv.FormatUint(gen, 10) + "|" + strconv.FormatInt(exp.Unix(), 10) + "|" + subject
 	enc := base64.RawURLEncoding
 	return tokenPrefix + enc.EncodeToString([]byte(payload)) + "." + enc.EncodeToString(tokenMAC(secret, payload, inc))
@@ -70,7 +70,7 @@ func signToken(secret []byte, id, inc string, gen uint64, exp time.Time, subject
 
 // verifyToken checks a token for incarnation inc of sandbox id at generation
 // gen.
-func verifyToken(secret []byte, token, id, inc string, gen uint64, now time.Time) error {
+func VerifyToken(secret []byte, token, id, inc string, gen uint64, now time.Time) error {
 	if token == "" {
 		return errTokenMissing
 	}
@@ -124,7 +124,7 @@ func verifyToken(secret []byte, token, id, inc string, gen uint64, now time.Time
 // bearerCredentials returns the credentials of an Authorization value using
 // the Bearer scheme. Auth schemes are case-insensitive (RFC 7235 §2.1), and
 // one or more spaces separate the scheme from the credentials.
-func bearerCredentials(authorization string) (string, bool) {
+func BearerCredentials(authorization string) (string, bool) {
 	scheme, rest, ok := strings.Cut(authorization, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
@@ -134,8 +134,8 @@ func bearerCredentials(authorization string) (string, bool) {
 
 // previewBearer reports whether an Authorization value carries a sandwake
 // preview token, and returns it.
-func previewBearer(authorization string) (string, bool) {
-	b, ok := bearerCredentials(authorization)
+func PreviewBearer(authorization string) (string, bool) {
+	b, ok := BearerCredentials(authorization)
 	if !ok || !strings.HasPrefix(b, tokenPrefix) {
 		return "", false
 	}
@@ -143,7 +143,7 @@ func previewBearer(authorization string) (string, bool) {
 }
 
 // tokenExpiry reads the expiry of an already verified token.
-func tokenExpiry(token string) time.Time {
+func TokenExpiry(token string) time.Time {
 	body := strings.TrimPrefix(token, tokenPrefix)
 	p64, _, _ := strings.Cut(body, ".")
 	payload, _ := base64.RawURLEncoding.DecodeString(p64)

@@ -42,7 +42,7 @@ func TestParseHost(t *testing.T) {
 		{"s-é-80.preview.localhost", "localhost", "", 0, false},
 	}
 	for _, tt := range tests {
-		id, port, ok := parseHost(tt.host, tt.domain)
+		id, port, ok := ParseHost(tt.host, tt.domain)
 		if id != tt.id || port != tt.port || ok != tt.ok {
 			t.Errorf("parseHost(%q) = %q, %d, %v; want %q, %d, %v", tt.host, id, port, ok, tt.id, tt.port, tt.ok)
 		}
@@ -51,7 +51,7 @@ func TestParseHost(t *testing.T) {
 
 func TestParseHostDoesNotAllocate(t *testing.T) {
 	allocs := testing.AllocsPerRun(1000, func() {
-		parseHost("s-abc123-8080.preview.localhost:8080", "localhost")
+		ParseHost("s-abc123-8080.preview.localhost:8080", "localhost")
 	})
 	if allocs != 0 {
 		t.Fatalf("parseHost allocates %v times per call", allocs)
@@ -63,7 +63,7 @@ func FuzzParseHost(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, host string) {
-		id, port, ok := parseHost(host, "localhost")
+		id, port, ok := ParseHost(host, "localhost")
 		if !ok {
 			return
 		}
@@ -76,7 +76,7 @@ func FuzzParseHost(f *testing.F) {
 			}
 		}
 		// What was accepted round-trips.
-		if id2, port2, ok2 := parseHost(previewHost(id, port, "localhost"), "localhost"); !ok2 || id2 != id || port2 != port {
+		if id2, port2, ok2 := ParseHost(previewHost(id, port, "localhost"), "localhost"); !ok2 || id2 != id || port2 != port {
 			t.Fatalf("round trip of %q failed", host)
 		}
 	})

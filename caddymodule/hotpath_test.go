@@ -38,18 +38,18 @@ func hotPathGate(tb testing.TB) (*Gate, *lifecycletest.Runtime) {
 	if cerr := seed.Close(); err != nil || cerr != nil {
 		tb.Fatal(err, cerr)
 	}
-	e := &engine{log: zap.NewNop()}
+	e := &engine{Log: zap.NewNop()}
 	c, err := core.Open(core.Options{Dir: dir, Runtime: rt, Manager: lifecycle.Config{
-		OnChange: func(id string) { e.routes.invalidate(id) },
+		OnChange: func(id string) { e.Routes.invalidate(id) },
 	}})
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { c.Close() })
-	e.core, e.mgr = c, c.Manager
-	e.routes = newRouteCache(c.Manager)
-	e.current.Store(&settings{domain: "localhost", holdTimeout: time.Second, maxOpen: DefaultMaxOpenPerSandbox})
-	e.ready.Store(true)
+	e.Core, e.Mgr = c, c.Manager
+	e.Routes = NewRouteCache(c.Manager)
+	e.Current.Store(&Settings{Domain: "localhost", HoldTimeout: time.Second, MaxOpen: DefaultMaxOpenPerSandbox})
+	e.Ready.Store(true)
 	app := &App{eng: new(atomic.Pointer[engine])}
 	app.eng.Store(e)
 	return &Gate{app: app, logger: zap.NewNop()}, rt
@@ -60,8 +60,8 @@ func hotPathGate(tb testing.TB) (*Gate, *lifecycletest.Runtime) {
 type proxyStub struct{ tb testing.TB }
 
 func (p proxyStub) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
-	set, ok := caddyhttp.GetVar(r.Context(), varUpstream).(*upstreamSet)
-	if !ok || set.dial != "127.0.0.1:1" {
+	set, ok := caddyhttp.GetVar(r.Context(), VarUpstream).(*UpstreamSet)
+	if !ok || set.Dial != "127.0.0.1:1" {
 		p.tb.Fatalf("upstream %+v", set)
 	}
 	return nil
@@ -75,7 +75,7 @@ func TestUpstreamsAreFreshPerRequest(t *testing.T) {
 	if _, err := (Upstreams{}).GetUpstreams(r); err != errNoUpstream {
 		t.Fatalf("without the gate: %v", err)
 	}
-	caddyhttp.SetVar(r.Context(), varUpstream, &upstreamSet{dial: "127.0.0.1:9"})
+	caddyhttp.SetVar(r.Context(), VarUpstream, &UpstreamSet{Dial: "127.0.0.1:9"})
 	a, err1 := Upstreams{}.GetUpstreams(r)
 	b, err2 := Upstreams{}.GetUpstreams(r)
 	if err1 != nil || err2 != nil || len(a) != 1 || a[0].Dial != "127.0.0.1:9" || a[0] == b[0] {
@@ -97,7 +97,7 @@ func hotRequest() *http.Request {
 func TestHotPathNeverTouchesEngineOrStore(t *testing.T) {
 	g, rt := hotPathGate(t)
 	e := g.app.engine()
-	before, _ := e.mgr.LastEventID()
+	before, _ := e.Mgr.LastEventID()
 	for range 1000 {
 		if err := g.ServeHTTP(httptest.NewRecorder(), hotRequest(), proxyStub{t}); err != nil {
 			t.Fatal(err)
@@ -106,20 +106,20 @@ func TestHotPathNeverTouchesEngineOrStore(t *testing.T) {
 	if calls := rt.Calls(); len(calls) != 0 {
 		t.Fatalf("hot path called the runtime: %v", calls)
 	}
-	after, _ := e.mgr.LastEventID()
-	rec, _ := e.mgr.Get("hot")
+	after, _ := e.Mgr.LastEventID()
+	rec, _ := e.Mgr.Get("hot")
 	if after != before || !rec.LastActiveAt.Equal(rec.CreatedAt) { // nothing flushed yet
 		t.Fatalf("hot path wrote to the store: events %d→%d, last_active %s", before, after, rec.LastActiveAt)
 	}
-	a := e.mgr.Activity("hot")
+	a := e.Mgr.Activity("hot")
 	if a.LastActive().IsZero() || a.OpenConnections() != 0 {
 		t.Fatalf("activity: last %s open %d", a.LastActive(), a.OpenConnections())
 	}
 	// The activity reaches the store in one flush.
-	if err := e.mgr.FlushActivity(); err != nil {
+	if err := e.Mgr.FlushActivity(); err != nil {
 		t.Fatal(err)
 	}
-	rec, _ = e.mgr.Get("hot")
+	rec, _ = e.Mgr.Get("hot")
 	if !rec.LastActiveAt.Equal(a.LastActive()) {
 		t.Fatalf("flushed last_active %s, want %s", rec.LastActiveAt, a.LastActive())
 	}

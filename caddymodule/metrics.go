@@ -2,14 +2,24 @@ package caddymodule
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-var collectors = []prometheus.Collector{
-	metricRequests, metricWakes, metricWakeDuration, metricWaitersCollapsed, metricSlotWaiting, statesCollector{},
-	metricReaperActions, metricCorrections, metricDeliveries, metricDiskQuotaStops,
-	metricPoolClaims, metricPoolClaimSeconds,
+// allCollectors are sandwake's metrics: the engine's, the preview path's
+// and the cluster's.
+func allCollectors() []prometheus.Collector {
+	return slices.Concat(engineCollectors(), requestCollectors(), clusterCollectors(currentNode))
+}
+
+// currentNode is the running engine's part in a cluster, nil on a single
+// host or before the engine starts.
+func currentNode() *clusterState {
+	if e := Current(); e != nil {
+		return e.Cluster
+	}
+	return nil
 }
 
 // registerMetrics registers the collectors on reg; a collector already there
@@ -18,7 +28,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range collectors {
+	for _, c := range allCollectors() {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

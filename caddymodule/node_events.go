@@ -35,7 +35,7 @@ type remoteEvent struct {
 // "sandbox.destroyed" when its entry goes. Observe runs on the cluster's
 // watch goroutine and never blocks: a subscriber that is full loses its
 // subscription.
-type remoteEvents struct {
+type RemoteEvents struct {
 	self string
 
 	mu     sync.Mutex
@@ -48,16 +48,16 @@ type remoteEvents struct {
 // behind or the engine closes.
 type remoteSub struct {
 	C      chan remoteEvent
-	r      *remoteEvents
-	lagged bool
+	r      *RemoteEvents
+	Lagged bool
 }
 
-func newRemoteEvents(self string) *remoteEvents {
-	return &remoteEvents{self: self, last: map[string]lifecycle.State{}, subs: map[*remoteSub]struct{}{}}
+func newRemoteEvents(self string) *RemoteEvents {
+	return &RemoteEvents{self: self, last: map[string]lifecycle.State{}, subs: map[*remoteSub]struct{}{}}
 }
 
 // observe is the cluster's watch callback.
-func (r *remoteEvents) observe(ch cluster.Change) {
+func (r *RemoteEvents) observe(ch cluster.Change) {
 	en := ch.Entry
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -89,7 +89,7 @@ func (r *remoteEvents) observe(ch cluster.Change) {
 		select {
 		case s.C <- ev:
 		default:
-			s.lagged = true
+			s.Lagged = true
 			delete(r.subs, s)
 			close(s.C)
 		}
@@ -97,7 +97,7 @@ func (r *remoteEvents) observe(ch cluster.Change) {
 }
 
 // subscribe opens a subscription; the caller cancels it.
-func (r *remoteEvents) subscribe() *remoteSub {
+func (r *RemoteEvents) Subscribe() *remoteSub {
 	s := &remoteSub{C: make(chan remoteEvent, remoteEventBuffer), r: r}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -110,7 +110,7 @@ func (r *remoteEvents) subscribe() *remoteSub {
 }
 
 // cancel ends the subscription.
-func (s *remoteSub) cancel() {
+func (s *remoteSub) Cancel() {
 	s.r.mu.Lock()
 	defer s.r.mu.Unlock()
 	if _, ok := s.r.subs[s]; ok {
@@ -120,7 +120,7 @@ func (s *remoteSub) cancel() {
 }
 
 // close ends every subscription (the engine is closing).
-func (r *remoteEvents) close() {
+func (r *RemoteEvents) close() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.closed = true

@@ -23,21 +23,21 @@ import (
 
 // hostRetryAfter is the Retry-After, in seconds, of a sandbox whose node is
 // unreachable.
-const hostRetryAfter = 5
+const HostRetryAfter = 5
 
 // errOutsidePeerListener answers a request claiming to come from another
 // node anywhere but the peer listener.
-const errOutsidePeerListener = "node-to-node requests are accepted only on the cluster's peer listener (peer_listen), over mutual TLS"
+const ErrOutsidePeerListener = "node-to-node requests are accepted only on the cluster's peer listener (peer_listen), over mutual TLS"
 
 // forwardErrorLog takes the forwarding proxies' own log lines, which say
 // what the caller handles (a visitor gone, an owner lost).
-var forwardErrorLog = log.New(io.Discard, "", 0)
+var ForwardErrorLog = log.New(io.Discard, "", 0)
 
 // setForwardedHeaders sets the X-Forwarded-For, -Proto and -Host of a
 // forwarded request as Caddy's reverse_proxy does: the visitor's address
 // and scheme, or, from a trusted proxy in front of this gateway, what that
 // proxy said with its address added.
-func setForwardedHeaders(pr *httputil.ProxyRequest) {
+func SetForwardedHeaders(pr *httputil.ProxyRequest) {
 	in, out := pr.In, pr.Out.Header
 	trusted, _ := caddyhttp.GetVar(in.Context(), caddyhttp.TrustedProxyVarKey).(bool)
 	clientIP, _, err := net.SplitHostPort(in.RemoteAddr)
@@ -70,7 +70,7 @@ func setForwardedHeaders(pr *httputil.ProxyRequest) {
 // owner receives: the request line as this node received it may differ
 // (the absolute form, or characters such as | and ^ that Go escapes when it
 // writes a path), and a signature over it would be refused there.
-func signForward(c *cluster.Cluster, r *http.Request) {
+func SignForward(c *cluster.Cluster, r *http.Request) {
 	uri := r.RequestURI
 	r.RequestURI = r.URL.RequestURI()
 	c.Sign(r)
@@ -84,7 +84,7 @@ func signForward(c *cluster.Cluster, r *http.Request) {
 // caps, is the visitor that node saw (the first X-Forwarded-For address,
 // as Caddy takes it from a trusted proxy), not the node, which would make
 // every visitor it forwards one client.
-func trustForwarder(r *http.Request) {
+func TrustForwarder(r *http.Request) {
 	caddyhttp.SetVar(r.Context(), caddyhttp.TrustedProxyVarKey, true)
 	first, _, _ := strings.Cut(r.Header.Get("X-Forwarded-For"), ",")
 	if addr, err := netip.ParseAddr(strings.TrimSpace(first)); err == nil {
@@ -94,41 +94,42 @@ func trustForwarder(r *http.Request) {
 
 // forwarded reports whether r came from another node: through the peer
 // listener, which verified the node's certificate and signature.
-func forwarded(r *http.Request) bool {
+func Forwarded(r *http.Request) bool {
 	return peerOf(r) != ""
 }
 
 // checkForward refuses, in cluster mode, a request that claims to come from
 // another node anywhere but the peer listener, and reports whether it may
 // go on.
-func checkForward(w http.ResponseWriter, r *http.Request, e *engine) bool {
-	if _, claimed := r.Header[cluster.ForwardHeader]; e.cluster == nil || !claimed {
+func CheckForward(w http.ResponseWriter, r *http.Request, e *engine) bool {
+	if _, claimed := r.Header[cluster.ForwardHeader]; e.Cluster == nil || !claimed {
 		return true
 	}
-	web.WriteError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
+	web.WriteError(w, http.StatusForbidden, "unsigned_forward", ErrOutsidePeerListener, 0)
 	return false
 }
 
 // forwardAPI hands r to node's management API through its peer listener
 // (mutual TLS, signed): the call carries this node's identity, never the
-// caller's Authorization. body, when not nil, replaces r's (already read)
+// caller's Authorization: caller, the principal the call is decided as,
+// goes with it, signed. body, when not nil, replaces r's (already read)
 // body. The answer, streams included, is relayed as it comes.
-func (e *engine) forwardAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte) {
-	e.proxyAPI(w, r, nodeName, what, body, false)
+func (cs *clusterState) ForwardAPI(w http.ResponseWriter, r *http.Request, nodeName, what, caller string, body []byte) {
+	cs.ProxyAPI(w, r, nodeName, what, caller, body, false)
 }
 
 // proxyAPI is forwardAPI; with onlyIfDialed, a node that cannot be dialled
 // (nothing was sent) gets no answer written: proxyAPI reports it instead,
 // so that the caller can try another node.
-func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what string, body []byte, onlyIfDialed bool) (notDialed bool) {
-	c := e.cluster.c
+func (cs *clusterState) ProxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what, caller string, body []byte, onlyIfDialed bool) (notDialed bool) {
+	c := cs.c
 	node, ok := c.Node(nodeName)
 	if !ok || !node.Live || node.Advertise == "" {
 		if onlyIfDialed {
 			return true
 		}
 		web.WriteError(w, http.StatusServiceUnavailable, "host_unavailable",
-			fmt.Sprintf("%s, which cannot be reached now (its lease is gone); retry later", what), hostRetryAfter)
+			fmt.Sprintf("%s, which cannot be reached now (its lease is gone); retry later", what), HostRetryAfter)
 		return false
 	}
 	metricForwardedAPI.Inc()
@@ -143,7 +144,7 @@ func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what
 			// operator's token never leaves this gateway. Who called
 			// goes with it, signed, for the owner to decide as.
 			pr.Out.Header.Del("Authorization")
-			pr.Out.Header[cluster.CallerHeader] = []string{principalOf(r).callerValue()}
+			pr.Out.Header[cluster.CallerHeader] = []string{caller}
 			if body != nil {
 				pr.Out.Body = io.NopCloser(bytes.NewReader(body))
 				pr.Out.ContentLength = int64(len(body))
@@ -154,20 +155,20 @@ func (e *engine) proxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what
 				GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
 			}))
 		},
-		Transport:     e.cluster.transport(node.Name, node.Advertise),
+		Transport:     cs.Transport(node.Name, node.Advertise),
 		FlushInterval: -1, // event streams pass through as they come
-		ErrorLog:      forwardErrorLog,
+		ErrorLog:      ForwardErrorLog,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			if onlyIfDialed && !connected.Load() {
 				notDialed = true
 				return
 			}
 			if errors.Is(err, cluster.ErrPeerIdentity) {
-				e.log.Warn("refused to forward an API call: the peer at the node's address is not that node",
+				cs.log.Warn("refused to forward an API call: the peer at the node's address is not that node",
 					zap.String("node", node.Name), zap.String("addr", node.Advertise), zap.Error(err))
 			}
 			web.WriteError(w, http.StatusServiceUnavailable, "host_unavailable",
-				fmt.Sprintf("%s, whose peer listener at %s did not answer: %v; retry later", what, node.Advertise, err), hostRetryAfter)
+				fmt.Sprintf("%s, whose peer listener at %s did not answer: %v; retry later", what, node.Advertise, err), HostRetryAfter)
 		},
 	}
 	rp.ServeHTTP(w, r)

@@ -24,12 +24,13 @@ var (
 	metricCatalogRejected = prometheus.NewDesc("caddy_sandwake_catalog_rejected_total",
 		"Catalog entries this node read and ignored because no node of the cluster signed them.", nil, nil)
 
-	metricForwardedPreview = metricForwarded.WithLabelValues("preview")
+	MetricForwardedPreview = metricForwarded.WithLabelValues("preview")
 	metricForwardedAPI     = metricForwarded.WithLabelValues("api")
 )
 
-// clusterCollector reports the cluster's figures at scrape time.
-type clusterCollector struct{}
+// clusterCollector reports the cluster's figures at scrape time: of the
+// node node returns (nil: none, nothing is reported).
+type clusterCollector struct{ node func() *clusterState }
 
 func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- metricClusterNodes
@@ -40,12 +41,12 @@ func (clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- metricCatalogRejected
 }
 
-func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
-	e := metricsEngine.Load()
-	if e == nil || e.cluster == nil {
+func (cc clusterCollector) Collect(ch chan<- prometheus.Metric) {
+	n := cc.node()
+	if n == nil {
 		return
 	}
-	st := e.cluster.c.Stats()
+	st := n.c.Stats()
 	ch <- prometheus.MustNewConstMetric(metricClusterNodes, prometheus.GaugeValue, float64(st.LiveNodes))
 	ch <- prometheus.MustNewConstMetric(metricClusterLag, prometheus.GaugeValue, st.OldestPending.Seconds())
 	ch <- prometheus.MustNewConstMetric(metricClusterPending, prometheus.GaugeValue, float64(st.Pending))
@@ -54,6 +55,7 @@ func (clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(metricCatalogRejected, prometheus.CounterValue, float64(st.RejectedEntries))
 }
 
-func init() {
-	collectors = append(collectors, metricForwarded, clusterCollector{})
+// clusterCollectors are the cluster's metrics, of the node node returns.
+func clusterCollectors(node func() *clusterState) []prometheus.Collector {
+	return []prometheus.Collector{metricForwarded, clusterCollector{node}}
 }

@@ -39,7 +39,7 @@ func peerOf(r *http.Request) string {
 // request takes the route a visitor's would) and the sandwake_api handler.
 type peerTargets struct {
 	preview http.Handler
-	api     *API
+	api     http.Handler
 }
 
 // peerListener is the node's peer listener: the only place that accepts
@@ -82,7 +82,7 @@ func (p *peerListener) start(addr string) error {
 	p.mu.Unlock()
 	go func() {
 		defer close(done)
-		if err := srv.Serve(tls.NewListener(ln, p.cs.peers.ServerConfig())); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(tls.NewListener(ln, p.cs.Peers.ServerConfig())); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			p.log.Error("peer listener stopped", zap.String("addr", addr), zap.Error(err))
 		}
 	}()
@@ -122,7 +122,7 @@ func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = fmt.Errorf("%w: signed by %q, certificate of node %s", cluster.ErrUnsigned, from, node)
 	}
 	if err != nil {
-		countRequest(outcomeUnsignedForward)
+		p.cs.onUnsigned()
 		web.WriteError(w, http.StatusForbidden, "unsigned_forward", err.Error(), 0)
 		return
 	}
@@ -138,7 +138,7 @@ func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			web.WriteError(w, http.StatusServiceUnavailable, "unavailable", "this node serves no management API (no sandwake_api handler in its config)", 1)
 			return
 		}
-		_ = t.api.ServeHTTP(w, r, nil) // the API answers every request itself
+		t.api.ServeHTTP(w, r)
 		return
 	}
 	if t == nil || t.preview == nil {
@@ -151,7 +151,7 @@ func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // transport is the transport to node at addr (its advertised peer
 // listener): TLS 1.3 with this node's certificate, and the peer's
 // accepted only if the cluster CA issued it to node for addr's host.
-func (cs *clusterState) transport(node, addr string) *http.Transport {
+func (cs *clusterState) Transport(node, addr string) *http.Transport {
 	key := node + "\x00" + addr
 	if v, ok := cs.transports.Load(key); ok {
 		return v.(*http.Transport)
@@ -160,7 +160,7 @@ func (cs *clusterState) transport(node, addr string) *http.Transport {
 	t := &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     cs.peers.ClientConfig(node, host),
+		TLSClientConfig:     cs.Peers.ClientConfig(node, host),
 		TLSHandshakeTimeout: 5 * time.Second,
 		// Kept for as many requests as run at once: a connection
 		// closed for want of an idle slot costs a TLS handshake to open

@@ -54,21 +54,21 @@ func (p *Permission) Provision(ctx caddy.Context) error {
 // route cache (the store on a miss), never Docker, and never wakes anything.
 func (p *Permission) CertificateAllowed(_ context.Context, name string) error {
 	e := p.app.engine()
-	if e == nil || !e.ready.Load() {
+	if e == nil || !e.Ready.Load() {
 		return fmt.Errorf("%w: sandwake is not ready", caddytls.ErrPermissionDenied)
 	}
-	id, port, ok := parseHost(name, e.current.Load().domain)
+	id, port, ok := ParseHost(name, e.Current.Load().Domain)
 	if !ok {
 		return fmt.Errorf("%w: %s is not a preview host", caddytls.ErrPermissionDenied, name)
 	}
-	rt, err := e.routes.get(id)
+	rt, err := e.Routes.Get(id)
 	if errors.Is(err, lifecycle.ErrNotFound) {
 		return fmt.Errorf("%w: no sandbox %s", caddytls.ErrPermissionDenied, id)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %v", caddytls.ErrPermissionDenied, err)
 	}
-	if !rt.declares(port) {
+	if !rt.Declares(port) {
 		return fmt.Errorf("%w: sandbox %s does not serve port %d", caddytls.ErrPermissionDenied, id, port)
 	}
 	return nil

@@ -13,16 +13,16 @@ import (
 // (first visit), a Bearer header with a sandwake token, or the cookie.
 func presentedToken(r *http.Request) (token string, fromQuery bool) {
 	if r.URL.RawQuery != "" {
-		if t := r.URL.Query().Get(tokenQueryParam); t != "" {
+		if t := r.URL.Query().Get(TokenQueryParam); t != "" {
 			return t, true
 		}
 	}
 	for _, v := range r.Header.Values("Authorization") {
-		if b, ok := previewBearer(v); ok {
+		if b, ok := PreviewBearer(v); ok {
 			return b, false
 		}
 	}
-	for _, name := range []string{tokenCookieHost, tokenCookie} {
+	for _, name := range []string{TokenCookieHost, TokenCookie} {
 		if c, err := r.Cookie(name); err == nil {
 			return c.Value, false
 		}
@@ -36,7 +36,7 @@ func presentedToken(r *http.Request) (token string, fromQuery bool) {
 func stripToken(r *http.Request) {
 	if auth := r.Header.Values("Authorization"); len(auth) > 0 {
 		kept := slices.DeleteFunc(slices.Clone(auth), func(v string) bool {
-			_, ok := previewBearer(v)
+			_, ok := PreviewBearer(v)
 			return ok
 		})
 		if len(kept) != len(auth) {
@@ -53,8 +53,8 @@ func stripToken(r *http.Request) {
 	kept := make([]string, 0, len(cookies))
 	changed := false
 	for _, v := range cookies {
-		nv, removed := withoutCookie(v, tokenCookie)
-		nv, removedHost := withoutCookie(nv, tokenCookieHost)
+		nv, removed := withoutCookie(v, TokenCookie)
+		nv, removedHost := withoutCookie(nv, TokenCookieHost)
 		changed = changed || removed || removedHost
 		if nv != "" {
 			kept = append(kept, nv)
@@ -111,7 +111,7 @@ func withoutCookie(header, name string) (string, bool) {
 // as a path on this host.
 func withoutToken(r *http.Request) string {
 	q := r.URL.Query()
-	q.Del(tokenQueryParam)
+	q.Del(TokenQueryParam)
 	target := r.URL.EscapedPath()
 	if target == "" {
 		target = "/"
@@ -144,9 +144,9 @@ func localPath(target string) string {
 // long as the token; for a visitor on https (visitorHTTPS), Secure and named
 // with the __Host- prefix.
 func setTokenCookie(w http.ResponseWriter, r *http.Request, token string, exp time.Time) {
-	name, secure := tokenCookie, visitorHTTPS(r)
+	name, secure := TokenCookie, visitorHTTPS(r)
 	if secure {
-		name = tokenCookieHost
+		name = TokenCookieHost
 	}
 	http.SetCookie(w, &http.Cookie{
 		Name: name, Value: token, Path: "/", Expires: exp,

@@ -20,12 +20,12 @@ import (
 // goes to that node's peer listener (the same Host, so the owner routes
 // it; websockets and streams pass through), and the owner does the wake,
 // the warming page and the hold.
-func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s *settings, id string, port int) (bool, error) {
-	c := e.cluster.c
+func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s *Settings, id string, port int) (bool, error) {
+	c := e.Cluster.c
 	if from := peerOf(r); from != "" {
-		trustForwarder(r)
+		TrustForwarder(r)
 		if en, ok := c.Lookup(id); ok && en.Node != c.Self() {
-			if _, err := e.routes.get(id); err != nil {
+			if _, err := e.Routes.Get(id); err != nil {
 				// The sender's catalog and this node's disagree: answer
 				// rather than forward again.
 				countRequest(outcomeNotFound)
@@ -38,14 +38,14 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s
 	}
 	if _, claimed := r.Header[cluster.ForwardHeader]; claimed {
 		countRequest(outcomeUnsignedForward)
-		web.WriteError(w, http.StatusForbidden, "unsigned_forward", errOutsidePeerListener, 0)
+		web.WriteError(w, http.StatusForbidden, "unsigned_forward", ErrOutsidePeerListener, 0)
 		return true, nil
 	}
 	en, ok := c.Lookup(id)
 	if !ok || en.Node == c.Self() {
 		return false, nil
 	}
-	if _, err := e.routes.get(id); err == nil {
+	if _, err := e.Routes.Get(id); err == nil {
 		// This node holds the sandbox: served here, whatever the
 		// catalog says (see the publisher's repair).
 		return false, nil
@@ -57,26 +57,26 @@ func (g *Gate) serveCluster(w http.ResponseWriter, r *http.Request, e *engine, s
 // its peer listener, signed. Nothing is sent unless the node is live with
 // a registration its certificate covers and the listener at its address
 // proves to be that node: else the visitor gets 503 host_unavailable.
-func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, e *engine, s *settings, en cluster.Entry, port int) error {
-	cs := e.cluster
+func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, e *engine, s *Settings, en cluster.Entry, port int) error {
+	cs := e.Cluster
 	node, ok := cs.c.Node(en.Node)
 	if !ok || !node.Live || node.Advertise == "" {
 		return g.hostUnavailable(w, r, s, en, port)
 	}
-	metricForwardedPreview.Inc()
+	MetricForwardedPreview.Inc()
 	var failed error
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", node.Advertise
-			setForwardedHeaders(pr)
+			SetForwardedHeaders(pr)
 			// A visitor's request names no API caller: one it sent is
 			// not signed on its behalf.
 			delete(pr.Out.Header, cluster.CallerHeader)
-			signForward(cs.c, pr.Out)
+			SignForward(cs.c, pr.Out)
 		},
-		Transport:     cs.transport(node.Name, node.Advertise),
+		Transport:     cs.Transport(node.Name, node.Advertise),
 		FlushInterval: -1, // streams pass through as they come
-		ErrorLog:      forwardErrorLog,
+		ErrorLog:      ForwardErrorLog,
 		ErrorHandler: func(_ http.ResponseWriter, _ *http.Request, err error) {
 			failed = err
 		},
@@ -97,14 +97,14 @@ func (g *Gate) forwardPreview(w http.ResponseWriter, r *http.Request, e *engine,
 
 // hostUnavailable answers a request for a sandbox whose node is lost: 503
 // with Retry-After, a page for browsers.
-func (g *Gate) hostUnavailable(w http.ResponseWriter, r *http.Request, s *settings, en cluster.Entry, port int) error {
+func (g *Gate) hostUnavailable(w http.ResponseWriter, r *http.Request, s *Settings, en cluster.Entry, port int) error {
 	countRequest(outcomeHostUnavailable)
-	if s.xRobotsTag != nil {
-		w.Header()["X-Robots-Tag"] = s.xRobotsTag
+	if s.XRobotsTag != nil {
+		w.Header()["X-Robots-Tag"] = s.XRobotsTag
 	}
 	msg := fmt.Sprintf("Sandbox %s lives on node %s, which cannot be reached now.", en.ID, en.Node)
 	answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Host unavailable",
-		Message: msg + " This page retries by itself.", SandboxID: en.ID, Port: port, RetryAfter: hostRetryAfter},
-		"host_unavailable", msg+" Retry later.", hostRetryAfter)
+		Message: msg + " This page retries by itself.", SandboxID: en.ID, Port: port, RetryAfter: HostRetryAfter},
+		"host_unavailable", msg+" Retry later.", HostRetryAfter)
 	return nil
 }

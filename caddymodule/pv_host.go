@@ -16,7 +16,7 @@ const previewLabel = "preview"
 // zero and is 1–65535. Anything else, extra labels and other domains included,
 // is not a preview host. It allocates only to lowercase an id written with
 // upper-case letters.
-func parseHost(host, domain string) (id string, port int, ok bool) {
+func ParseHost(host, domain string) (id string, port int, ok bool) {
 	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
 		host = host[:i]
 	}
@@ -85,7 +85,7 @@ func parsePort(s string) (int, bool) {
 
 // validDomain reports whether d is a plausible DNS name for the preview
 // domain (letters, digits, hyphens, dots; no empty label).
-func validDomain(d string) bool {
+func ValidDomain(d string) bool {
 	if d == "" || len(d) > 200 || d[0] == '.' || d[len(d)-1] == '.' || strings.Contains(d, "..") {
 		return false
 	}

@@ -56,3 +56,12 @@ var (
 )
 
 func countRequest(outcome string) { metricRequests.WithLabelValues(outcome).Inc() }
+
+// requestCollectors are the preview path's metrics.
+func requestCollectors() []prometheus.Collector {
+	return []prometheus.Collector{metricRequests, metricWaitersCollapsed, metricSlotWaiting}
+}
+
+// countUnsignedForward counts a request the peer listener refused: not
+// signed by the node whose certificate it came with.
+func CountUnsignedForward() { countRequest(outcomeUnsignedForward) }

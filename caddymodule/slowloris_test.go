@@ -164,7 +164,7 @@ func TestSlowloris(t *testing.T) {
 		// The held request is in: its wake starts (or is joined by others).
 		e := engineFor(t, h)
 		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
-			_, waking := e.mgr.Waking(sleeping.ID)
+			_, waking := e.Mgr.Waking(sleeping.ID)
 			s := h.state(sleeping.ID)
 			return waking || s == "running", "state " + s
 		})

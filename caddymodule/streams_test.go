@@ -63,7 +63,7 @@ func TestEventStreamCaps(t *testing.T) {
 	host := h.host(rec.ID, 8080)
 	e := currentEngine(t)
 	open := func() int {
-		n, _ := e.streams.open(netip.Prefix{})
+		n, _ := e.Streams.open(netip.Prefix{})
 		return n
 	}
 
@@ -144,11 +144,11 @@ func TestStreamLimiter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := newStreamLimiter()
-			l.configure(tt.max, tt.perClient)
+			l := NewStreamLimiter()
+			l.Configure(tt.max, tt.perClient)
 			var releases []func()
 			for i, cl := range tt.clients {
-				release, status := l.acquire(cl)
+				release, status := l.Acquire(cl)
 				if status != tt.want[i] {
 					t.Fatalf("acquire #%d (%s) = %d, want %d", i, cl, status, tt.want[i])
 				}
@@ -182,7 +182,7 @@ func TestStreamClient(t *testing.T) {
 			ctx := context.WithValue(r.Context(), caddyhttp.VarsCtxKey, map[string]any{caddyhttp.ClientIPVarKey: tt.clientIP})
 			r = r.WithContext(ctx)
 		}
-		if got := streamClient(r).String(); got != tt.want {
+		if got := StreamClient(r).String(); got != tt.want {
 			t.Errorf("streamClient(%s, %q) = %s, want %s", tt.remote, tt.clientIP, got, tt.want)
 		}
 	}

@@ -181,9 +181,9 @@ func TestWakeSpans(t *testing.T) {
 				u.rt.Hold(t, "Start", "app")
 			}
 			if tt.holdFor > 0 {
-				s := *u.e.current.Load()
-				s.holdTimeout = tt.holdFor
-				u.e.current.Store(&s)
+				s := *u.e.Current.Load()
+				s.HoldTimeout = tt.holdFor
+				u.e.Current.Store(&s)
 			}
 			r := newRecorded(t)
 			w, request := u.serveTraced(t, r, tt.header)
@@ -338,7 +338,7 @@ func TestWakeUntracedMakesNoSpan(t *testing.T) {
 				t.Fatalf("status %d: %s", w.Code, w.Body)
 			}
 			testenv.Eventually(t, 10*time.Second, func() (bool, string) {
-				st, _ := u.e.mgr.Get("app")
+				st, _ := u.e.Mgr.Get("app")
 				return st.State == lifecycle.Running, "state " + string(st.State)
 			})
 		}

@@ -31,13 +31,13 @@ var errNoUpstream = errors.New("sandwake: no upstream chosen for this request: t
 
 // GetUpstreams implements reverseproxy.UpstreamSource.
 func (Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, error) {
-	set, ok := caddyhttp.GetVar(r.Context(), varUpstream).(*upstreamSet)
+	set, ok := caddyhttp.GetVar(r.Context(), VarUpstream).(*UpstreamSet)
 	if !ok || set == nil {
 		return nil, errNoUpstream
 	}
 	// A fresh Upstream each time, as Caddy's own dynamic sources do:
 	// reverse_proxy writes to the upstreams it is given.
-	return []*reverseproxy.Upstream{{Dial: set.dial}}, nil
+	return []*reverseproxy.Upstream{{Dial: set.Dial}}, nil
 }
 
 // Interface guards.
