@@ -147,7 +147,7 @@ func TestForwardOverMutualTLS(t *testing.T) {
 		t.Fatalf("the forged registration is live: %+v", n)
 	}
 
-	e := &engine{Log: zaptest.NewLogger(t), Cluster: &clusterState{c: n1, Peers: n1Peers}}
+	e := &engine{Log: zaptest.NewLogger(t), Cluster: &clusterState{c: n1, Peers: n1Peers, log: zaptest.NewLogger(t)}}
 	// The test certificates live a day: readyz flags it, still ready.
 	if msg, ok := clusterCheck(e); !ok || !strings.Contains(msg, "ok, but the node certificate expires in") {
 		t.Errorf("readyz cluster check with a certificate ending tomorrow: %q %v", msg, ok)
