@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandwake/sandwake/client"
 )
 
 // rawPreview sends one HTTP/1.1 request with target written as is in the
@@ -166,7 +168,7 @@ func TestAccessChangeRotatesTokens(t *testing.T) {
 	}
 	patch := func(access string) {
 		t.Helper()
-		var v recordView
+		var v client.Sandbox
 		if status := h.api("PATCH", "/v1/sandboxes/"+rec.ID, map[string]any{"access": access}, &v); status != http.StatusOK || v.Access != access {
 			t.Fatalf("PATCH access %s: %d %+v", access, status, v)
 		}

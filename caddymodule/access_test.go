@@ -19,6 +19,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/moby/moby/client"
 
+	swclient "github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
@@ -27,7 +29,7 @@ import (
 // port 8080 and the given extra fields, registering the removal of its
 // container and volume first (so a failed create is cleaned up too). It
 // returns the API's status and record.
-func createSandbox(h *harness, extra map[string]any) (int, recordView) {
+func createSandbox(h *harness, extra map[string]any) (int, swclient.Sandbox) {
 	h.t.Helper()
 	id := testenv.UniqueID("a")
 	h.t.Cleanup(func() {
@@ -42,7 +44,7 @@ func createSandbox(h *harness, extra map[string]any) (int, recordView) {
 	}
 	var raw json.RawMessage
 	status := h.api("POST", "/v1/sandboxes", body, &raw)
-	var rec recordView
+	var rec swclient.Sandbox
 	if status == http.StatusCreated {
 		if err := json.Unmarshal(raw, &rec); err != nil {
 			h.t.Fatalf("create: decoding %s: %v", raw, err)
@@ -55,7 +57,7 @@ func createSandbox(h *harness, extra map[string]any) (int, recordView) {
 }
 
 // createPrivate makes a running private sandbox.
-func createPrivate(h *harness) recordView {
+func createPrivate(h *harness) swclient.Sandbox {
 	h.t.Helper()
 	status, rec := createSandbox(h, map[string]any{"access": "private"})
 	if status != http.StatusCreated || rec.State != "running" || rec.Access != "private" {
@@ -129,7 +131,7 @@ func withHeader(base http.Header, kv ...string) http.Header {
 
 // jsonErrorCode reads the code of sandwake's {"error":{"code":…}} body.
 func jsonErrorCode(body string) (code, message string) {
-	var e apiError
+	var e swclient.ErrorResponse
 	if json.Unmarshal([]byte(body), &e) != nil {
 		return "", ""
 	}
@@ -149,7 +151,7 @@ func pageKind(body string) string {
 // caddyMu).
 func currentEngine(t *testing.T) *engine {
 	t.Helper()
-	e := metricsEngine.Load()
+	e := Current()
 	if e == nil {
 		t.Fatal("no sandwake engine running")
 	}
@@ -385,7 +387,7 @@ func TestPrivatePreview(t *testing.T) {
 		access string
 		want   int
 	}{{"public", http.StatusOK}, {"private", http.StatusUnauthorized}} {
-		var v recordView
+		var v swclient.Sandbox
 		if status := h.api("PATCH", "/v1/sandboxes/"+a.ID, map[string]any{"access": step.access}, &v); status != http.StatusOK || v.Access != step.access {
 			t.Fatalf("PATCH access %s: %d %+v", step.access, status, v)
 		}

@@ -16,6 +16,8 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
+	swclient "github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
@@ -29,9 +31,9 @@ type apiAnswer struct {
 
 // errorBody decodes {"error":{"code":…,"message":…}}; it fails the test when
 // the body is not that shape.
-func (a apiAnswer) errorBody(t testing.TB) apiErrorBody {
+func (a apiAnswer) errorBody(t testing.TB) swclient.ErrorBody {
 	t.Helper()
-	var e apiError
+	var e swclient.ErrorResponse
 	if err := json.Unmarshal(a.body, &e); err != nil || e.Error.Code == "" {
 		t.Fatalf("status %d: body %q is not a JSON error (%v)", a.status, a.body, err)
 	}
@@ -79,7 +81,7 @@ func (h *harness) removeOnCleanup(id string) {
 func (h *harness) listIDs(query string) []string {
 	h.t.Helper()
 	var out struct {
-		Sandboxes []recordView `json:"sandboxes"`
+		Sandboxes []swclient.Sandbox `json:"sandboxes"`
 	}
 	if status := h.api("GET", "/v1/sandboxes"+query, nil, &out); status != http.StatusOK {
 		h.t.Fatalf("GET /v1/sandboxes%s: %d", query, status)
@@ -125,10 +127,10 @@ func TestAPIRoundTrip(t *testing.T) {
 		}
 		return a
 	}
-	record := func(method, path string, body any, wantState string) recordView {
+	record := func(method, path string, body any, wantState string) swclient.Sandbox {
 		t.Helper()
 		a := call(method, path, body, http.StatusOK)
-		var rec recordView
+		var rec swclient.Sandbox
 		if err := json.Unmarshal(a.body, &rec); err != nil {
 			t.Fatalf("%s %s: decoding %q: %v", method, path, a.body, err)
 		}
@@ -142,7 +144,7 @@ func TestAPIRoundTrip(t *testing.T) {
 		"id": id, "image": h.image, "ports": []int{8080},
 		"env": map[string]string{"SECRET_X": secret},
 	}, http.StatusCreated)
-	var rec recordView
+	var rec swclient.Sandbox
 	if err := json.Unmarshal(a.body, &rec); err != nil {
 		t.Fatalf("create: decoding %q: %v", a.body, err)
 	}

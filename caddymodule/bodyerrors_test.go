@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/sandwake/sandwake/client"
 )
 
 // TestDecodeBodyMessages: a body the API cannot decode is refused with the
@@ -74,7 +76,7 @@ func TestDecodeBodyMessages(t *testing.T) {
 			if ok {
 				t.Fatalf("accepted, want %d", tc.status)
 			}
-			var e apiError
+			var e client.ErrorResponse
 			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil {
 				t.Fatalf("answer is not the error JSON: %q", w.Body.String())
 			}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -86,7 +88,7 @@ func TestChurnNoBare502(t *testing.T) {
 				case resp.StatusCode == 502 && len(bytes.TrimSpace(got)) == 0:
 					fail = "bare 502"
 				default:
-					var e apiError
+					var e client.ErrorResponse
 					if json.Unmarshal(got, &e) != nil || e.Error.Code == "" || e.Error.Message == "" {
 						fail = fmt.Sprintf("%d without a JSON error: %q", resp.StatusCode, got)
 					} else if resp.StatusCode == 503 && resp.Header.Get("Retry-After") == "" {
@@ -149,7 +151,7 @@ func TestStopMidRequestIsNot502(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 20*time.Second, func() (bool, string) {
-		var rec recordView
+		var rec client.Sandbox
 		h.api("GET", "/v1/sandboxes/"+id, nil, &rec)
 		return rec.OpenConnections == 1, fmt.Sprintf("%d open connections", rec.OpenConnections)
 	})
@@ -159,7 +161,7 @@ func TestStopMidRequestIsNot502(t *testing.T) {
 	if a.err != nil {
 		t.Fatalf("request cut by the stop: %v", a.err)
 	}
-	var e apiError
+	var e client.ErrorResponse
 	if a.resp.StatusCode != 503 || json.Unmarshal(a.body, &e) != nil || e.Error.Code != "interrupted" || a.resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("request cut by the stop: %d %q (Retry-After %q), want 503 interrupted with Retry-After", a.resp.StatusCode, a.body, a.resp.Header.Get("Retry-After"))
 	}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"testing"
+
+	"github.com/sandwake/sandwake/client"
 )
 
 // TestSingleHostHasNoNodes: without a cluster block the node endpoints
@@ -27,7 +29,7 @@ func TestSingleHostHasNoNodes(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		var e apiError
+		var e client.ErrorResponse
 		json.Unmarshal(b, &e)
 		if resp.StatusCode != 404 || e.Error.Code != "not_clustered" || e.Error.Message == "" {
 			t.Fatalf("%s %s on a single host: %d %s", call.method, call.path, resp.StatusCode, b)
@@ -37,7 +39,7 @@ func TestSingleHostHasNoNodes(t *testing.T) {
 	if rec.Node != "single-host" {
 		t.Fatalf("record node %q, want the instance name", rec.Node)
 	}
-	var list struct{ Sandboxes []recordView }
+	var list struct{ Sandboxes []client.Sandbox }
 	if h.api("GET", "/v1/sandboxes", nil, &list) != 200 || len(list.Sandboxes) != 1 || list.Sandboxes[0].Node != "single-host" {
 		t.Fatalf("list: %+v", list)
 	}

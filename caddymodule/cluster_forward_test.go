@@ -12,21 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/cluster/clustertest"
 )
-
-// testNode is a cluster client of node name that is never started: signing
-// and verifying need only its config.
-func testNode(t *testing.T, name string) *cluster.Cluster {
-	t.Helper()
-	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: name, Advertise: "127.0.0.1:7443",
-		Peers: clustertest.NewPKI(t).Peers(t, name, "127.0.0.1"), Secret: []byte("forward-test-secret-0123456789")}, nopSource{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
 
 // readRequest parses raw as a server does.
 func readRequest(t *testing.T, raw string) *http.Request {
@@ -43,7 +30,7 @@ func readRequest(t *testing.T, raw string) *http.Request {
 // when the request line it came with is not the one written on (a path
 // with characters Go escapes, the absolute form).
 func TestForwardSignatureMatchesTheWire(t *testing.T) {
-	from, owner := testNode(t, "n1"), testNode(t, "n2")
+	from, owner := clustertest.Node(t, "n1"), clustertest.Node(t, "n2")
 	for _, target := range []string{
 		"/healthz?x=1",
 		"/files/a|b",
@@ -79,7 +66,7 @@ func TestForwardSignatureMatchesTheWire(t *testing.T) {
 // to be forwarded outside the peer listener, even validly signed, is
 // refused.
 func TestForwardedRequestTrustsItsNode(t *testing.T) {
-	from, owner := testNode(t, "n1"), testNode(t, "n2")
+	from, owner := clustertest.Node(t, "n1"), clustertest.Node(t, "n2")
 	e := &engine{Cluster: &clusterState{c: owner}}
 	g := &Gate{}
 	request := func() *http.Request {

@@ -96,7 +96,7 @@ func TestForwardOverMutualTLS(t *testing.T) {
 		t.Helper()
 		c, err := cluster.New(cluster.Config{Endpoints: ec.Endpoints(), Node: name, Advertise: advertise, Peers: peers,
 			Secret: []byte(secret), Prefix: prefix, LeaseTTL: 5 * time.Second, TLS: etcdtest.ClientTLS(ec.Endpoints()),
-			Logger: zaptest.NewLogger(t).Named(name)}, nopSource{})
+			Logger: zaptest.NewLogger(t).Named(name)}, clustertest.NopSource{})
 		if err != nil {
 			t.Fatal(err)
 		}

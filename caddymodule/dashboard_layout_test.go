@@ -11,6 +11,8 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/moby/moby/client"
 
+	swclient "github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
@@ -29,7 +31,7 @@ func TestDashboardRowActionsFit(t *testing.T) {
 		h.cli.ContainerRemove(ctx, docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
 		h.cli.VolumeRemove(ctx, docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
 	})
-	var rec recordView
+	var rec swclient.Sandbox
 	// An app with a few ports (web, API, dev server, debugger): one preview
 	// link each.
 	body := map[string]any{"id": id, "image": h.image, "ports": []int{8080, 3000, 5173, 9229}, "env": map[string]string{"EXTRA_PORTS": "3000,5173,9229"}}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -29,7 +31,7 @@ func TestDiskQuotaThroughTheGateway(t *testing.T) {
 		t.Fatalf("a create without disk_mb has disk_mb %d, want default_disk's 1024", other.DiskMB)
 	}
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
-		var v recordView
+		var v client.Sandbox
 		h.api("GET", "/v1/sandboxes/"+rec.ID, nil, &v)
 		return v.DiskUsedMB != nil, "waiting for a measure in the API"
 	})
@@ -38,7 +40,7 @@ func TestDiskQuotaThroughTheGateway(t *testing.T) {
 		t.Fatalf("fill: %d %q", resp.StatusCode, body)
 	}
 	testenv.Eventually(t, 15*time.Second, func() (bool, string) {
-		var v recordView
+		var v client.Sandbox
 		h.api("GET", "/v1/sandboxes/"+rec.ID, nil, &v)
 		return v.State == "stopped" && v.Reason == "disk_quota", v.State + " " + v.Reason
 	})

@@ -12,6 +12,8 @@ import (
 
 	"github.com/moby/moby/client"
 
+	swclient "github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
@@ -144,7 +146,7 @@ func TestDockerCutMidWake(t *testing.T) {
 					t.Errorf("held request: 200 %q, want the app's \"ok\\n\"", res.body)
 				}
 			case res.status == http.StatusServiceUnavailable:
-				var body apiError
+				var body swclient.ErrorResponse
 				jerr := json.Unmarshal([]byte(res.body), &body)
 				if res.header.Get("Retry-After") == "" || !strings.HasPrefix(res.header.Get("Content-Type"), "application/json") ||
 					jerr != nil || body.Error.Code == "" || body.Error.Message == "" {
@@ -214,7 +216,7 @@ func TestDockerSocketCut(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		took := time.Since(start)
-		var body apiError
+		var body swclient.ErrorResponse
 		jerr := json.Unmarshal(b, &body)
 		t.Logf("request %d with docker cut: %d Retry-After=%q in %s: %s", i, resp.StatusCode, resp.Header.Get("Retry-After"), took, strings.TrimSpace(string(b)))
 		if resp.StatusCode != http.StatusServiceUnavailable {
@@ -255,7 +257,7 @@ func TestDockerSocketCut(t *testing.T) {
 	}
 
 	// The store is local: the API still answers, and nothing was written.
-	var got recordView
+	var got swclient.Sandbox
 	if status := h.api("GET", "/v1/sandboxes/"+rec.ID, nil, &got); status != http.StatusOK || got.State != "stopped" {
 		t.Fatalf("record with docker cut: %d %+v, want 200 stopped", status, got)
 	}

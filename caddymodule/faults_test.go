@@ -17,6 +17,8 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	swclient "github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
@@ -167,7 +169,7 @@ func TestUnknownIDsNeverWakeOrGrow(t *testing.T) {
 	e := engineFor(t, h)
 
 	var list struct {
-		Sandboxes []recordView `json:"sandboxes"`
+		Sandboxes []swclient.Sandbox `json:"sandboxes"`
 	}
 	if status := h.api("GET", "/v1/sandboxes", nil, &list); status != http.StatusOK {
 		t.Fatalf("list: %d", status)

@@ -14,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sandwake/sandwake/client"
+
 	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
@@ -211,7 +213,7 @@ func TestGateDecisions(t *testing.T) {
 				t.Fatalf("status %d, want %d; body %s", w.Code, tt.wantStatus, w.Body)
 			}
 			if tt.wantCode != "" {
-				var body apiError
+				var body client.ErrorResponse
 				if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || body.Error.Code != tt.wantCode {
 					t.Fatalf("error code %q (%v), want %q; body %s", body.Error.Code, err, tt.wantCode, w.Body)
 				}

@@ -20,6 +20,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/moby/moby/client"
 
+	swclient "github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/lifecycle/docker"
@@ -193,7 +195,7 @@ func (h *harness) api(method, path string, body any, out any) int {
 }
 
 // create makes a running sandbox through the API and registers its removal.
-func (h *harness) create(extraEnv map[string]string) recordView {
+func (h *harness) create(extraEnv map[string]string) swclient.Sandbox {
 	h.t.Helper()
 	id := testenv.UniqueID("g")
 	h.t.Cleanup(func() {
@@ -202,7 +204,7 @@ func (h *harness) create(extraEnv map[string]string) recordView {
 		h.cli.ContainerRemove(ctx, docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
 		h.cli.VolumeRemove(ctx, docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
 	})
-	var rec recordView
+	var rec swclient.Sandbox
 	status := h.api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": h.image, "ports": []int{8080}, "env": extraEnv}, &rec)
 	if status != http.StatusCreated || rec.State != string(lifecycle.Running) {
 		h.t.Fatalf("create: %d %+v", status, rec)
@@ -212,7 +214,7 @@ func (h *harness) create(extraEnv map[string]string) recordView {
 
 func (h *harness) stop(id string) {
 	h.t.Helper()
-	var rec recordView
+	var rec swclient.Sandbox
 	if status := h.api("POST", "/v1/sandboxes/"+id+"/stop", nil, &rec); status != 200 || rec.State != "stopped" {
 		h.t.Fatalf("stop: %d %+v", status, rec)
 	}
@@ -220,7 +222,7 @@ func (h *harness) stop(id string) {
 
 func (h *harness) state(id string) string {
 	h.t.Helper()
-	var rec recordView
+	var rec swclient.Sandbox
 	h.api("GET", "/v1/sandboxes/"+id, nil, &rec)
 	return rec.State
 }

@@ -22,7 +22,7 @@ import (
 func BenchmarkProxiedRequest(b *testing.B) {
 	h := newHarness(b, "idle_pause 0\n\t\tidle_stop 0")
 	rec := h.create(nil)
-	full, err := metricsEngine.Load().Mgr.Get(rec.ID)
+	full, err := Current().Mgr.Get(rec.ID)
 	if err != nil {
 		b.Fatal(err)
 	}

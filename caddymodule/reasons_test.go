@@ -18,6 +18,8 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	swclient "github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle/docker"
 )
@@ -131,14 +133,14 @@ func TestFailedSandboxShowsOnlyItsReason(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
-		var v recordView
+		var v swclient.Sandbox
 		h.api("GET", "/v1/sandboxes/"+id, nil, &v)
 		return v.State == "killed", "state " + v.State
 	})
 	if code := h.api("POST", "/v1/sandboxes/"+id+"/wake", nil, nil); code == http.StatusOK {
 		t.Fatal("the recreate from an unreachable registry succeeded")
 	}
-	var full recordView
+	var full swclient.Sandbox
 	h.api("GET", "/v1/sandboxes/"+id, nil, &full)
 	if full.State != "error" || full.Reason != "image_missing" || !strings.Contains(full.Error, "localhost:1") {
 		t.Fatalf("management API record: state %q reason %q error %q; want error, image_missing and Docker's words", full.State, full.Reason, full.Error)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -23,7 +25,7 @@ func (h *harness) inflight(id string) (now, most int) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var rec recordView
+	var rec client.Sandbox
 	if code := h.api("GET", "/v1/sandboxes/"+id, nil, &rec); code != 200 || rec.Address == "" {
 		h.t.Fatalf("sandbox %s: %d, address %q", id, code, rec.Address)
 	}

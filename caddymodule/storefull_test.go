@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -117,7 +119,7 @@ func TestStoreFullWhileRunning(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	var apiErr apiError
+	var apiErr client.ErrorResponse
 	json.Unmarshal(b, &apiErr)
 	if resp.StatusCode != http.StatusServiceUnavailable || apiErr.Error.Code != "store_unavailable" || resp.Header.Get("Retry-After") == "" ||
 		!strings.Contains(apiErr.Error.Message, "the container was stopped, but the store could not record it") {

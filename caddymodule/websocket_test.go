@@ -9,6 +9,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandwake/sandwake/client"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -20,7 +22,7 @@ func TestWebsocketWakesAndCountsAsActive(t *testing.T) {
 
 	openConns := func() int64 {
 		t.Helper()
-		var v recordView
+		var v client.Sandbox
 		if status := h.api("GET", "/v1/sandboxes/"+rec.ID, nil, &v); status != http.StatusOK {
 			t.Fatalf("GET sandbox: %d", status)
 		}

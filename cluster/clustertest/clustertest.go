@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // PKI is a throwaway cluster CA.
@@ -61,3 +62,30 @@ func (p *PKI) Peers(t testing.TB, node string, hosts ...string) *cluster.PeerTLS
 	}
 	return cluster.NewPeerTLS(cr)
 }
+
+// Node is a cluster client of node name that is never started (signing and
+// verifying need only its config), with a CA of its own and no sandboxes.
+func Node(t testing.TB, name string) *cluster.Cluster {
+	t.Helper()
+	c, err := cluster.New(cluster.Config{Endpoints: []string{"http://127.0.0.1:1"}, Node: name, Advertise: "127.0.0.1:7443",
+		Peers: NewPKI(t).Peers(t, name, "127.0.0.1"), Secret: []byte("forward-test-secret-0123456789")}, NopSource{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// NopSource is a node without sandboxes, for a cluster that is never
+// started.
+type NopSource struct{}
+
+// Get finds nothing.
+func (NopSource) Get(string) (lifecycle.Record, error) {
+	return lifecycle.Record{}, lifecycle.ErrNotFound
+}
+
+// List lists nothing.
+func (NopSource) List(lifecycle.State) ([]lifecycle.Record, error) { return nil, nil }
+
+// Capacity is all zero.
+func (NopSource) Capacity() cluster.Capacity { return cluster.Capacity{} }
