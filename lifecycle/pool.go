@@ -577,16 +577,16 @@ func (m *Manager) templateKey(t Template) (string, int64, error) {
 func (m *Manager) fill(t Template, key, id string) {
 	p := m.pool
 	defer p.done(id)
-	err := m.fillOne(t, key, id)
+	counted, err := m.fillOne(t, key, id)
 	p.mu.Lock()
 	tp := p.templates[t.Name]
-	if tp != nil {
+	if tp != nil && !counted {
 		tp.filling--
 	}
-	if err == nil && tp != nil {
+	if err == nil && tp != nil && !counted {
 		tp.refills++
 		tp.lastError = ""
-	} else if tp != nil && m.ctx.Err() == nil {
+	} else if err != nil && tp != nil && m.ctx.Err() == nil {
 		tp.failedAt = m.cfg.Now()
 		tp.lastError = err.Error()
 	}
@@ -600,20 +600,23 @@ func (m *Manager) fill(t Template, key, id string) {
 	p.poke()
 }
 
-func (m *Manager) fillOne(t Template, key, id string) error {
+// fillOne makes the pool container; counted says the idle container, its
+// refill and the end of its filling were recorded at once (in one critical
+// section, so that the pool's figures never count it twice or not at all).
+func (m *Manager) fillOne(t Template, key, id string) (counted bool, err error) {
 	wakeTimeout, _ := m.limits()
 	ctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 	defer cancel()
 	spec := t.Spec
 	if err := m.checkSpec(&spec); err != nil {
-		return err
+		return false, err
 	}
 	if err := m.egressReady(ctx); err != nil {
-		return err
+		return false, err
 	}
 	addr, err := m.allocate(ctx, id)
 	if err != nil {
-		return err
+		return false, err
 	}
 	s := &poolSlot{id: id, key: key, addr: addr, born: m.cfg.Now(), memoryMB: spec.MemoryMB}
 	fail := func(err error) error {
@@ -629,7 +632,7 @@ func (m *Manager) fillOne(t Template, key, id string) error {
 		err := fw.Apply(entry)
 		done()
 		if err != nil {
-			return fail(err)
+			return false, fail(err)
 		}
 	}
 	spec.Address = addr
@@ -645,7 +648,7 @@ func (m *Manager) fillOne(t Template, key, id string) error {
 		err = m.runtime.Pause(ctx, id)
 	}
 	if err != nil {
-		return fail(fmt.Errorf("making pool container %s: %w", id, err))
+		return false, fail(fmt.Errorf("making pool container %s: %w", id, err))
 	}
 	s.upstreams, s.container = c.Upstreams, c.ID
 	m.pool.mu.Lock()
@@ -654,14 +657,17 @@ func (m *Manager) fillOne(t Template, key, id string) error {
 	if tp == nil || tp.key != key {
 		m.pool.mu.Unlock()
 		m.dropSlot(s, PoolRemovedStale)
-		return nil
+		return false, nil
 	}
 	tp.idle = append(tp.idle, s)
+	tp.filling--
+	tp.refills++
+	tp.lastError = ""
 	m.pool.mu.Unlock()
 	if _, err := m.store.AppendEvent(Event{Type: EventPoolFilled, SandboxID: id, Reason: t.Name}); err != nil {
 		m.log.Warn("recording a pool fill", zap.String("id", id), zap.Error(err))
 	}
-	return nil
+	return true, nil
 }
 
 // poolFirewallEntries are the firewall entries of the pool's containers
