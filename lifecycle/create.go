@@ -53,7 +53,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Record, error)
 // CreatePooled is Create that also reports what the template's warm pool
 // did: a claim (Hit) or, for a cold create, why not.
 func (m *Manager) CreatePooled(ctx context.Context, req CreateRequest) (Record, PoolOutcome, error) {
-	done, err := m.track()
+	done, err := m.track("create " + req.ID)
 	if err != nil {
 		return Record{}, PoolOutcome{}, err
 	}

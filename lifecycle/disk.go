@@ -112,7 +112,7 @@ func (m *Manager) DiskCheckOnce(ctx context.Context, meter DiskMeter) (stopped i
 // something else holds it now (a wake, an API call: the next pass looks
 // again) or it is no longer running or paused.
 func (m *Manager) stopOverQuota(ctx context.Context, id string, quota int64) (bool, error) {
-	done, err := m.track()
+	done, err := m.track("disk quota stop " + id)
 	if err != nil {
 		return false, err
 	}

@@ -41,6 +41,8 @@ var (
 	ErrNotReady = errors.New("not ready")
 	// ErrClosed: the manager has been closed.
 	ErrClosed = errors.New("manager closed")
+	// ErrCloseTimeout: Close stopped waiting for work in flight.
+	ErrCloseTimeout = errors.New("closing the manager timed out")
 	// ErrStoreUnavailable: the store refused the write (file system full
 	// below its reserve, read-only, failing). An engine change made before
 	// it is re-read and recorded once the store takes writes again.

@@ -1,9 +1,3 @@
-// Package lifecycle is sandwake's engine: the sandbox state machine, waking,
-// admission and the background loops (activity flush, idle reaper, expiry,
-// pressure, reconcile with the engine's events). It owns no container engine
-// of its own (see Runtime) and imports nothing of Caddy. This file holds the
-// Manager's core; operations.go, create.go, wake.go and admission.go its
-// operations.
 package lifecycle
 
 import (
@@ -29,6 +23,11 @@ type Config struct {
 	MaxResident int
 	// KeepaliveMax caps one keepalive. Default: 24h.
 	KeepaliveMax time.Duration
+	// CloseTimeout bounds how long Close waits for the work in flight it
+	// cancelled (a wake, a pool fill, a webhook delivery stuck in a call
+	// that ignores cancellation); past it Close returns ErrCloseTimeout
+	// naming what still runs. Default: DefaultCloseTimeout.
+	CloseTimeout time.Duration
 	// Now is the clock. Default: time.Now.
 	Now func() time.Time
 	// Logger receives transition logs. Default: none.
@@ -216,7 +215,9 @@ type Manager struct {
 	// that trigger them and ends only at Close.
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// tasks are the goroutines doing the manager's work (Close waits
+	// for them, within CloseTimeout).
+	tasks tasks
 
 	mu       sync.Mutex
 	closed   bool
@@ -321,19 +322,17 @@ func (m *Manager) Start() error {
 	}
 	m.started = true
 	cfg := m.cfg
-	m.every(cfg.ActivityFlush, m.flushActivityLogged, true)
-	m.every(cfg.ReapInterval, m.reapPass, false)
-	m.every(cfg.ReconcileInterval, m.reconcilePass, false)
-	m.wg.Add(1)
-	go m.runPool(cfg.PoolInterval)
+	m.every("activity flush", cfg.ActivityFlush, m.flushActivityLogged, true)
+	m.every("reaper", cfg.ReapInterval, m.reapPass, false)
+	m.every("periodic reconcile", cfg.ReconcileInterval, m.reconcilePass, false)
+	m.goTask("pool refill loop", func() { m.runPool(cfg.PoolInterval) })
 	if _, ok := m.raw.(DiskMeter); ok {
-		m.every(cfg.DiskInterval, m.diskPass, false)
+		m.every("disk check", cfg.DiskInterval, m.diskPass, false)
 	}
 	if src, ok := m.raw.(EventSource); ok && cfg.WatchEvents {
-		m.wg.Add(1 + eventWorkers)
-		go m.runEvents(src)
+		m.goTask("engine events", func() { m.runEvents(src) })
 		for range eventWorkers {
-			go m.runEventWorker()
+			m.goTask("engine event reconcile", m.runEventWorker)
 		}
 	}
 	return nil
@@ -351,20 +350,38 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	m.cancel()
 	m.events.close()
-	m.wg.Wait()
+	bound := m.cfg.CloseTimeout
+	if bound <= 0 {
+		bound = DefaultCloseTimeout
+	}
+	ended := m.tasks.wait(time.Second, bound, func(names string) {
+		m.log.Info("stopping: waiting for work in flight (at most "+bound.String()+")", zap.String("waiting_for", names))
+	})
 	m.bus.closeAll()
+	if !ended {
+		names := m.tasks.names()
+		m.log.Error("stopped without waiting any longer for work in flight", zap.Duration("waited", bound), zap.String("still_running", names))
+		return fmt.Errorf("%w: after %s still running: %s", ErrCloseTimeout, bound, names)
+	}
 	return nil
+}
+
+// goTask runs fn in a goroutine Close waits for, named what.
+func (m *Manager) goTask(what string, fn func()) {
+	done := m.tasks.add(what)
+	go func() {
+		defer done()
+		fn()
+	}()
 }
 
 // every runs fn every interval (nothing when interval <= 0) in a goroutine
 // the manager owns, until it closes; with atClose, once more on the way out.
-func (m *Manager) every(interval time.Duration, fn func(), atClose bool) {
+func (m *Manager) every(what string, interval time.Duration, fn func(), atClose bool) {
 	if interval <= 0 {
 		return
 	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
+	m.goTask(what, func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
@@ -378,19 +395,18 @@ func (m *Manager) every(interval time.Duration, fn func(), atClose bool) {
 				fn()
 			}
 		}
-	}()
+	})
 }
 
 // track registers a goroutine doing work for the manager, so Close waits for
 // it; it fails once the manager is closed.
-func (m *Manager) track() (done func(), err error) {
+func (m *Manager) track(what string) (done func(), err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return nil, ErrClosed
 	}
-	m.wg.Add(1)
-	return m.wg.Done, nil
+	return m.tasks.add(what), nil
 }
 
 // Runtime returns the container engine the manager drives.

@@ -19,7 +19,7 @@ func (m *Manager) Pause(ctx context.Context, id, reason string) (Record, error) 
 // record, under its lock, with the sandbox marked as going down whatever is
 // open (see goDown).
 func (m *Manager) forceDown(id string, op func(Record) (Record, error)) (Record, error) {
-	done, err := m.track()
+	done, err := m.track("stop " + id)
 	if err != nil {
 		return Record{}, err
 	}
@@ -239,7 +239,7 @@ func (m *Manager) RotateTokens(id string) (Record, error) {
 // Destroy removes sandbox id's container and record. The volume is kept (see
 // Purge). A transient engine error leaves everything as it was.
 func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
-	done, err := m.track()
+	done, err := m.track("destroy " + id)
 	if err != nil {
 		return err
 	}
@@ -274,7 +274,7 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 // bytes the volume held. It also purges the volume of a sandbox destroyed
 // earlier; ErrNotFound when there is neither record nor volume.
 func (m *Manager) Purge(ctx context.Context, id, reason string) (freed int64, err error) {
-	done, err := m.track()
+	done, err := m.track("purge " + id)
 	if err != nil {
 		return 0, err
 	}

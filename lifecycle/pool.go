@@ -375,7 +375,6 @@ func (m *Manager) dropSlot(s *poolSlot, reason string) {
 // surplus containers, making at most poolWorkers at once, emptiest
 // template first. It rests while the engine's breaker is open.
 func (m *Manager) runPool(interval time.Duration) {
-	defer m.wg.Done()
 	m.sweepAtStart()
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -505,12 +504,10 @@ func (m *Manager) poolPass() {
 		id := NewID(now)
 		p.busy[id] = true
 		p.mu.Unlock()
-		m.wg.Add(1)
-		go func() {
-			defer m.wg.Done()
+		m.goTask("pool fill "+t.Name, func() {
 			defer func() { <-p.sem }()
 			m.fill(t, key, id)
-		}()
+		})
 	}
 }
 

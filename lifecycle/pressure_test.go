@@ -208,7 +208,11 @@ func memoryEnv(t *testing.T, cfg lifecycle.Config, base, perStop uint64) *testEn
 	t.Helper()
 	var rt atomic.Pointer[lifecycletest.Runtime]
 	cfg.MemAvailable = func() (uint64, error) {
-		return base + perStop*uint64(rt.Load().Count("Stop")), nil
+		stops := 0
+		if r := rt.Load(); r != nil { // the pool's first pass may ask before the env is returned
+			stops = r.Count("Stop")
+		}
+		return base + perStop*uint64(stops), nil
 	}
 	e, _ := newClockEnv(t, cfg)
 	rt.Store(e.rt)

@@ -173,7 +173,7 @@ func (m *Manager) reap(ctx context.Context, full bool) (ReapStats, error) {
 
 // reapOne re-decides and acts on one sandbox under its lock.
 func (m *Manager) reapOne(ctx context.Context, id string) (reaper, action string, err error) {
-	done, err := m.track()
+	done, err := m.track("reap " + id)
 	if err != nil {
 		return "", "", err
 	}

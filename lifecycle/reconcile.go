@@ -62,7 +62,7 @@ type EventSource interface {
 // leaves them consistent).
 func (m *Manager) Reconcile(ctx context.Context) (ReconcileStats, error) {
 	stats := ReconcileStats{Corrections: map[string]int{}}
-	done, err := m.track()
+	done, err := m.track("reconcile")
 	if err != nil {
 		return stats, err
 	}
@@ -216,7 +216,7 @@ func (m *Manager) LastReconcile() time.Time {
 // any operation on it to finish first. Used for engine events and when a
 // request to a sandbox believed running fails.
 func (m *Manager) ReconcileOne(ctx context.Context, id string) (*Correction, error) {
-	done, err := m.track()
+	done, err := m.track("reconcile " + id)
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +423,6 @@ func (m *Manager) reconcilePass() {
 // whose container changed, resubscribing with backoff when the stream breaks
 // (and reconciling in full then, for the events it missed).
 func (m *Manager) runEvents(src EventSource) {
-	defer m.wg.Done()
 	backoff := 100 * time.Millisecond
 	for m.ctx.Err() == nil {
 		ctx, cancel := context.WithCancel(m.ctx)
@@ -491,7 +490,6 @@ const eventWorkers = 4
 // runEventWorker reconciles the sandboxes the event queue hands out until
 // the manager closes.
 func (m *Manager) runEventWorker() {
-	defer m.wg.Done()
 	for {
 		id, ok := m.events.get()
 		if !ok {

@@ -41,7 +41,7 @@ func (m *Manager) markUnrecorded(id string) {
 	if !start {
 		return
 	}
-	done, err := m.track()
+	done, err := m.track("recording engine changes")
 	if err != nil {
 		u.mu.Lock()
 		u.looping = false

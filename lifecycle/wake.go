@@ -118,7 +118,7 @@ func (m *Manager) Waking(id string) (since time.Time, ok bool) {
 }
 
 func (m *Manager) wake(ctx context.Context, id string) (Record, error) {
-	done, err := m.track()
+	done, err := m.track("wake " + id)
 	if err != nil {
 		m.endFlight(id)
 		return Record{}, err

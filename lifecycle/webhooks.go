@@ -84,8 +84,7 @@ func (m *Manager) SetWebhooks(hooks []Webhook) {
 		ctx, cancel := context.WithCancel(m.ctx)
 		w := &webhookWorker{hook: h, wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 		next[h.URL] = w
-		m.wg.Add(1)
-		go m.deliverLoop(ctx, w)
+		m.goTask("webhook delivery to "+RedactURL(h.URL), func() { m.deliverLoop(ctx, w) })
 	}
 	for url, w := range m.hooks {
 		if _, ok := next[url]; !ok {
@@ -143,7 +142,6 @@ func RedactURL(raw string) string {
 }
 
 func (m *Manager) deliverLoop(ctx context.Context, w *webhookWorker) {
-	defer m.wg.Done()
 	defer close(w.done)
 	target, shown := w.hook.URL, RedactURL(w.hook.URL)
 	attempt := 0
