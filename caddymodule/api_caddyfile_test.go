@@ -3,31 +3,37 @@ package caddymodule
 import (
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/api"
 )
 
 // TestTokenOptions: the token block's scope and labels are parsed; bad
 // scopes, labels, options and duplicate secrets are refused naming them.
+// (What each token may do once provisioned: api's TestProvisionTokens.)
 func TestTokenOptions(t *testing.T) {
 	parse := func(input string) (*API, error) {
-		api := new(API)
+		a := new(API)
 		d := dispenserFor(t, "sandwake_api {\n"+input+"\n}")
-		if err := api.UnmarshalCaddyfile(d); err != nil {
-			return api, err
+		if err := a.UnmarshalCaddyfile(d); err != nil {
+			return a, err
 		}
-		return api, api.provisionTokens()
+		_, err := api.New(a.Config, nil, zap.NewNop())
+		return a, err
 	}
-	api, err := parse("token admin-secret-0123456789\ntoken dash-secret-0123456789 {\nscope read\n}\ntoken acme-secret-0123456789 {\nscope operate\nlabels tenant=acme team=web\n}")
+	a, err := parse("token admin-secret-0123456789\ntoken dash-secret-0123456789 {\nscope read\n}\ntoken acme-secret-0123456789 {\nscope operate\nlabels tenant=acme team=web\n}")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if api.Token != "admin-secret-0123456789" || len(api.tokens) != 3 {
-		t.Fatalf("token %q, %d tokens", api.Token, len(api.tokens))
+	if a.Token != "admin-secret-0123456789" || len(a.Tokens) != 2 {
+		t.Fatalf("token %q, %d more tokens", a.Token, len(a.Tokens))
 	}
-	if p := api.tokens[1].who; p.scope != ScopeRead || p.bound() {
-		t.Fatalf("second token: %+v", p)
+	if tc := a.Tokens[0]; tc.Secret != "dash-secret-0123456789" || tc.Scope != "read" || tc.Labels != nil {
+		t.Fatalf("second token: %+v", tc)
 	}
-	if p := api.tokens[2].who; p.scope != ScopeOperate || p.labels["tenant"] != "acme" || p.labels["team"] != "web" {
-		t.Fatalf("third token: %+v", p)
+	if tc := a.Tokens[1]; tc.Scope != "operate" || tc.Labels["tenant"] != "acme" || tc.Labels["team"] != "web" {
+		t.Fatalf("third token: %+v", tc)
 	}
 	for _, tt := range []struct{ input, wantErr string }{
 		{"token a-secret-0123456789 {\nscope root\n}", "scope"},

@@ -1,6 +1,3 @@
-// Package caddymodule is everything Caddy-specific in sandwake: the
-// "sandwake" app, the preview gate handler, the dynamic upstream source, the
-// management API handler, pages, Caddyfile support and metrics.
 package caddymodule
 
 import (
@@ -23,7 +20,9 @@ import (
 	"go.uber.org/zap"
 
 	core "github.com/sandwake/sandwake/engine"
+	"github.com/sandwake/sandwake/gateway"
 	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/preview"
 )
 
 func init() {
@@ -410,7 +409,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.XRobotsTag = "noindex"
 	}
 	if a.NoWakeUserAgents == nil {
-		a.NoWakeUserAgents = DefaultNoWakeUserAgents
+		a.NoWakeUserAgents = gateway.DefaultNoWakeUserAgents
 	} else if len(a.NoWakeUserAgents) == 1 && a.NoWakeUserAgents[0] == "off" {
 		a.NoWakeUserAgents = []string{}
 	}
@@ -476,11 +475,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.MaxResident = &n
 	}
 	if a.MaxEventStreams == nil {
-		n := DefaultMaxEventStreams
+		n := gateway.DefaultMaxEventStreams
 		a.MaxEventStreams = &n
 	}
 	if a.MaxEventStreamsPerClient == nil {
-		n := DefaultMaxEventStreamsPerClient
+		n := gateway.DefaultMaxEventStreamsPerClient
 		a.MaxEventStreamsPerClient = &n
 	}
 	if a.PreviewURL == "" {
@@ -554,7 +553,7 @@ func (a *App) Validate() error {
 	if err := a.validateIsolation(); err != nil {
 		return err
 	}
-	if !ValidDomain(a.Domain) {
+	if !preview.ValidDomain(a.Domain) {
 		return fmt.Errorf("sandwake: domain %q is not a DNS name", a.Domain)
 	}
 	if strings.Count(a.PreviewURL, "*") != 1 {
@@ -651,6 +650,20 @@ func validRegistry(r string) bool {
 	return err == nil && reference.Domain(named) == r
 }
 
+// engine is the shared runtime of the configs with one storage directory:
+// the running gateway, and the cluster block it joined with (membership is
+// fixed until a restart).
+type engine struct {
+	*gateway.Gateway
+	// clusterCfg is the cluster block the engine joined with, nil on a
+	// single host.
+	clusterCfg *ClusterConfig
+}
+
+// Destruct closes the gateway when the last config using it is cleaned up
+// (caddy.Destructor).
+func (e *engine) Destruct() error { return e.Close() }
+
 // engines holds the running engines, keyed by storage directory.
 var engines = caddy.NewUsagePool()
 
@@ -713,6 +726,15 @@ func sandwakeApp(ctx caddy.Context, module string) (*App, error) {
 	return app.(*App), nil
 }
 
+// gateway returns the running gateway, nil before Start: what the
+// handlers serve from.
+func (a *App) gateway() *gateway.Gateway {
+	if e := a.engine(); e != nil {
+		return e.Gateway
+	}
+	return nil
+}
+
 // engine returns the running engine, nil before Start.
 func (a *App) engine() *engine {
 	if a.eng == nil {
@@ -726,18 +748,18 @@ func openEngine(a *App) (*engine, error) {
 	// The engine exists before its manager: the manager's hooks, fixed at
 	// construction, point into it (routes is set before anything can
 	// change, the loops start after).
-	e := &engine{
+	e := &engine{Gateway: &gateway.Gateway{
 		Log: log, DockerHost: a.DockerHost, UpstreamMode: a.UpstreamMode, Network: a.Network,
-		Guard: NewWakeGuard(), Streams: NewStreamLimiter(), Clients: NewClientLimits(),
-	}
+		Guard: gateway.NewWakeGuard(), Streams: gateway.NewStreamLimiter(), Clients: gateway.NewClientLimits(),
+	}}
 	mcfg := lifecycle.Config{
 		OnChange:          e.Changed,
 		OnWake:            e.ObserveWake,
-		OnReap:            ObserveReap,
-		OnDelivery:        ObserveDelivery,
-		OnReconcile:       ObserveCorrection,
-		OnDiskQuota:       ObserveDiskQuota,
-		OnPoolClaim:       ObservePoolClaim,
+		OnReap:            gateway.ObserveReap,
+		OnDelivery:        gateway.ObserveDelivery,
+		OnReconcile:       gateway.ObserveCorrection,
+		OnDiskQuota:       gateway.ObserveDiskQuota,
+		OnPoolClaim:       gateway.ObservePoolClaim,
 		DiskInterval:      time.Duration(a.DiskCheckInterval),
 		ActivityFlush:     time.Duration(a.ActivityFlush),
 		ReapInterval:      time.Duration(a.ReapInterval),
@@ -772,7 +794,7 @@ func openEngine(a *App) (*engine, error) {
 	}
 	e.Core, e.Mgr, e.Instance = c, c.Manager, c.Instance
 	mgr, instance := c.Manager, c.Instance
-	e.Routes = NewRouteCache(mgr)
+	e.Routes = gateway.NewRouteCache(mgr)
 	if err := e.joinCluster(a); err != nil {
 		c.Close()
 		return nil, err
@@ -811,8 +833,8 @@ func openEngine(a *App) (*engine, error) {
 		}
 	}
 	e.EgressUnenforced = a.EgressUnenforced
-	e.Isolation = IsolationReport(c)
-	if !e.Isolation.Ok {
+	e.Isolation = gateway.IsolationReport(c)
+	if !e.Isolation.OK {
 		log.Warn("sandbox isolation: " + e.Isolation.Detail)
 	}
 	e.reportEgress(a)
@@ -829,7 +851,7 @@ func openEngine(a *App) (*engine, error) {
 		return nil, err
 	}
 	e.Ready.Store(true)
-	SetCurrent(e)
+	gateway.SetCurrent(e.Gateway)
 	log.Info("sandwake engine started", zap.String("storage", a.storageDir))
 	return e, nil
 }
@@ -845,7 +867,7 @@ func (e *engine) apply(a *App) {
 		xrt = []string{a.XRobotsTag}
 		xrt = xrt[:1:1]
 	}
-	e.Current.Store(&Settings{
+	e.Current.Store(&gateway.Settings{
 		Domain: a.Domain, HoldTimeout: time.Duration(a.HoldTimeout), MaxOpen: int64(*a.MaxOpenPerSandbox), PreviewURL: a.PreviewURL,
 		PreviewSecret: secret, RobotsTxt: *a.RobotsTxt, XRobotsTag: xrt,
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
+	"github.com/sandwake/sandwake/api"
 	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/lifecycle"
 )
@@ -501,13 +502,13 @@ func parsePreview(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 //		insecure_no_auth
 //	}
 func parseAPI(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
-	api := new(API)
-	err := api.UnmarshalCaddyfile(h.Dispenser)
-	return api, err
+	a := new(API)
+	err := a.UnmarshalCaddyfile(h.Dispenser)
+	return a, err
 }
 
 // UnmarshalCaddyfile sets up the API handler from Caddyfile tokens.
-func (api *API) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (a *API) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
 		return d.ArgErr()
@@ -532,7 +533,7 @@ func (api *API) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					if !d.AllArgs(&tc.Scope) {
 						return d.ArgErr()
 					}
-					if _, err := ParseScope(tc.Scope); err != nil || tc.Scope == "" {
+					if _, err := api.ParseScope(tc.Scope); err != nil || tc.Scope == "" {
 						return d.Errf("token scope %q: want read, operate or admin", tc.Scope)
 					}
 				case "labels":
@@ -554,16 +555,16 @@ func (api *API) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					return d.Errf("unknown token option %q (scope, labels)", d.Val())
 				}
 			}
-			if !block && api.Token == "" && len(api.Tokens) == 0 {
-				api.Token = tc.Secret // one plain token: admin, as before scopes
+			if !block && a.Token == "" && len(a.Tokens) == 0 {
+				a.Token = tc.Secret // one plain token: admin, as before scopes
 			} else {
-				api.Tokens = append(api.Tokens, tc)
+				a.Tokens = append(a.Tokens, tc)
 			}
 		case "insecure_no_auth":
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			api.InsecureNoAuth = true
+			a.InsecureNoAuth = true
 		default:
 			return d.Errf("unknown sandwake_api option %q", d.Val())
 		}

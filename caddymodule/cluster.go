@@ -19,7 +19,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/cluster/peer"
 	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/preview"
 )
 
 // ClusterConfig is the cluster block of the sandwake app: the gateway joins a
@@ -96,7 +98,7 @@ type ClusterConfig struct {
 	// route, and api a sandwake_api handler of it: the peer listener hands
 	// them the forwarded requests (registerPreview, registerAPI).
 	previews []*caddyhttp.Server
-	api      *API
+	api      http.Handler
 }
 
 // provision fills the cluster block's defaults and makes the node name the
@@ -303,7 +305,7 @@ func (e *engine) joinCluster(a *App) error {
 		Secret: cc.secret, Prefix: cc.Prefix, LeaseTTL: time.Duration(cc.LeaseTTL),
 		Logger: e.Log.Named("cluster"),
 		TLS:    cc.tls, Username: cc.EtcdUsername, Password: cc.password,
-	}, clusterSource{Mgr: e.Mgr, Limits: &e.clusterFigures})
+	}, peer.Source{Mgr: e.Mgr, Limits: &e.Limits})
 	if cc.InsecurePlaintext {
 		e.Log.Warn("cluster: etcd over plaintext http (insecure_plaintext): anyone on the network between this node and etcd can read and forge the catalog that routes every preview",
 			zap.Strings("etcd", cc.Etcd))
@@ -312,11 +314,11 @@ func (e *engine) joinCluster(a *App) error {
 		return fmt.Errorf("sandwake: cluster: %w", err)
 	}
 	e.applyCapacity(a)
-	cs := NewNode(c, peers, e.Log, CountUnsignedForward)
+	cs := peer.NewNode(c, peers, e.Log, preview.CountUnsignedForward)
 	cs.Plaintext = cc.InsecurePlaintext
 	// Set again by every config's Start (applyCluster); set here too, so
 	// that the node serves its peers from the moment it registers.
-	cs.SetTargets(cc.previewServer(), cc.apiHandler())
+	cs.SetTargets(cc.previewServer(), cc.api)
 	e.Cluster = cs
 	joined := *cc
 	e.clusterCfg = &joined
@@ -380,11 +382,11 @@ func (e *engine) applyCluster(a *App) {
 	}
 	cc := a.Cluster
 	e.Cluster.Peers.Store(cc.creds)
-	e.Cluster.SetTargets(cc.previewServer(), cc.apiHandler())
+	e.Cluster.SetTargets(cc.previewServer(), cc.api)
 	if cc.api == nil {
 		e.Log.Warn("cluster: this config has no sandwake_api handler: API calls other nodes forward here answer 503")
 	}
-	if left := time.Until(cc.creds.Cert.Leaf.NotAfter); left < CertRenewWarning {
+	if left := time.Until(cc.creds.Cert.Leaf.NotAfter); left < peer.CertRenewWarning {
 		e.Log.Warn("cluster: the node certificate expires soon: issue a new one (caddy sandwake cluster cert) and reload",
 			zap.String("peer_cert_file", cc.PeerCertFile), zap.Time("not_after", cc.creds.Cert.Leaf.NotAfter))
 	}
@@ -404,20 +406,10 @@ func (c *ClusterConfig) registerPreview(ctx caddy.Context) {
 
 // registerAPI records a sandwake_api handler of the config (the first):
 // forwarded API calls are served by it. Nothing on a single host.
-func (c *ClusterConfig) registerAPI(api *API) {
+func (c *ClusterConfig) registerAPI(h http.Handler) {
 	if c != nil && c.api == nil {
-		c.api = api
+		c.api = h
 	}
-}
-
-// apiHandler is the handler forwarded API calls go to, nil without one.
-func (c *ClusterConfig) apiHandler() http.Handler {
-	if c.api == nil {
-		return nil
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = c.api.ServeHTTP(w, r, nil) // the API answers every request itself
-	})
 }
 
 // previewServer is the server forwarded preview requests go through: of

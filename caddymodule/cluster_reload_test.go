@@ -1,4 +1,4 @@
-package caddymodule
+package caddymodule_test
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
+	"github.com/sandwake/sandwake/caddymodule"
 	"github.com/sandwake/sandwake/cluster/clustertest"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestClusterBlockReloadRefused(t *testing.T) {
 	h := newHarness(t, "")
 	f := clustertest.NewPKI(t).WriteNode(t, t.TempDir(), "reload-n1", "127.0.0.1")
-	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(h.caddyfile(fmt.Sprintf(`cluster {
+	cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(h.Caddyfile(fmt.Sprintf(`cluster {
 			etcd http://127.0.0.1:1
 			insecure_plaintext
 			node reload-n1
@@ -37,16 +38,16 @@ func TestClusterBlockReloadRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "a cluster block was added") || !strings.Contains(err.Error(), "restart") {
 		t.Fatalf("reload adding a cluster block: %v, want it refused, saying to restart", err)
 	}
-	if n, _ := engines.References(filepath.Join(h.dir, "sandwake")); n != 1 {
+	if n := caddymodule.EngineReferences(filepath.Join(h.Dir, "sandwake")); n != 1 {
 		t.Fatalf("the engine has %d references after the refused reload, want 1 (the running config's)", n)
 	}
 	var ready struct {
 		Node   string            `json:"node"`
 		Checks map[string]string `json:"checks"`
 	}
-	if code := h.api("GET", "/v1/readyz", nil, &ready); code != 200 || ready.Node == "reload-n1" || ready.Checks["cluster"] != "" {
+	if code := h.API("GET", "/v1/readyz", nil, &ready); code != 200 || ready.Node == "reload-n1" || ready.Checks["cluster"] != "" {
 		t.Fatalf("after the refused reload: readyz %d %+v, want the single host still serving", code, ready)
 	}
-	h.load("")
-	h.waitReady()
+	h.Load("")
+	h.WaitReady()
 }

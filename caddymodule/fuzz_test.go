@@ -152,17 +152,17 @@ func FuzzAPICaddyfile(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, input string) {
-		var api API
-		if err := api.UnmarshalCaddyfile(dispenserFor(t, "sandwake_api {\n"+input+"\n}")); err != nil {
+		var a API
+		if err := a.UnmarshalCaddyfile(dispenserFor(t, "sandwake_api {\n"+input+"\n}")); err != nil {
 			return
 		}
-		if err := api.Validate(); (err == nil) != (api.Token != "" || api.InsecureNoAuth) {
-			t.Fatalf("input %q: token %q insecure_no_auth %v: Validate says %v", input, api.Token, api.InsecureNoAuth, err)
+		if err := a.Validate(); (err == nil) != (a.Token != "" || a.InsecureNoAuth) {
+			t.Fatalf("input %q: token %q insecure_no_auth %v: Validate says %v", input, a.Token, a.InsecureNoAuth, err)
 		}
-		raw := caddyconfig.JSON(&api, nil)
+		raw := caddyconfig.JSON(&a, nil)
 		var back API
-		if raw == nil || json.Unmarshal(raw, &back) != nil || back.Token != api.Token || back.InsecureNoAuth != api.InsecureNoAuth {
-			t.Fatalf("input %q: JSON round trip of %+v failed: %s", input, api, raw)
+		if raw == nil || json.Unmarshal(raw, &back) != nil || back.Token != a.Token || back.InsecureNoAuth != a.InsecureNoAuth {
+			t.Fatalf("input %q: JSON round trip of %+v failed: %s", input, a, raw)
 		}
 	})
 }

@@ -5,18 +5,22 @@ import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandwake/sandwake/cluster/peer"
+	"github.com/sandwake/sandwake/gateway"
+	"github.com/sandwake/sandwake/preview"
 )
 
 // allCollectors are sandwake's metrics: the engine's, the preview path's
 // and the cluster's.
 func allCollectors() []prometheus.Collector {
-	return slices.Concat(engineCollectors(), requestCollectors(), clusterCollectors(currentNode))
+	return slices.Concat(gateway.Collectors(), preview.Collectors(), peer.Collectors(currentNode))
 }
 
 // currentNode is the running engine's part in a cluster, nil on a single
 // host or before the engine starts.
-func currentNode() *clusterState {
-	if e := Current(); e != nil {
+func currentNode() *peer.Node {
+	if e := gateway.Current(); e != nil {
 		return e.Cluster
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddytls"
 
 	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/preview"
 )
 
 func init() {
@@ -57,7 +58,7 @@ func (p *Permission) CertificateAllowed(_ context.Context, name string) error {
 	if e == nil || !e.Ready.Load() {
 		return fmt.Errorf("%w: sandwake is not ready", caddytls.ErrPermissionDenied)
 	}
-	id, port, ok := ParseHost(name, e.Current.Load().Domain)
+	id, port, ok := preview.ParseHost(name, e.Current.Load().Domain)
 	if !ok {
 		return fmt.Errorf("%w: %s is not a preview host", caddytls.ErrPermissionDenied, name)
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package caddymodule_test
 
 import (
 	"fmt"
@@ -7,17 +7,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandwake/sandwake/caddymodule"
+	"github.com/sandwake/sandwake/gateway"
 	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/preview"
 )
 
 func TestReloadsDropNothing(t *testing.T) {
 	h := newHarness(t, "")
-	rec := h.create(nil)
-	host := h.host(rec.ID, 8080)
-	before := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeProxied))
-	eng := engineFor(t, h)
+	rec := h.Create(nil)
+	host := h.Host(rec.ID, 8080)
+	before := proxiedRequests(t)
+	eng := gatewayOf(t)
 
 	var (
 		wg     sync.WaitGroup
@@ -30,7 +33,7 @@ func TestReloadsDropNothing(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
-				resp, body := h.preview("GET", host, "/healthz", nil, nil)
+				resp, body := h.Preview("GET", host, "/healthz", nil, nil)
 				if resp.StatusCode != 200 || body != "ok\n" {
 					failed <- fmt.Sprintf("%d %q", resp.StatusCode, body)
 					continue
@@ -45,9 +48,9 @@ func TestReloadsDropNothing(t *testing.T) {
 		})
 	}
 	waitCount(50)
-	h.load("hold_timeout 30s")
+	h.Load("hold_timeout 30s")
 	waitCount(ok.Load() + 50)
-	h.load("hold_timeout 45s")
+	h.Load("hold_timeout 45s")
 	waitCount(ok.Load() + 50)
 	stop.Store(true)
 	wg.Wait()
@@ -55,17 +58,52 @@ func TestReloadsDropNothing(t *testing.T) {
 	for f := range failed {
 		t.Error("request failed across reload:", f)
 	}
-	if got := engineFor(t, h); got != eng {
+	if got := gatewayOf(t); got != eng {
 		t.Fatal("a reload opened a second engine (store)")
 	}
-	if refs, _ := engines.References(eng.Core.Dir()); refs != 1 {
+	if refs := caddymodule.EngineReferences(eng.Core.Dir()); refs != 1 {
 		t.Fatalf("engine references = %d, want 1 after reloads", refs)
 	}
-	after := testutil.ToFloat64(metricRequests.WithLabelValues(outcomeProxied))
+	after := proxiedRequests(t)
 	if after-before < float64(ok.Load()) {
 		t.Fatalf("proxied counter grew by %v for %d requests", after-before, ok.Load())
 	}
 	if hold := eng.Current.Load().HoldTimeout; hold != 45*time.Second {
 		t.Fatalf("reloaded hold_timeout = %s", hold)
 	}
+}
+
+// gatewayOf is the running gateway.
+func gatewayOf(t testing.TB) *gateway.Gateway {
+	t.Helper()
+	g := gateway.Current()
+	if g == nil {
+		t.Fatal("no gateway running")
+	}
+	return g
+}
+
+// proxiedRequests is caddy_sandwake_requests_total{outcome="proxied"}, read
+// from the preview path's collectors.
+func proxiedRequests(t testing.TB) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(preview.Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "caddy_sandwake_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == "proxied" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package caddymodule_test
 
 import (
 	"fmt"
@@ -14,6 +14,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
+	"github.com/sandwake/sandwake/internal/gatewaytest"
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -22,17 +23,13 @@ import (
 // caddy.Load with an error naming the path and what failed, without a panic
 // and without leaving goroutines behind.
 func TestStoreDirNotWritable(t *testing.T) {
-	caddyMu.Lock()
-	t.Cleanup(func() {
-		caddy.Stop()
-		caddyMu.Unlock()
-	})
+	gatewaytest.LockCaddy(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
 	if err := os.WriteFile(file, []byte("not a directory\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	previewPort, apiPort := freePort(t), freePort(t)
+	previewPort, apiPort := gatewaytest.FreePort(t), gatewaytest.FreePort(t)
 	load := func(storage string) error {
 		src := fmt.Sprintf(`{
 	admin off
@@ -54,7 +51,7 @@ http://127.0.0.1:%d {
 		token %s
 	}
 }
-`, filepath.Join(dir, "caddy"), storage, testenv.LabelRun, testenv.RunID(), previewPort, apiPort, testToken)
+`, filepath.Join(dir, "caddy"), storage, testenv.LabelRun, testenv.RunID(), previewPort, apiPort, gatewaytest.Token)
 		cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
 		if err != nil {
 			t.Fatalf("adapting Caddyfile: %v", err)

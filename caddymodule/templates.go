@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/sandwake/sandwake/api"
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/lifecycle"
 )
@@ -65,8 +66,7 @@ func (tc *TemplateConfig) template() (lifecycle.Template, error) {
 	if tc.ID != "" || tc.Template != "" || tc.CreateRequest.Pool != "" {
 		return lifecycle.Template{}, fmt.Errorf("template %s: id, template and a pool mode belong to a create, not a template", tc.Name)
 	}
-	body := createBody(tc.CreateRequest)
-	spec, err := body.spec()
+	spec, err := api.Spec(tc.CreateRequest)
 	if err != nil {
 		return lifecycle.Template{}, fmt.Errorf("template %s: %w", tc.Name, err)
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package caddymodule_test
 
 import (
 	"bufio"
@@ -20,6 +20,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddytls"
 
+	"github.com/sandwake/sandwake/caddymodule"
+	"github.com/sandwake/sandwake/internal/gatewaytest"
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -66,7 +68,7 @@ http://127.0.0.1:%d {
 	}
 }
 `, filepath.Join(dir, "caddy"), filepath.Join(dir, "sandwake"), httpsPort,
-		testenv.LabelRun, testenv.RunID(), site, httpsPort, apiPort, testToken)
+		testenv.LabelRun, testenv.RunID(), site, httpsPort, apiPort, gatewaytest.Token)
 }
 
 // newTLSHarness starts a Caddy serving tlsCaddyfile. Its previewPort is the
@@ -74,7 +76,7 @@ http://127.0.0.1:%d {
 func newTLSHarness(t *testing.T, site string) *harness {
 	t.Helper()
 	return newHarnessWithCaddyfile(t, func(h *harness) string {
-		return tlsCaddyfile(h.dir, site, h.previewPort, h.apiPort)
+		return tlsCaddyfile(h.Dir, site, h.PreviewPort, h.APIPort)
 	})
 }
 
@@ -82,7 +84,7 @@ func newTLSHarness(t *testing.T, site string) *harness {
 // pki app writes to storage when it provisions.
 func internalRoots(t *testing.T, h *harness) *x509.CertPool {
 	t.Helper()
-	pemBytes, err := os.ReadFile(filepath.Join(h.dir, "caddy", "pki", "authorities", "local", "root.crt"))
+	pemBytes, err := os.ReadFile(filepath.Join(h.Dir, "caddy", "pki", "authorities", "local", "root.crt"))
 	if err != nil {
 		t.Fatalf("reading the internal CA root: %v", err)
 	}
@@ -104,7 +106,7 @@ func handshake(h *harness, roots *x509.CertPool, serverName string) (*tls.Conn, 
 		RootCAs:    roots,
 		NextProtos: []string{"http/1.1"},
 	}}
-	conn, err := td.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", h.previewPort))
+	conn, err := td.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", h.PreviewPort))
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +117,7 @@ func handshake(h *harness, roots *x509.CertPool, serverName string) (*tls.Conn, 
 // internal issuer ("local").
 func storedCerts(t *testing.T, h *harness) []string {
 	t.Helper()
-	entries, err := os.ReadDir(filepath.Join(h.dir, "caddy", "certificates", "local"))
+	entries, err := os.ReadDir(filepath.Join(h.Dir, "caddy", "certificates", "local"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -144,10 +146,10 @@ func TestOnDemandTLSOnlyForSandboxes(t *testing.T) {
 
 func testOnDemandTLS(t *testing.T, site string) {
 	h := newTLSHarness(t, site)
-	rec := h.create(nil)
+	rec := h.Create(nil)
 	id := rec.ID
 	host := fmt.Sprintf("s-%s-8080.preview.localhost", id)
-	if want := fmt.Sprintf("https://%s:%d/", host, h.previewPort); rec.URLs["8080"] != want {
+	if want := fmt.Sprintf("https://%s:%d/", host, h.PreviewPort); rec.URLs["8080"] != want {
 		t.Errorf("API preview URL = %q, want %q", rec.URLs["8080"], want)
 	}
 	roots := internalRoots(t, h)
@@ -168,7 +170,7 @@ func testOnDemandTLS(t *testing.T, site string) {
 		}
 
 		conn.SetDeadline(time.Now().Add(30 * time.Second))
-		req, _ := http.NewRequest("GET", fmt.Sprintf("https://%s:%d/healthz", host, h.previewPort), nil)
+		req, _ := http.NewRequest("GET", fmt.Sprintf("https://%s:%d/healthz", host, h.PreviewPort), nil)
 		if err := req.Write(conn); err != nil {
 			t.Fatalf("writing request: %v", err)
 		}
@@ -215,7 +217,7 @@ func testOnDemandTLS(t *testing.T, site string) {
 
 	t.Run("CertificateAllowed", func(t *testing.T) {
 		// Provisioned from the running config, as Caddy provisions it.
-		p := new(Permission)
+		p := new(caddymodule.Permission)
 		if err := p.Provision(caddy.ActiveContext()); err != nil {
 			t.Fatalf("provisioning the permission module: %v", err)
 		}
@@ -253,14 +255,14 @@ func testOnDemandTLS(t *testing.T, site string) {
 
 		// A stopped sandbox still gets its certificate (the request after
 		// the handshake wakes it); asking does not wake it.
-		h.stop(id)
+		h.Stop(id)
 		check(host, true)
-		if s := h.state(id); s != "stopped" {
+		if s := h.State(id); s != "stopped" {
 			t.Errorf("state after a permission check = %s, want stopped", s)
 		}
 
 		// A destroyed sandbox gets none.
-		if status := h.api("DELETE", "/v1/sandboxes/"+id, nil, nil); status != http.StatusNoContent {
+		if status := h.API("DELETE", "/v1/sandboxes/"+id, nil, nil); status != http.StatusNoContent {
 			t.Fatalf("DELETE: %d", status)
 		}
 		testenv.Eventually(t, 10*time.Second, func() (bool, string) {

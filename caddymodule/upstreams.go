@@ -7,6 +7,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/sandwake/sandwake/gateway"
+	"github.com/sandwake/sandwake/preview"
 )
 
 func init() {
@@ -31,7 +34,7 @@ var errNoUpstream = errors.New("sandwake: no upstream chosen for this request: t
 
 // GetUpstreams implements reverseproxy.UpstreamSource.
 func (Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, error) {
-	set, ok := caddyhttp.GetVar(r.Context(), VarUpstream).(*UpstreamSet)
+	set, ok := caddyhttp.GetVar(r.Context(), preview.VarUpstream).(*gateway.UpstreamSet)
 	if !ok || set == nil {
 		return nil, errNoUpstream
 	}

@@ -1,33 +1,3 @@
-// Package egress enforces sandboxes' egress policies in the kernel: one
-// nftables table of sandwake's own per sandbox network, written through
-// netlink (github.com/google/nftables) in atomic batches. It implements
-// lifecycle.Firewall.
-//
-// The table, for a sandbox bridge <br>:
-//
-//	table inet sandwake-<br> {
-//	  set denied    { type ipv4_addr; flags interval }      # fixed ranges, egress_deny, the host's addresses
-//	  map sandboxes { type ipv4_addr : verdict }             # address -> jump sb-<id>
-//	  chain forward    { hook forward priority -10;    iifname <br> jump from_sandbox
-//	                     oifname <br> iifname != <br> ct direction original ct state new drop }
-//	  chain input      { hook input priority -10;      iifname <br> jump from_sandbox }
-//	  chain prerouting { hook prerouting priority -150; iifname != lo ip daddr 127.0.0.0/8 drop }
-//	  set running   { type ipv4_addr }                       # addresses bound to a running sandbox
-//	  chain output     { hook output priority -10;      oifname <br> ip daddr <subnet> ip daddr != @running
-//	                     ip daddr != <gateway> reject }       # the host's dials to a stopped sandbox fail at once
-//	  chain from_sandbox { ct direction reply accept; meta nfproto ipv6 drop
-//	                       ip saddr vmap @sandboxes; drop }     # unknown source: dropped
-//	  chain sb-<id> { fib daddr type local reject       # the host, by kind
-//	                  …the sandbox's policy (see sandboxRules)… }
-//	}
-//
-// and a table of the bridge family of the same name that ties each running
-// sandbox's address to its bridge port and MAC (bindings.go), so that a
-// sandbox given NET_RAW cannot send as another.
-//
-// It never accepts in a way that skips Docker's chains: an accept here ends
-// only this table's evaluation, and Docker's own (isolation, published
-// ports) still run after it. Only drops and rejects are final.
 package egress
 
 import (

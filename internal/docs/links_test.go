@@ -1,4 +1,3 @@
-// Package docs holds the tests of the repository's Markdown documentation.
 package docs
 
 import (

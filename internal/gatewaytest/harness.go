@@ -1,8 +1,3 @@
-// Package gatewaytest runs sandwake in a real Caddy in the test's own
-// process (Harness): loopback ports of its own, a store in a temporary
-// directory, the real Docker engine, and helpers to call its API and its
-// preview hosts. The packages of the request path, the API and the CLI test
-// through it.
 package gatewaytest
 
 import (
@@ -56,6 +51,16 @@ type Harness struct {
 // caddyMu serialises in-process Caddy instances: Caddy keeps one running
 // config per process.
 var caddyMu sync.Mutex
+
+// LockCaddy reserves this process's Caddy for a test that loads configs of
+// its own, until t ends, when its config is stopped.
+func LockCaddy(t testing.TB) {
+	caddyMu.Lock()
+	t.Cleanup(func() {
+		caddy.Stop()
+		caddyMu.Unlock()
+	})
+}
 
 // FreePort is a loopback port no listener holds now.
 func FreePort(t testing.TB) int {
@@ -331,4 +336,41 @@ func (h *Harness) Instance() string {
 		h.T.Fatal("readyz names no instance")
 	}
 	return ready.Instance
+}
+
+// APIHeader is what an API client (fetch, curl, an SDK) sends: never a page
+// load, so sandwake holds it instead of showing the warming page.
+func APIHeader() http.Header {
+	return http.Header{"Accept": {"application/json"}}
+}
+
+// CreateWith creates a sandbox through the API with the testapp image,
+// port 8080 and the given extra fields, registering the removal of its
+// container and volume first (so a failed create is cleaned up too). It
+// returns the API's status and record.
+func (h *Harness) CreateWith(extra map[string]any) (int, client.Sandbox) {
+	h.T.Helper()
+	id := testenv.UniqueID("a")
+	h.T.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		h.Docker.ContainerRemove(ctx, docker.ContainerName(id), dockerclient.ContainerRemoveOptions{Force: true})
+		h.Docker.VolumeRemove(ctx, docker.VolumeName(id), dockerclient.VolumeRemoveOptions{Force: true})
+	})
+	body := map[string]any{"id": id, "image": h.Image, "ports": []int{8080}}
+	for k, v := range extra {
+		body[k] = v
+	}
+	var raw json.RawMessage
+	status := h.API("POST", "/v1/sandboxes", body, &raw)
+	var rec client.Sandbox
+	if status == http.StatusCreated {
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			h.T.Fatalf("create: decoding %s: %v", raw, err)
+		}
+	} else {
+		h.T.Logf("create %s: %d %s", id, status, raw)
+	}
+	rec.ID = id
+	return status, rec
 }

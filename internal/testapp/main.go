@@ -1,19 +1,3 @@
-// Command testapp is the tiny static HTTP server sandwake's tests and demo run
-// as a sandbox image. It needs nothing from the image but itself.
-//
-// Environment: PORT (default 8080), EXTRA_PORTS (comma-separated ports also
-// served), STARTUP_DELAY (a Go duration to wait before listening), WORKSPACE
-// (default /workspace).
-//
-// Endpoints: / (an HTML page), /healthz, /echo (method and body back),
-// /headers (the request's headers back, one "Name: value" line each), /ws
-// (websocket echo), /sse (an event stream), /files/<name> (GET and PUT into the
-// workspace), /exit?code=N (the process exits), /oom (allocates until the
-// memory limit kills it), /dial?addr=host:port (an outbound connection from
-// the sandbox; see dialHandler), /self (the process's user, capabilities
-// and limits, as JSON; see selfHandler), /fill?path=/file&mb=N (writes N MiB;
-// see fillHandler), /raw and /garp (a datagram from another source address,
-// a gratuitous ARP; they need NET_RAW; see spoof.go).
 package main
 
 import (
@@ -38,7 +22,11 @@ import (
 )
 
 func main() {
-	if d, err := time.ParseDuration(os.Getenv("STARTUP_DELAY")); err == nil && d > 0 {
+	delay := os.Getenv("STARTUP_DELAY")
+	if b, err := os.ReadFile(filepath.Join(envOr("WORKSPACE", "/workspace"), "startup_delay")); err == nil {
+		delay = strings.TrimSpace(string(b)) // written through PUT /files/startup_delay: the next start waits
+	}
+	if d, err := time.ParseDuration(delay); err == nil && d > 0 {
 		log.Printf("testapp: waiting %s before listening", d)
 		time.Sleep(d)
 	}

@@ -1,4 +1,3 @@
-// Package docker implements lifecycle.Runtime on the Docker Engine API.
 package docker
 
 import (

@@ -1,0 +1,251 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"slices"
+	"strings"
+)
+
+// bodyErrorMessage says in plain words why a JSON request body could not be
+// decoded into v (a pointer to the body's struct): which field, what was
+// expected and what came, or where the JSON is broken. body is the whole
+// request body; err is what json.Decoder.Decode returned for it.
+func bodyErrorMessage(body []byte, v any, err error) string {
+	if se, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return "request body is not valid JSON: " + syntaxWords(se)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return "request body is not valid JSON: it ends too early (an unclosed {, [ or string?)"
+	}
+	if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		return typeWords(reflect.TypeOf(v), te)
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return unknownFieldWords(body, reflect.TypeOf(v), name)
+	}
+	return "request body: " + err.Error()
+}
+
+// syntaxContexts turn the end of encoding/json's syntax error messages
+// ("invalid character 'x' <context>") into where it happened.
+var syntaxContexts = []struct{ goWords, words string }{
+	{"looking for beginning of value", "where a value should start (a string needs double quotes)"},
+	{"looking for beginning of object key string", `where a field name in double quotes should start (no trailing comma before "}")`},
+	{"after object key:value pair", `after a field's value (expected "," or "}")`},
+	{"after object key", `after a field name (expected ":")`},
+	{"after array element", `after an array element (expected "," or "]")`},
+	{"in string literal", "inside a string (control characters must be escaped)"},
+	{"in string escape code", `in a string's \ escape`},
+	{"in \\u hexadecimal character escape", `in a string's \u escape`},
+	{"in numeric literal", "in a number"},
+	{"after decimal point in numeric literal", "in a number"},
+	{"in exponent of numeric literal", "in a number"},
+	{"after top-level value", "after the JSON value"},
+}
+
+// syntaxWords renders a syntax error as "unexpected character 'o' at byte 2
+// (in the literal null)", bytes counted from 1.
+func syntaxWords(se *json.SyntaxError) string {
+	msg := se.Error()
+	rest, ok := strings.CutPrefix(msg, "invalid character ")
+	if !ok {
+		return fmt.Sprintf("%s at byte %d", msg, se.Offset)
+	}
+	// The character is quoted: 'x', '\'' or an escape like '\x01'.
+	end := strings.IndexByte(rest[1:], '\'') + 2
+	if strings.HasPrefix(rest, `'\''`) {
+		end = 4
+	}
+	if end < 2 || end > len(rest) {
+		return fmt.Sprintf("%s at byte %d", msg, se.Offset)
+	}
+	char, context := rest[:end], strings.TrimSpace(rest[end:])
+	where := context
+	for _, c := range syntaxContexts {
+		if context == c.goWords {
+			where = c.words
+			break
+		}
+	}
+	if lit, ok := strings.CutPrefix(context, "in literal "); ok {
+		// "in literal null (expecting 'u')": a bare word that starts like
+		// true, false or null.
+		lit, _, _ = strings.Cut(lit, " ")
+		where = "in what starts like " + lit + " (a string needs double quotes)"
+	}
+	return fmt.Sprintf("unexpected character %s at byte %d %s", char, se.Offset, where)
+}
+
+// typeWords renders a type mismatch: "ports: expected an array of whole
+// numbers, got a string", or for an element of an array or object "ports:
+// expected an array of whole numbers, but an element is a string".
+func typeWords(t reflect.Type, te *json.UnmarshalTypeError) string {
+	if te.Field == "" {
+		return "request body: expected a JSON object, got " + gotWords(te.Value, te.Type)
+	}
+	ft := fieldType(t, te.Field)
+	if ft == nil {
+		ft = te.Type
+	}
+	msg := fmt.Sprintf("%s: expected %s, ", te.Field, typeDesc(ft))
+	for ft.Kind() == reflect.Pointer {
+		ft = ft.Elem()
+	}
+	switch {
+	case ft == te.Type || (ft.Kind() != reflect.Slice && ft.Kind() != reflect.Map):
+		return msg + "got " + gotWords(te.Value, te.Type)
+	case ft.Kind() == reflect.Map:
+		return msg + "but a value is " + gotWords(te.Value, te.Type)
+	default:
+		return msg + "but an element is " + gotWords(te.Value, te.Type)
+	}
+}
+
+// fieldType finds the type of the field at a JSON path ("a.b") in struct
+// type t, nil if there is none.
+func fieldType(t reflect.Type, path string) reflect.Type {
+	for name := range strings.SplitSeq(path, ".") {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct {
+			return nil
+		}
+		f, ok := fieldByJSON(t, name)
+		if !ok {
+			return nil
+		}
+		t = f.Type
+	}
+	return t
+}
+
+// jsonFields are the JSON names of struct type t's fields, in order.
+func jsonFields(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		names = append(names, name)
+	}
+	return names
+}
+
+// fieldByJSON finds the field of struct type t named name in JSON.
+func fieldByJSON(t reflect.Type, name string) (reflect.StructField, bool) {
+	for f := range t.Fields() {
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.IsExported() && (tag == name || (tag == "" && f.Name == name)) {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// typeDesc says what JSON a Go type takes: "a string", "an array of whole
+// numbers", "an object of strings".
+func typeDesc(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array of " + pluralDesc(t.Elem())
+	case reflect.Map:
+		return "an object of " + pluralDesc(t.Elem())
+	case reflect.Struct:
+		return "a JSON object"
+	}
+	return "a " + t.String()
+}
+
+func pluralDesc(t reflect.Type) string {
+	switch d := typeDesc(t); d {
+	case "a string":
+		return "strings"
+	case "a whole number":
+		return "whole numbers"
+	case "a number":
+		return "numbers"
+	case "true or false":
+		return "true/false values"
+	default:
+		return "values"
+	}
+}
+
+// gotWords renders the value of a type error (encoding/json says "string",
+// "number", "number 1.5", "bool", "array", "object") for target type t.
+func gotWords(value string, t reflect.Type) string {
+	if num, ok := strings.CutPrefix(value, "number "); ok {
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			if strings.ContainsAny(num, ".eE") {
+				return num + ", not a whole number"
+			}
+		}
+		return num + ", out of range"
+	}
+	switch value {
+	case "array", "object":
+		return "an " + value
+	case "bool":
+		return "true or false"
+	case "":
+		return "something else"
+	}
+	return "a " + value
+}
+
+// unknownFieldWords names the body's unknown fields (all of them, not only
+// the first the decoder met) and the fields there are. quoted is the first
+// one as encoding/json quotes it.
+func unknownFieldWords(body []byte, t reflect.Type, quoted string) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	known := jsonFields(t)
+	unknown := []string{quoted}
+	var obj map[string]json.RawMessage
+	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&obj); err == nil {
+		unknown = unknown[:0]
+		for k := range obj {
+			// encoding/json matches names case-insensitively.
+			if !slices.ContainsFunc(known, func(f string) bool { return strings.EqualFold(f, k) }) {
+				unknown = append(unknown, fmt.Sprintf("%q", k))
+			}
+		}
+		slices.Sort(unknown)
+		if len(unknown) == 0 {
+			unknown = []string{quoted}
+		}
+	}
+	s := "unknown field "
+	if len(unknown) > 1 {
+		s = "unknown fields "
+	}
+	return s + strings.Join(unknown, ", ") + " (fields: " + strings.Join(known, ", ") + ")"
+}

@@ -1,0 +1,91 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/sandwake/sandwake/client"
+)
+
+// TestDecodeBodyMessages: a body the API cannot decode is refused with the
+// usual error JSON and status, and a message in plain words: which field,
+// what was expected and what came, or where the JSON breaks.
+func TestDecodeBodyMessages(t *testing.T) {
+	const createFields = "(fields: id, template, pool, image, cmd, env, ports, memory_mb, cpus, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, labels, access, egress, user, readonly_rootfs, cap_add, runtime, disk_mb)"
+	for _, tc := range []struct {
+		name, body string
+		into       func() any
+		status     int
+		code, want string
+	}{
+		{"ports a string", `{"image":"a","ports":"8080"}`, nil, 400, "invalid", "ports: expected an array of whole numbers, got a string"},
+		{"port a string", `{"image":"a","ports":["8080"]}`, nil, 400, "invalid", "ports: expected an array of whole numbers, but an element is a string"},
+		{"port a fraction", `{"image":"a","ports":[80.5]}`, nil, 400, "invalid", "ports: expected an array of whole numbers, but an element is 80.5, not a whole number"},
+		{"port out of range", `{"image":"a","ports":[99999999999999999999]}`, nil, 400, "invalid", "ports: expected an array of whole numbers, but an element is 99999999999999999999, out of range"},
+		{"ports an object", `{"ports":{"a":1}}`, nil, 400, "invalid", "ports: expected an array of whole numbers, got an object"},
+		{"memory a string", `{"memory_mb":"512"}`, nil, 400, "invalid", "memory_mb: expected a whole number, got a string"},
+		{"cpus out of range", `{"cpus":1e400}`, nil, 400, "invalid", "cpus: expected a number, got 1e400, out of range"},
+		{"env value a number", `{"env":{"A":1}}`, nil, 400, "invalid", "env: expected an object of strings, but a value is a number"},
+		{"env an array", `{"env":[]}`, nil, 400, "invalid", "env: expected an object of strings, got an array"},
+		{"cmd element a bool", `{"cmd":["sh",true]}`, nil, 400, "invalid", "cmd: expected an array of strings, but an element is true or false"},
+		{"idle_pause a number", `{"idle_pause":90}`, nil, 400, "invalid", "idle_pause: expected a string, got a number"},
+		{"id null is fine", `{"id":null,"image":"a"}`, nil, 0, "", ""},
+		{"not an object", `[{"image":"a"}]`, nil, 400, "invalid", "request body: expected a JSON object, got an array"},
+		{"a string", `"image"`, nil, 400, "invalid", "request body: expected a JSON object, got a string"},
+		{"bare word", `{"image": nope}`, nil, 400, "invalid", "request body is not valid JSON: unexpected character 'o' at byte 12 in what starts like null (a string needs double quotes)"},
+		{"unquoted value", `{"image": app}`, nil, 400, "invalid", "request body is not valid JSON: unexpected character 'a' at byte 11 where a value should start (a string needs double quotes)"},
+		{"trailing comma", `{"image":"a",}`, nil, 400, "invalid", `request body is not valid JSON: unexpected character '}' at byte 14 where a field name in double quotes should start`},
+		{"missing comma", `{"image":"a" "ports":[1]}`, nil, 400, "invalid", `request body is not valid JSON: unexpected character '"' at byte 14 after a field's value (expected "," or "}")`},
+		{"missing colon", `{"image" "a"}`, nil, 400, "invalid", `unexpected character '"' at byte 10 after a field name (expected ":")`},
+		{"array", `{"ports":[1 2]}`, nil, 400, "invalid", `unexpected character '2' at byte 13 after an array element (expected "," or "]")`},
+		{"control character", "{\"image\":\"a\x01\"}", nil, 400, "invalid", `unexpected character '\x01' at byte 12 inside a string (control characters must be escaped)`},
+		{"single quote", `{'image':1}`, nil, 400, "invalid", `unexpected character '\'' at byte 2 where a field name in double quotes should start`},
+		{"truncated", `{"image":"a","ports":[1`, nil, 400, "invalid", "request body is not valid JSON: it ends too early (an unclosed {, [ or string?)"},
+		{"empty", ``, nil, 400, "invalid", "request body is empty: a JSON object is required"},
+		{"blank", " \n ", nil, 400, "invalid", "request body is empty: a JSON object is required"},
+		{"two objects", `{"image":"a"} {}`, nil, 400, "invalid", "request body has more after the JSON object, at byte 15: send one object"},
+		{"stray bracket", `{"image":"a"}]`, nil, 400, "invalid", "request body has more after the JSON object, at byte 14: send one object"},
+		{"unknown field", `{"image":"a","port":8080}`, nil, 400, "invalid", `unknown field "port" ` + createFields},
+		{"unknown fields", `{"imgae":"a","port":8080,"ports":[1],"Memory":5}`, nil, 400, "invalid", `unknown fields "Memory", "imgae", "port" ` + createFields},
+		{"case-insensitive names are known", `{"IMAGE":"a","Ports":[1]}`, nil, 0, "", ""},
+		{"too large", `{"image":"` + strings.Repeat("a", maxBodyBytes) + `"}`, nil, 413, "too_large", "request body is over 1048576 bytes"},
+		{"patch: unknown field", `{"idle":"3m"}`, func() any { return new(patchBody) }, 400, "invalid", `unknown field "idle" (fields: access, idle_pause, idle_stop, max_lifetime, egress)`},
+		{"patch: access a bool", `{"access":true}`, func() any { return new(patchBody) }, 400, "invalid", "access: expected a string, got true or false"},
+		{"keepalive: for a number", `{"for":600}`, func() any {
+			return new(struct {
+				For string `json:"for"`
+			})
+		}, 400, "invalid", "for: expected a string, got a number"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := any(new(createBody))
+			if tc.into != nil {
+				v = tc.into()
+			}
+			w := httptest.NewRecorder()
+			ok := decodeBody(w, httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(tc.body)), v)
+			if tc.status == 0 {
+				if !ok {
+					t.Fatalf("refused: %d %s", w.Code, w.Body.String())
+				}
+				return
+			}
+			if ok {
+				t.Fatalf("accepted, want %d", tc.status)
+			}
+			var e client.ErrorResponse
+			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil {
+				t.Fatalf("answer is not the error JSON: %q", w.Body.String())
+			}
+			if w.Code != tc.status || e.Error.Code != tc.code || !strings.Contains(e.Error.Message, tc.want) {
+				t.Fatalf("got %d %s %q\nwant %d %s %q", w.Code, e.Error.Code, e.Error.Message, tc.status, tc.code, tc.want)
+			}
+			if strings.Contains(e.Error.Message, "Go ") || strings.Contains(e.Error.Message, "json:") || strings.Contains(e.Error.Message, "createBody") {
+				t.Errorf("message in Go's words: %q", e.Error.Message)
+			}
+		})
+	}
+}

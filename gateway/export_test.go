@@ -1,0 +1,4 @@
+package gateway
+
+// MetricDiskQuotaStops is read by the external tests.
+var MetricDiskQuotaStops = metricDiskQuotaStops

@@ -1,0 +1,112 @@
+package preview
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+
+	"go.uber.org/zap"
+
+	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/cluster/peer"
+	"github.com/sandwake/sandwake/gateway"
+	"github.com/sandwake/sandwake/internal/web"
+)
+
+// serveCluster routes a preview request in cluster mode and reports whether
+// it answered it. A request another node forwarded (it came through the
+// peer listener, which verified the node) is served here and never
+// forwarded again (no loops); one claiming to be forwarded anywhere else
+// is refused. A request for a sandbox the catalog puts on another node
+// goes to that node's peer listener (the same Host, so the owner routes
+// it; websockets and streams pass through), and the owner does the wake,
+// the warming page and the hold.
+func (g *Handler) serveCluster(w http.ResponseWriter, r *http.Request, e *gateway.Gateway, s *gateway.Settings, id string, port int) (bool, error) {
+	c := e.Cluster.Cluster
+	if from := peer.Of(r); from != "" {
+		peer.TrustForwarder(r)
+		if en, ok := c.Lookup(id); ok && en.Node != c.Self() {
+			if _, err := e.Routes.Get(id); err != nil {
+				// The sender's catalog and this node's disagree: answer
+				// rather than forward again.
+				countRequest(outcomeNotFound)
+				web.WriteError(w, http.StatusServiceUnavailable, "not_here",
+					fmt.Sprintf("node %s forwarded sandbox %s here, but it lives on node %s; retry", from, id, en.Node), 1)
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	if _, claimed := r.Header[cluster.ForwardHeader]; claimed {
+		countRequest(outcomeUnsignedForward)
+		web.WriteError(w, http.StatusForbidden, "unsigned_forward", peer.ErrOutsidePeerListener, 0)
+		return true, nil
+	}
+	en, ok := c.Lookup(id)
+	if !ok || en.Node == c.Self() {
+		return false, nil
+	}
+	if _, err := e.Routes.Get(id); err == nil {
+		// This node holds the sandbox: served here, whatever the
+		// catalog says (see the publisher's repair).
+		return false, nil
+	}
+	return true, g.forwardPreview(w, r, e, s, en, port)
+}
+
+// forwardPreview sends r to the owner node of entry en, over mutual TLS to
+// its peer listener, signed. Nothing is sent unless the node is live with
+// a registration its certificate covers and the listener at its address
+// proves to be that node: else the visitor gets 503 host_unavailable.
+func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gateway.Gateway, s *gateway.Settings, en cluster.Entry, port int) error {
+	cs := e.Cluster
+	node, ok := cs.Node(en.Node)
+	if !ok || !node.Live || node.Advertise == "" {
+		return g.hostUnavailable(w, r, s, en, port)
+	}
+	peer.MetricForwardedPreview.Inc()
+	var failed error
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", node.Advertise
+			peer.SetForwardedHeaders(pr)
+			// A visitor's request names no API caller: one it sent is
+			// not signed on its behalf.
+			delete(pr.Out.Header, cluster.CallerHeader)
+			peer.SignForward(cs.Cluster, pr.Out)
+		},
+		Transport:     cs.Transport(node.Name, node.Advertise),
+		FlushInterval: -1, // streams pass through as they come
+		ErrorLog:      peer.ForwardErrorLog,
+		ErrorHandler: func(_ http.ResponseWriter, _ *http.Request, err error) {
+			failed = err
+		},
+	}
+	rp.ServeHTTP(w, r)
+	if failed != nil {
+		// No answer from the node (nothing was written): it went down
+		// before its lease ran out, or the listener at its address is not
+		// that node.
+		if errors.Is(failed, cluster.ErrPeerIdentity) {
+			g.logger.Warn("refused to forward: the peer at the node's address is not that node",
+				zap.String("id", en.ID), zap.String("node", en.Node), zap.String("addr", node.Advertise), zap.Error(failed))
+		}
+		return g.hostUnavailable(w, r, s, en, port)
+	}
+	return nil
+}
+
+// hostUnavailable answers a request for a sandbox whose node is lost: 503
+// with Retry-After, a page for browsers.
+func (g *Handler) hostUnavailable(w http.ResponseWriter, r *http.Request, s *gateway.Settings, en cluster.Entry, port int) error {
+	countRequest(outcomeHostUnavailable)
+	if s.XRobotsTag != nil {
+		w.Header()["X-Robots-Tag"] = s.XRobotsTag
+	}
+	msg := fmt.Sprintf("Sandbox %s lives on node %s, which cannot be reached now.", en.ID, en.Node)
+	answer(w, r, http.StatusServiceUnavailable, pageData{Kind: pageUnavailable, Title: "Host unavailable",
+		Message: msg + " This page retries by itself.", SandboxID: en.ID, Port: port, RetryAfter: peer.HostRetryAfter},
+		"host_unavailable", msg+" Retry later.", peer.HostRetryAfter)
+	return nil
+}
