@@ -46,6 +46,11 @@ type Harness struct {
 	Extra       string // extra lines for the sandwake global option
 	// Client dials every preview host on loopback, whatever its name.
 	Client *http.Client
+
+	// starts are the start events of the run's containers, by container
+	// name, as a live subscription saw them (see StartEvents).
+	startsMu sync.Mutex
+	starts   map[string][]time.Time
 }
 
 // caddyMu serialises in-process Caddy instances: Caddy keeps one running
@@ -104,6 +109,7 @@ func NewWithCaddyfile(t testing.TB, render func(h *Harness) string) *Harness {
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	h.watchStarts()
 	caddyMu.Lock()
 	var instance string
 	t.Cleanup(func() {
@@ -296,9 +302,60 @@ func BrowserHeader() http.Header {
 	}
 }
 
+// watchStarts follows the engine's start events of this run's containers
+// until the test ends. Docker replays only its last 256 events to a
+// "since" query, which packages testing in parallel roll over in seconds;
+// a live subscription misses none.
+func (h *Harness) watchStarts() {
+	h.starts = map[string][]time.Time{}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := dockerclient.Filters{}.Add("type", "container").Add("event", "start").Add("label", testenv.LabelRun+"="+testenv.RunID())
+	res := h.Docker.Events(ctx, dockerclient.EventsListOptions{Filters: f})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case m, ok := <-res.Messages:
+				if !ok {
+					return
+				}
+				name := m.Actor.Attributes["name"]
+				h.startsMu.Lock()
+				h.starts[name] = append(h.starts[name], time.Unix(0, m.TimeNano))
+				h.startsMu.Unlock()
+			case <-res.Err:
+				return
+			}
+		}
+	}()
+	h.T.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
 // StartEvents counts "start" events of a container on the engine between
-// since and now: the engine's own count, independent of sandwake.
+// since and now: the engine's own count, independent of sandwake. It is the
+// larger of what the live subscription saw (complete, but an event may
+// still be on its way) and what Docker replays (at once, but only its last
+// 256 events).
 func (h *Harness) StartEvents(id string, since time.Time) int {
+	h.T.Helper()
+	live := 0
+	h.startsMu.Lock()
+	for _, at := range h.starts[docker.ContainerName(id)] {
+		if !at.Before(since) {
+			live++
+		}
+	}
+	h.startsMu.Unlock()
+	return max(live, h.replayedStarts(id, since))
+}
+
+// replayedStarts counts the start events Docker replays for sandbox id's
+// container between since and now.
+func (h *Harness) replayedStarts(id string, since time.Time) int {
 	h.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
