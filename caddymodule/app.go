@@ -846,7 +846,7 @@ func openEngine(a *App) (*engine, error) {
 		}
 	}
 	if err := e.startCluster(); err != nil {
-		e.Cluster.Leave()
+		e.Cluster.Close()
 		c.Close()
 		return nil, err
 	}

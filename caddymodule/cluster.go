@@ -368,7 +368,7 @@ func (e *engine) startCluster() error {
 	if e.Cluster == nil {
 		return nil
 	}
-	return e.Cluster.Join(e.clusterCfg.PeerListen)
+	return e.Cluster.Start(e.clusterCfg.PeerListen)
 }
 
 // applyCluster publishes a config's cluster settings to the running

@@ -55,7 +55,10 @@ func seedCatalog(tb testing.TB, cli *clientv3.Client, prefix string, n int) {
 // (deleted entries gone, changed ones new, unchanged ones the same
 // pointers Lookup already had).
 func TestCatalogLoadsInPages(t *testing.T) {
-	defer func(n int64) { catalogPage = n }(catalogPage)
+	// Restored after the node's cleanup has closed it (cleanups run last
+	// registered first): its loops read catalogPage until then.
+	old := catalogPage
+	t.Cleanup(func() { catalogPage = old })
 	catalogPage = 100
 	ec := etcdtest.Start(t, 1)
 	prefix := testPrefix()

@@ -260,8 +260,20 @@ func (e *Engine) Secret(name string, gen func() ([]byte, error)) ([]byte, error)
 
 // Close closes the Manager (wakes in flight are cancelled and awaited,
 // activity flushed), the runtime and the store.
+//
+// When the manager gave up waiting for work that ignored its cancellation
+// (lifecycle.ErrCloseTimeout), the store and the runtime stay open: that
+// work may still use them, and closing Badger under it could crash the
+// process. At exit nothing is lost (Badger replays its log when opened);
+// after a reload that moved the store elsewhere, the old one stays open
+// until the process ends.
 func (e *Engine) Close() error {
-	return errors.Join(e.Manager.Close(), e.closeParts())
+	if err := e.Manager.Close(); errors.Is(err, lifecycle.ErrCloseTimeout) {
+		return fmt.Errorf("%w; the store is left open for the work still running", err)
+	} else if err != nil {
+		return errors.Join(err, e.closeParts())
+	}
+	return e.closeParts()
 }
 
 // closeParts closes the runtime and the store.

@@ -31,15 +31,16 @@ type Settings struct {
 	XRobotsTag []string
 }
 
-// previewURL is the user-facing URL of sandbox id's port.
+// PreviewURLOf is the user-facing URL of sandbox id's port.
 func (s *Settings) PreviewURLOf(id string, port int) string {
 	return strings.Replace(s.PreviewURL, "*", "s-"+id+"-"+strconv.Itoa(port), 1) + "/"
 }
 
-// engine is the long-lived runtime shared by every config with the same
-// storage directory.
+// Gateway is the running gateway: the long-lived runtime shared by every
+// config with the same storage directory, and the request path's state
+// (caddymodule opens it; preview and api serve from it).
 type Gateway struct {
-	// Core is the store, runtime and manager (mgr is core.Manager).
+	// Core is the store, runtime and manager (Mgr is Core.Manager).
 	Core    *core.Engine
 	Mgr     *lifecycle.Manager
 	Routes  *RouteCache
@@ -54,7 +55,7 @@ type Gateway struct {
 
 	DockerHost, UpstreamMode, Network string
 	// Upstreams is the upstream mode in force (direct, published or
-	// network), upstreamsWhy why: readyz and the start-up log say them.
+	// network), UpstreamsWhy why: readyz and the start-up log say them.
 	Upstreams, UpstreamsWhy string
 
 	// Instance is the gateway's instance name (configured or kept).
@@ -113,7 +114,7 @@ func (e *Gateway) Close() error {
 	// still answer the publisher's last reads.
 	var cerr error
 	if e.Cluster != nil {
-		cerr = e.Cluster.Leave()
+		cerr = e.Cluster.Close()
 	}
 	err := errors.Join(cerr, e.Core.Close())
 	e.Log.Info("sandwake engine stopped")

@@ -206,5 +206,5 @@ func Collectors() []prometheus.Collector {
 // read it at scrape time).
 func Current() *Gateway { return metricsEngine.Load() }
 
-// SetCurrent makes e the engine the collectors read; Destruct unsets it.
+// SetCurrent makes e the engine the collectors read; Close unsets it.
 func SetCurrent(e *Gateway) { metricsEngine.Store(e) }

@@ -65,7 +65,7 @@ func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gate
 	if !ok || !node.Live || node.Advertise == "" {
 		return g.hostUnavailable(w, r, s, en, port)
 	}
-	peer.MetricForwardedPreview.Inc()
+	peer.CountForwardedPreview()
 	var failed error
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

@@ -802,5 +802,5 @@ func isPageLoad(r *http.Request) bool {
 	return strings.Contains(h.Get("Accept"), "text/html")
 }
 
-// Interface guards.
+// Interface guard.
 var _ caddyhttp.MiddlewareHandler = (*Handler)(nil)

@@ -126,7 +126,7 @@ func TestHotPathAllocations(t *testing.T) {
 
 // BenchmarkGateHotPath measures the gate's own cost for a running sandbox.
 //
-//	go test -run '^$' -bench GateHotPath -benchmem ./caddymodule/
+//	go test -run '^$' -bench GateHotPath -benchmem ./preview/
 func BenchmarkGateHotPath(b *testing.B) {
 	g, _ := hotPathGate(b)
 	r := hotRequest()

@@ -21,7 +21,7 @@ import (
 // and the heap allocations per request of each (client, server and proxy
 // together; their difference is what sandwake adds) and the ratios.
 //
-//	go test -run '^$' -bench ProxiedRequest -benchtime 2000x ./caddymodule/
+//	go test -run '^$' -bench ProxiedRequest -benchtime 2000x ./preview/
 func BenchmarkProxiedRequest(b *testing.B) {
 	h := newHarness(b, "idle_pause 0\n\t\tidle_stop 0")
 	rec := h.Create(nil)

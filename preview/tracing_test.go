@@ -55,7 +55,7 @@ func tracedHeader(h http.Header) (http.Header, trace.TraceID, trace.SpanID) {
 // site, a request that wakes a stopped sandbox on the real engine gets a
 // sandwake.wake span under Caddy's server span, with hold, admission,
 // docker.start (the Docker client's call under it), readiness and proxy
-// Spans under that, all exported by the directive's own exporter. A page
+// spans under that, all exported by the directive's own exporter. A page
 // load gets the warming page and leads the next wake; an API request
 // joining that wake is marked and linked to it. A request to the running
 // sandbox gets no sandwake span at all.

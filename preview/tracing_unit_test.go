@@ -26,7 +26,7 @@ import (
 // Spans is a set of ended spans, as an exporter receives them.
 type Spans []tracetest.SpanStub
 
-// Named returns the Spans called name.
+// Named returns the spans called name.
 func (ss Spans) Named(name string) Spans {
 	var out Spans
 	for _, s := range ss {
@@ -43,12 +43,12 @@ func (ss Spans) One(t testing.TB, name string) tracetest.SpanStub {
 	t.Helper()
 	got := ss.Named(name)
 	if len(got) != 1 {
-		t.Fatalf("%d Spans %s, want 1 (spans: %v)", len(got), name, ss.Names())
+		t.Fatalf("%d spans %s, want 1 (spans: %v)", len(got), name, ss.Names())
 	}
 	return got[0]
 }
 
-// ChildrenOf returns the Spans whose parent is p.
+// ChildrenOf returns the spans whose parent is p.
 func (ss Spans) ChildrenOf(p tracetest.SpanStub) Spans {
 	var out Spans
 	for _, s := range ss {
@@ -59,7 +59,7 @@ func (ss Spans) ChildrenOf(p tracetest.SpanStub) Spans {
 	return out
 }
 
-// InTrace returns the Spans of trace id.
+// InTrace returns the spans of trace id.
 func (ss Spans) InTrace(id trace.TraceID) Spans {
 	var out Spans
 	for _, s := range ss {
@@ -136,7 +136,7 @@ func (u *unitGate) serveTraced(t testing.TB, r recorded, header http.Header) (*h
 
 // TestWakeSpans: a traced request that wakes a sandbox gets a
 // sandwake.wake span under its own, naming the sandbox, port, outcome and
-// whether it led the wake, with hold, engine, readiness and proxy Spans
+// whether it led the wake, with hold, engine, readiness and proxy spans
 // under it as far as its wake got; a request to a running sandbox gets
 // none.
 func TestWakeSpans(t *testing.T) {
@@ -163,11 +163,11 @@ func TestWakeSpans(t *testing.T) {
 			errored:   []string{"docker.start", "sandwake.hold", "sandwake.wake"}},
 		{name: "hold times out", state: lifecycle.Stopped, header: http.Header{"Accept": {"application/json"}}, wantStatus: http.StatusServiceUnavailable, outcome: wakeTimeout,
 			holdStart: true, holdFor: 100 * time.Millisecond,
-			// The engine's Spans end with the wake, after the request.
+			// The engine's spans end with the wake, after the request.
 			children: []string{"sandwake.admission", "sandwake.hold"},
 			errored:  []string{"sandwake.hold", "sandwake.wake"}},
 		{name: "warming page", state: lifecycle.Stopped, header: page, wantStatus: http.StatusServiceUnavailable, outcome: wakeWarmingPage,
-			// The wake goes on after the page: its Spans end later.
+			// The wake goes on after the page: its spans end later.
 			children: []string{"docker.start", "sandwake.admission", "sandwake.readiness"}},
 		{name: "running", state: lifecycle.Running, header: http.Header{"Accept": {"application/json"}}, wantStatus: http.StatusOK},
 	}
@@ -192,7 +192,7 @@ func TestWakeSpans(t *testing.T) {
 			}
 			if tt.outcome == "" {
 				if got := r.ended().Names(); !slices.Equal(got, []string{"request"}) {
-					t.Fatalf("Spans %v, want only the request's", got)
+					t.Fatalf("spans %v, want only the request's", got)
 				}
 				return
 			}
@@ -202,7 +202,7 @@ func TestWakeSpans(t *testing.T) {
 				all = r.ended()
 				wakes := all.Named(spanWake)
 				if len(wakes) != 1 {
-					return false, fmt.Sprintf("Spans %v", all.Names())
+					return false, fmt.Sprintf("spans %v", all.Names())
 				}
 				wake = wakes[0]
 				got := all.ChildrenOf(wake).Names()
@@ -230,7 +230,7 @@ func TestWakeSpans(t *testing.T) {
 
 // TestJoinedWakeSpans: a request that joins a wake another request leads
 // gets a wake span marked as not leading, linked to the leader's, with hold
-// and proxy Spans and no engine span.
+// and proxy spans and no engine span.
 func TestJoinedWakeSpans(t *testing.T) {
 	u := newUnitGate(t, *unitRecord("app", lifecycle.Stopped, nil))
 	g := u.rt.Hold(t, "Start", "app")
@@ -269,7 +269,7 @@ func TestJoinedWakeSpans(t *testing.T) {
 	var all Spans
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
 		all = r.ended()
-		return len(all.Named(spanWake)) == 2 && len(all.Named("sandwake.readiness")) == 1, fmt.Sprintf("Spans %v", all.Names())
+		return len(all.Named(spanWake)) == 2 && len(all.Named("sandwake.readiness")) == 1, fmt.Sprintf("spans %v", all.Names())
 	})
 	var leader, joiner tracetest.SpanStub
 	for _, s := range all.Named(spanWake) {

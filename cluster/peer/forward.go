@@ -118,8 +118,8 @@ func (cs *Node) ForwardAPI(w http.ResponseWriter, r *http.Request, nodeName, wha
 	cs.ProxyAPI(w, r, nodeName, what, caller, body, false)
 }
 
-// ProxyAPI is forwardAPI; with onlyIfDialed, a node that cannot be dialled
-// (nothing was sent) gets no answer written: proxyAPI reports it instead,
+// ProxyAPI is ForwardAPI; with onlyIfDialed, a node that cannot be dialled
+// (nothing was sent) gets no answer written: ProxyAPI reports it instead,
 // so that the caller can try another node.
 func (cs *Node) ProxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what, caller string, body []byte, onlyIfDialed bool) (notDialed bool) {
 	c := cs.Cluster

@@ -129,7 +129,9 @@ func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		err = fmt.Errorf("%w: signed by %q, certificate of node %s", cluster.ErrUnsigned, from, node)
 	}
 	if err != nil {
-		p.cs.onUnsigned()
+		if p.cs.onUnsigned != nil {
+			p.cs.onUnsigned()
+		}
 		web.WriteError(w, http.StatusForbidden, "unsigned_forward", err.Error(), 0)
 		return
 	}

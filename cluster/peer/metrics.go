@@ -24,7 +24,7 @@ var (
 	metricCatalogRejected = prometheus.NewDesc("caddy_sandwake_catalog_rejected_total",
 		"Catalog entries this node read and ignored because no node of the cluster signed them.", nil, nil)
 
-	MetricForwardedPreview = metricForwarded.WithLabelValues("preview")
+	metricForwardedPreview = metricForwarded.WithLabelValues("preview")
 	metricForwardedAPI     = metricForwarded.WithLabelValues("api")
 )
 
@@ -59,3 +59,7 @@ func (cc clusterCollector) Collect(ch chan<- prometheus.Metric) {
 func Collectors(node func() *Node) []prometheus.Collector {
 	return []prometheus.Collector{metricForwarded, clusterCollector{node}}
 }
+
+// CountForwardedPreview counts a preview request this node forwarded to the
+// sandbox's owner.
+func CountForwardedPreview() { metricForwardedPreview.Inc() }

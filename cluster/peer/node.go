@@ -82,7 +82,7 @@ type Node struct {
 // NewNode is the node's part in cluster c: the peer listener (not yet
 // listening), the fan-out of other nodes' changes, the transports to them.
 // onUnsigned is called for each forwarded request refused for its
-// signature.
+// signature (nil: they are not counted).
 func NewNode(c *cluster.Cluster, peers *cluster.PeerTLS, log *zap.Logger, onUnsigned func()) *Node {
 	cs := &Node{Cluster: c, log: log, Remote: newRemoteEvents(c.Self()), Peers: peers, onUnsigned: onUnsigned}
 	cs.listener = newPeerListener(cs, log.Named("cluster.peer"))
@@ -97,10 +97,11 @@ func (cs *Node) SetTargets(preview, api http.Handler) {
 	cs.listener.targets.Store(&peerTargets{preview: preview, api: api})
 }
 
-// Join opens the peer listener and joins the cluster once the
-// manager runs. With etcd down the node still starts: readyz says why, and
-// the cluster keeps retrying.
-func (cs *Node) Join(listen string) error {
+// Start opens the peer listener on listen and joins the cluster once the
+// manager runs (it stands in for the embedded Cluster's Start, which only
+// joins). With etcd down the node still starts: readyz says why, and the
+// cluster keeps retrying.
+func (cs *Node) Start(listen string) error {
 	// Listening before registering: a node the others see live accepts
 	// their connections.
 	if err := cs.listener.start(listen); err != nil {
@@ -119,10 +120,10 @@ func (cs *Node) Join(listen string) error {
 	return nil
 }
 
-// Leave leaves the cluster (the lease is revoked: other nodes see
-// this node gone at once), then closes the peer listener and stops
-// forwarding.
-func (cs *Node) Leave() error {
+// Close leaves the cluster (the lease is revoked: other nodes see this
+// node gone at once), then closes the peer listener and stops forwarding
+// (it stands in for the embedded Cluster's Close, which only leaves).
+func (cs *Node) Close() error {
 	err := cs.Cluster.Close()
 	cs.Remote.close()
 	lerr := cs.listener.close()

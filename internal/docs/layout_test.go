@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -84,4 +85,56 @@ func short(path string) string {
 		return "(root)"
 	}
 	return strings.TrimPrefix(path, module+"/")
+}
+
+// quotedPath is a back-quoted path of the repository in Markdown: a
+// directory and a file name with an extension, or a Go test named after its
+// package (`preview/TestChurnNoBare502`).
+var quotedPath = regexp.MustCompile("`((?:[a-z][a-z0-9_-]*/)+)([A-Za-z0-9_.-]+\\.(?:go|md|html|json|yaml|sh)|Test[A-Za-z0-9_]+)`")
+
+// TestQuotedPathsExist: every file of this repository a doc names in back
+// quotes exists, and
+// every test it names by package exists in that package, so that a move
+// (the rooms issue moved most of caddymodule) cannot leave a doc pointing
+// at nothing.
+func TestQuotedPathsExist(t *testing.T) {
+	root := filepath.Join("..", "..")
+	for _, md := range markdownFiles(t, root) {
+		raw, err := os.ReadFile(md)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range quotedPath.FindAllStringSubmatch(string(raw), -1) {
+			dir, name := m[1], m[2]
+			top, _, _ := strings.Cut(dir, "/")
+			if _, err := os.Stat(filepath.Join(root, top)); err != nil {
+				continue // another project's path (Sablier's pkg/sablier/…)
+			}
+			p := filepath.Join(root, dir, name)
+			if strings.HasPrefix(name, "Test") {
+				if !hasTest(t, filepath.Join(root, dir), name) {
+					t.Errorf("%s names %s%s: no such test in %s", rel(root, md), dir, name, dir)
+				}
+				continue
+			}
+			if _, err := os.Stat(p); err != nil {
+				t.Errorf("%s names %s%s, which does not exist", rel(root, md), dir, name)
+			}
+		}
+	}
+}
+
+// hasTest reports whether a _test.go file of dir declares func name.
+func hasTest(t *testing.T, dir, name string) bool {
+	files, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte("func "+name+"(")) {
+			return true
+		}
+	}
+	return false
 }

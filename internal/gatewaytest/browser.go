@@ -79,7 +79,7 @@ func Screenshot(t *testing.T, ctx context.Context, name string) {
 	defer cancel()
 	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	if err != nil {
-		t.Fatalf("Screenshot %s: %v", name, err)
+		t.Fatalf("screenshot %s: %v", name, err)
 	}
 	if err := os.MkdirAll(screenshotDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -88,7 +88,7 @@ func Screenshot(t *testing.T, ctx context.Context, name string) {
 	if err := os.WriteFile(p, png, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("Screenshot: %s", p)
+	t.Logf("screenshot: %s", p)
 }
 
 // Evaluate runs a script in the tab and decodes its result.
