@@ -361,6 +361,11 @@ func TestAPIAuth(t *testing.T) {
 	if status := h.API("GET", "/v1/readyz", nil, &full); status != 200 || full.Instance == "" || !strings.HasPrefix(full.Checks["isolation"], "ok: seccomp") {
 		t.Errorf("readyz with the token: %d %+v, want the instance and the isolation detail", status, full)
 	}
+	// The upstream mode in force and why: direct on this machine (a local
+	// engine, the sandbox bridge in the gateway's namespace).
+	if up := full.Checks["upstreams"]; !strings.HasPrefix(up, "direct: ") || !strings.Contains(up, "is on this host") {
+		t.Errorf("readyz's upstreams check: %q, want direct and why", up)
+	}
 	// None of the refused requests did anything.
 	if ids := h.listIDs(""); len(ids) != 0 {
 		t.Fatalf("unauthenticated requests made sandboxes: %v", ids)

@@ -1,11 +1,11 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -110,7 +110,9 @@ func typeWords(t reflect.Type, te *json.UnmarshalTypeError) string {
 // type t, nil if there is none.
 func fieldType(t reflect.Type, path string) reflect.Type {
 	for name := range strings.SplitSeq(path, ".") {
-		for t.Kind() == reflect.Pointer {
+		// encoding/json's path names struct fields only: a map's key or
+		// a slice's index is not in it.
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Map || t.Kind() == reflect.Slice {
 			t = t.Elem()
 		}
 		if t.Kind() != reflect.Struct {
@@ -191,6 +193,8 @@ func pluralDesc(t reflect.Type) string {
 		return "numbers"
 	case "true or false":
 		return "true/false values"
+	case "a JSON object":
+		return "JSON objects"
 	default:
 		return "values"
 	}
@@ -221,31 +225,114 @@ func gotWords(value string, t reflect.Type) string {
 }
 
 // unknownFieldWords names the body's unknown fields (all of them, not only
-// the first the decoder met) and the fields there are. quoted is the first
-// one as encoding/json quotes it.
+// the first the decoder met) and the fields there are, in the object that
+// has them: "services.db: unknown field "imgae" (fields: image, …)" for a
+// nested one. quoted is the first one as encoding/json quotes it.
 func unknownFieldWords(body []byte, t reflect.Type, quoted string) string {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
+	var found []unknownField
+	findUnknown(body, t, "", &found)
+	// The object the decoder stopped in: the one holding the field it
+	// named (encoding/json does not say where that is).
+	at := slices.IndexFunc(found, func(u unknownField) bool { return fmt.Sprintf("%q", u.name) == quoted })
+	path, in := "", t
+	if at >= 0 {
+		path, in = found[at].path, found[at].in
 	}
-	known := jsonFields(t)
-	unknown := []string{quoted}
-	var obj map[string]json.RawMessage
-	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&obj); err == nil {
-		unknown = unknown[:0]
-		for k := range obj {
-			// encoding/json matches names case-insensitively.
-			if !slices.ContainsFunc(known, func(f string) bool { return strings.EqualFold(f, k) }) {
-				unknown = append(unknown, fmt.Sprintf("%q", k))
-			}
+	for in.Kind() == reflect.Pointer {
+		in = in.Elem()
+	}
+	var unknown []string
+	for _, u := range found {
+		if u.path == path {
+			unknown = append(unknown, fmt.Sprintf("%q", u.name))
 		}
-		slices.Sort(unknown)
-		if len(unknown) == 0 {
-			unknown = []string{quoted}
-		}
+	}
+	slices.Sort(unknown)
+	if len(unknown) == 0 {
+		unknown = []string{quoted}
 	}
 	s := "unknown field "
 	if len(unknown) > 1 {
 		s = "unknown fields "
 	}
-	return s + strings.Join(unknown, ", ") + " (fields: " + strings.Join(known, ", ") + ")"
+	if path != "" {
+		s = path + ": " + s
+	}
+	return s + strings.Join(unknown, ", ") + " (fields: " + strings.Join(jsonFields(in), ", ") + ")"
+}
+
+// unknownField is a field of a body that its type does not have: its name,
+// the path of the object holding it ("" for the body, "services.db") and
+// that object's struct type.
+type unknownField struct {
+	name, path string
+	in         reflect.Type
+}
+
+// findUnknown walks the JSON value raw as type t decodes it and appends
+// the fields no struct on the way knows, under path. Values that do not
+// decode as t expects are passed over: the decoder reports those.
+func findUnknown(raw []byte, t reflect.Type, path string, out *[]unknownField) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	join := func(k string) string {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(raw, &obj) != nil {
+			return
+		}
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
+			// encoding/json matches names case-insensitively.
+			f, ok := fieldByJSONFold(t, k)
+			if !ok {
+				*out = append(*out, unknownField{name: k, path: path, in: t})
+				continue
+			}
+			findUnknown(obj[k], f.Type, join(k), out)
+		}
+	case reflect.Map:
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(raw, &obj) != nil {
+			return
+		}
+		for _, k := range slices.Sorted(maps.Keys(obj)) {
+			findUnknown(obj[k], t.Elem(), join(k), out)
+		}
+	case reflect.Slice, reflect.Array:
+		var arr []json.RawMessage
+		if json.Unmarshal(raw, &arr) != nil {
+			return
+		}
+		for i, v := range arr {
+			findUnknown(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out)
+		}
+	}
+}
+
+// fieldByJSONFold finds the field of struct type t that encoding/json
+// decodes name into: its JSON name, in any case.
+func fieldByJSONFold(t reflect.Type, name string) (reflect.StructField, bool) {
+	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue
+		}
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if tag == "-" {
+			continue
+		}
+		if tag == "" {
+			tag = f.Name
+		}
+		if strings.EqualFold(tag, name) {
+			return f, true
+		}
+	}
+	return reflect.StructField{}, false
 }

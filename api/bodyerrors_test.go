@@ -14,7 +14,7 @@ import (
 // usual error JSON and status, and a message in plain words: which field,
 // what was expected and what came, or where the JSON breaks.
 func TestDecodeBodyMessages(t *testing.T) {
-	const createFields = "(fields: id, template, pool, image, cmd, env, ports, memory_mb, cpus, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, labels, access, egress, user, readonly_rootfs, cap_add, runtime, disk_mb)"
+	const createFields = "(fields: id, template, pool, image, cmd, env, ports, memory_mb, cpus, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, labels, access, public_card, egress, activity, user, readonly_rootfs, cap_add, runtime, disk_mb, services)"
 	for _, tc := range []struct {
 		name, body string
 		into       func() any
@@ -50,9 +50,16 @@ func TestDecodeBodyMessages(t *testing.T) {
 		{"stray bracket", `{"image":"a"}]`, nil, 400, "invalid", "request body has more after the JSON object, at byte 14: send one object"},
 		{"unknown field", `{"image":"a","port":8080}`, nil, 400, "invalid", `unknown field "port" ` + createFields},
 		{"unknown fields", `{"imgae":"a","port":8080,"ports":[1],"Memory":5}`, nil, 400, "invalid", `unknown fields "Memory", "imgae", "port" ` + createFields},
+		{"unknown service field", `{"image":"a","services":{"db":{"image":"pg","imgae":"x","Ready":"tcp:5432","port":5432}}}`, nil, 400, "invalid",
+			`services.db: unknown fields "imgae", "port" (fields: image, cmd, env, memory_mb, cpus, disk_mb, ready, workspace_path, depends_on)`},
+		{"unknown egress field", `{"image":"a","egress":{"polcy":"none"}}`, nil, 400, "invalid", `egress: unknown field "polcy" (fields: policy, allow, deny)`},
+		{"service memory a string", `{"services":{"db":{"memory_mb":"256"}}}`, nil, 400, "invalid", "services.memory_mb: expected a whole number, got a string"},
+		{"service depends_on a string", `{"services":{"db":{"depends_on":"cache"}}}`, nil, 400, "invalid", "services.depends_on: expected an array of strings, got a string"},
+		{"service a string", `{"services":{"db":"postgres"}}`, nil, 400, "invalid", "services: expected an object of JSON objects, but a value is a string"},
+		{"services an array", `{"services":[{"image":"pg"}]}`, nil, 400, "invalid", "services: expected an object of JSON objects, got an array"},
 		{"case-insensitive names are known", `{"IMAGE":"a","Ports":[1]}`, nil, 0, "", ""},
 		{"too large", `{"image":"` + strings.Repeat("a", maxBodyBytes) + `"}`, nil, 413, "too_large", "request body is over 1048576 bytes"},
-		{"patch: unknown field", `{"idle":"3m"}`, func() any { return new(patchBody) }, 400, "invalid", `unknown field "idle" (fields: access, idle_pause, idle_stop, max_lifetime, egress)`},
+		{"patch: unknown field", `{"idle":"3m"}`, func() any { return new(patchBody) }, 400, "invalid", `unknown field "idle" (fields: access, public_card, idle_pause, idle_stop, max_lifetime, egress)`},
 		{"patch: access a bool", `{"access":true}`, func() any { return new(patchBody) }, 400, "invalid", "access: expected a string, got true or false"},
 		{"keepalive: for a number", `{"for":600}`, func() any {
 			return new(struct {

@@ -98,13 +98,11 @@ func (api *Handler) createInCluster(w http.ResponseWriter, r *http.Request, e *g
 	if pooled {
 		what = "a sandbox of template " + body.Template
 	}
-	mem := spec.MemoryMB
-	if t, ok := e.Mgr.Template(body.Template); ok && mem == 0 {
-		mem = t.Spec.MemoryMB
+	var tmpl *lifecycle.Spec
+	if t, ok := e.Mgr.Template(body.Template); ok {
+		tmpl = &t.Spec
 	}
-	if mem == 0 {
-		mem = e.DefaultMemMB.Load()
-	}
+	mem := placementMemoryMB(&spec, tmpl, e.DefaultMemMB.Load())
 	if !peer.Forwarded(r) {
 		// A node that cannot be dialled (dead within its lease) got
 		// nothing: the create is placed again without it.
@@ -348,4 +346,30 @@ func clusterCheck(e *gateway.Gateway) (string, bool) {
 		return "ok, but " + strings.Join(notes, "; "), true
 	}
 	return "ok", true
+}
+
+// placementMemoryMB is the memory a create is placed by: the app's and
+// every service's (a group is placed whole), each the create's own, else
+// its template's, else the gateway's default.
+func placementMemoryMB(spec, tmpl *lifecycle.Spec, defMB int64) int64 {
+	mem, services := spec.MemoryMB, spec.Services
+	if tmpl != nil {
+		if mem == 0 {
+			mem = tmpl.MemoryMB
+		}
+		if len(services) == 0 { // as the create takes it (lifecycle's fromTemplate)
+			services = tmpl.Services
+		}
+	}
+	if mem == 0 {
+		mem = defMB
+	}
+	for _, svc := range services {
+		if svc.MemoryMB > 0 {
+			mem += svc.MemoryMB
+		} else {
+			mem += defMB
+		}
+	}
+	return mem
 }

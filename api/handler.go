@@ -91,6 +91,8 @@ func New(cfg Config, gw func() *gateway.Gateway, logger *zap.Logger) (*Handler, 
 	mux.HandleFunc("GET /v1/sandboxes/{id}/history", api.authed(read, api.routed(api.history)))
 	mux.HandleFunc("GET /v1/events", api.authed(read, api.events))
 	mux.HandleFunc("PATCH /v1/sandboxes/{id}", api.authed(admin, api.routed(api.patch)))
+	mux.HandleFunc("GET /v1/sandboxes/{id}/egress", api.authed(read, api.routed(api.egressLog)))
+	mux.HandleFunc("POST /v1/sandboxes/{id}/egress/lock", api.authed(admin, api.routed(api.lockEgress)))
 	mux.HandleFunc("POST /v1/sandboxes/{id}/tokens", api.authed(operate, api.routed(api.createToken)))
 	mux.HandleFunc("DELETE /v1/sandboxes/{id}/tokens", api.authed(operate, api.routed(api.revokeTokens)))
 	mux.HandleFunc("GET /v1/templates", api.authed(read, api.templates))
@@ -291,12 +293,14 @@ func parseOptionalDuration(name string, s *string) (*time.Duration, error) {
 func (b *createBody) spec() (lifecycle.Spec, error) {
 	spec := lifecycle.Spec{
 		Image: b.Image, Cmd: b.Cmd, Env: b.Env, Ports: b.Ports, MemoryMB: b.MemoryMB, CPUs: b.CPUs,
-		WorkspacePath: b.WorkspacePath, ReadyPath: b.ReadyPath, ReadyMode: b.ReadyMode, Labels: b.Labels, Access: b.Access,
+		WorkspacePath: b.WorkspacePath, ReadyPath: b.ReadyPath, ReadyMode: b.ReadyMode, Labels: b.Labels, Access: b.Access, PublicCard: b.PublicCard,
 		User: b.User, ReadonlyRootfs: b.ReadonlyRootfs, CapAdd: b.CapAdd, Runtime: b.Runtime, DiskMB: b.DiskMB,
+		Activity: b.Activity,
 	}
 	if b.Egress != nil {
-		spec.Egress = lifecycle.Egress{Policy: b.Egress.Policy, Allow: b.Egress.Allow}
+		spec.Egress = lifecycle.Egress{Policy: b.Egress.Policy, Allow: b.Egress.Allow, Deny: b.Egress.Deny}
 	}
+	spec.Services = serviceSpecs(b.Services)
 	var err error
 	if spec.IdlePause, err = parseOptionalDuration("idle_pause", b.IdlePause); err != nil {
 		return spec, err
@@ -339,15 +343,24 @@ func (api *Handler) create(w http.ResponseWriter, r *http.Request, e *gateway.Ga
 		api.createInCluster(w, r, e, &body, spec)
 		return
 	}
+	began := time.Now()
 	rec, pool, err := e.Mgr.CreatePooled(r.Context(), lifecycle.CreateRequest{ID: body.ID, Spec: spec, Template: body.Template, Pool: body.Pool, Tenant: principalOf(r).labels})
 	if err != nil {
 		web.WriteEngineError(w, err)
 		return
 	}
 	v := view(e, &rec)
+	// Where the create went, as a wake's held request is told.
+	timing := "create;dur=" + strconv.FormatFloat(float64(time.Since(began).Microseconds())/1000, 'f', 1, 64)
 	if body.Template != "" {
 		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
+		if pool.Hit {
+			timing += `, pool;desc="hit"`
+		} else {
+			timing += `, pool;desc="miss ` + pool.Reason + `"`
+		}
 	}
+	w.Header().Set("Server-Timing", timing)
 	web.WriteJSON(w, http.StatusCreated, v)
 }
 
@@ -492,9 +505,9 @@ func (api *Handler) patch(w http.ResponseWriter, r *http.Request, e *gateway.Gat
 		p   lifecycle.Patch
 		err error
 	)
-	p.Access = body.Access
+	p.Access, p.PublicCard = body.Access, body.PublicCard
 	if body.Egress != nil {
-		p.Egress = &lifecycle.Egress{Policy: body.Egress.Policy, Allow: body.Egress.Allow}
+		p.Egress = &lifecycle.Egress{Policy: body.Egress.Policy, Allow: body.Egress.Allow, Deny: body.Egress.Deny}
 	}
 	if p.IdlePause, err = parseOptionalDuration("idle_pause", body.IdlePause); err == nil {
 		if p.IdleStop, err = parseOptionalDuration("idle_stop", body.IdleStop); err == nil {
@@ -776,14 +789,15 @@ func view(e *gateway.Gateway, r *lifecycle.Record) recordView {
 		URLs: make(map[string]string, len(r.Spec.Ports)), MemoryMB: r.Spec.MemoryMB, CPUs: r.Spec.CPUs,
 		WorkspacePath: r.Spec.WorkspacePath, ReadyPath: r.Spec.ReadyPath,
 		IdlePause: optDuration(r.Spec.IdlePause), IdleStop: optDuration(r.Spec.IdleStop), MaxLifetime: optDuration(r.Spec.MaxLifetime),
-		Labels: r.Spec.Labels, Access: r.Spec.Access,
+		Labels: r.Spec.Labels, Access: r.Spec.Access, PublicCard: r.Spec.PublicCard,
 		CreatedAt: r.CreatedAt, LastActiveAt: r.LastActiveAt, StateSince: r.StateSince,
 		ExpiresAt: optTime(r.ExpiresAt), KeepaliveUntil: optTime(r.KeepaliveUntil), VerifiedAt: optTime(r.VerifiedAt),
 		Node: e.NodeName(), Template: r.Template,
 	}
 	if eg := r.Spec.Egress; eg.Policy != "" {
-		v.Egress = &client.Egress{Policy: eg.Policy, Allow: eg.Allow}
+		v.Egress = &client.Egress{Policy: eg.Policy, Allow: eg.Allow, Deny: eg.Deny}
 	}
+	v.Activity = r.Spec.Activity
 	v.User, v.CapAdd, v.Runtime = r.Spec.User, r.Spec.CapAdd, r.Spec.Runtime
 	v.ReadonlyRootfs = r.Spec.ReadonlyRootfs != nil && *r.Spec.ReadonlyRootfs
 	v.DiskMB = r.Spec.DiskMB
@@ -797,6 +811,9 @@ func view(e *gateway.Gateway, r *lifecycle.Record) recordView {
 	}
 	if v.EnvKeys == nil {
 		v.EnvKeys = []string{}
+	}
+	if len(r.Spec.Services) > 0 {
+		v.Services, v.GroupMemoryMB = servicesView(r, e.Mgr.ServiceDiskUsed(r.ID))
 	}
 	for _, p := range r.Spec.Ports {
 		v.URLs[strconv.Itoa(p)] = s.PreviewURLOf(r.ID, p)

@@ -215,8 +215,18 @@ func (h *harness) listIDsAs(token string) []string {
 // eventsAs opens /v1/events with a token.
 func (h *harness) eventsAs(t *testing.T, token string) *sseClient {
 	t.Helper()
-	req, _ := http.NewRequest("GET", h.APIURL("/v1/events"), nil)
+	return h.eventsAsFrom(t, token, "", "")
+}
+
+// eventsAsFrom is eventsAs with a query and a Last-Event-ID to replay from
+// ("" for none).
+func (h *harness) eventsAsFrom(t *testing.T, token, query, lastID string) *sseClient {
+	t.Helper()
+	req, _ := http.NewRequest("GET", h.APIURL("/v1/events"+query), nil)
 	req.Header.Set("Authorization", "Bearer "+token)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("events: %v %v", err, resp)

@@ -32,11 +32,14 @@ func templateView(st *lifecycle.TemplateStatus) client.Template {
 		Name: t.Name, Image: t.Spec.Image, Cmd: t.Spec.Cmd, EnvKeys: slices.Sorted(maps.Keys(t.Spec.Env)), Ports: t.Spec.Ports,
 		MemoryMB: t.Spec.MemoryMB, CPUs: t.Spec.CPUs, WorkspacePath: t.Spec.WorkspacePath, ReadyPath: t.Spec.ReadyPath,
 		IdlePause: optDuration(t.Spec.IdlePause), IdleStop: optDuration(t.Spec.IdleStop), MaxLifetime: optDuration(t.Spec.MaxLifetime),
-		Labels: t.Spec.Labels, Access: t.Spec.Access,
+		Labels: t.Spec.Labels, Access: t.Spec.Access, PublicCard: t.Spec.PublicCard, Activity: t.Spec.Activity, Services: serviceViews(t.Spec.Services),
 		Pool: &client.PoolStatus{
 			Idle: st.Idle, Filling: st.Filling, MinIdle: t.Pool.MinIdle, MaxIdle: t.Pool.MaxIdle, State: t.Pool.State,
 			Hits: st.Hits, MissReasons: st.Misses, Refills: st.Refills, LastError: st.LastError,
 		},
+	}
+	if eg := t.Spec.Egress; eg.Policy != "" || eg.Allow != nil || eg.Deny != nil {
+		v.Egress = &client.Egress{Policy: eg.Policy, Allow: eg.Allow, Deny: eg.Deny}
 	}
 	if v.EnvKeys == nil {
 		v.EnvKeys = []string{}

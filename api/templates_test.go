@@ -1,6 +1,8 @@
 package api_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -37,8 +39,12 @@ func TestTemplatesAPI(t *testing.T) {
 		t.Fatalf("a pool container is listed as a sandbox: %+v", sbs.Sandboxes)
 	}
 	var rec client.Sandbox
-	if status := h.API("POST", "/v1/sandboxes", map[string]any{"template": "web", "labels": map[string]string{"app": "a"}}, &rec); status != http.StatusCreated {
+	status, hdr := apiHeader(t, h.Harness, "POST", "/v1/sandboxes", map[string]any{"template": "web", "labels": map[string]string{"app": "a"}}, &rec)
+	if status != http.StatusCreated {
 		t.Fatalf("create from template: %d %+v", status, rec)
+	}
+	if st := hdr.Get("Server-Timing"); !strings.Contains(st, `pool;desc="hit"`) || !strings.Contains(st, "create;dur=") {
+		t.Errorf("a pool hit's Server-Timing: %q", st)
 	}
 	if rec.Pool == nil || !rec.Pool.Hit || rec.Template != "web" || rec.State != "running" || rec.Labels["app"] != "a" {
 		t.Fatalf("create from a full pool: %+v (pool %+v)", rec, rec.Pool)
@@ -56,9 +62,12 @@ func TestTemplatesAPI(t *testing.T) {
 		t.Fatalf("unknown template: %d %+v", status, e)
 	}
 	var cold client.Sandbox
-	if status := h.API("POST", "/v1/sandboxes", map[string]any{"template": "web", "pool": "bypass"}, &cold); status != http.StatusCreated ||
-		cold.Pool == nil || cold.Pool.Hit || cold.Pool.Reason != "bypass" {
+	status, hdr = apiHeader(t, h.Harness, "POST", "/v1/sandboxes", map[string]any{"template": "web", "pool": "bypass"}, &cold)
+	if status != http.StatusCreated || cold.Pool == nil || cold.Pool.Hit || cold.Pool.Reason != "bypass" {
 		t.Fatalf("bypass: %d %+v", status, cold.Pool)
+	}
+	if st := hdr.Get("Server-Timing"); !strings.Contains(st, `pool;desc="miss bypass"`) {
+		t.Errorf("a pool miss's Server-Timing: %q", st)
 	}
 	if h.API("GET", "/v1/sandboxes", nil, &sbs); len(sbs.Sandboxes) != 2 {
 		t.Fatalf("listed %d sandboxes, want the 2 created", len(sbs.Sandboxes))
@@ -108,4 +117,21 @@ func TestDashboardTemplatesInBrowser(t *testing.T) {
 		t.Fatalf("sandboxes after the click: %+v", sbs.Sandboxes)
 	}
 	gatewaytest.Screenshot(t, ctx, "dashboard-templates.png")
+}
+
+// apiHeader is h.API that also returns the answer's header.
+func apiHeader(t *testing.T, h *gatewaytest.Harness, method, path string, body, out any) (int, http.Header) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(method, h.APIURL(path), bytes.NewReader(b))
+	req.Header.Set("Authorization", "Bearer "+gatewaytest.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return resp.StatusCode, resp.Header
 }

@@ -3,8 +3,11 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,8 +61,9 @@ func errorOf(t *testing.T, body string) (code, msg string) {
 // kept); beta's create of x must be refused exactly as an id beta cannot
 // see is refused, mount nothing, and show beta none of acme's history or
 // events. acme may take its files back, and purge them, after which beta
-// gets x with an empty workspace and a history of its own, while acme's
-// event stream, open all along, never carries beta's events of x.
+// gets x with an empty workspace and a history of its own (its replay of
+// the event log from the start too), while acme's event stream, open all
+// along, never carries beta's events of x.
 func TestTenantOwnsItsIDsPast(t *testing.T) {
 	h := tenantsHarness(t)
 	x := testenv.UniqueID("x")
@@ -155,6 +159,18 @@ func TestTenantOwnsItsIDsPast(t *testing.T) {
 	if code, body := h.call(tenantBToken, "POST", "/v1/sandboxes/"+x+"/stop", nil); code != 200 {
 		t.Fatalf("beta stops %s: %d %s", x, code, body)
 	}
+	// beta replaying the whole log of x (Last-Event-ID 0) gets its own
+	// events of x, up to that stop, and none of acme's before them.
+	replay := h.eventsAsFrom(t, tenantBToken, "?sandbox="+x, "0")
+	for {
+		ev := replay.next(t, 30*time.Second)
+		if ev.Labels["tenant"] != "beta" {
+			t.Fatalf("beta's replay of %s carried another incarnation's event: %+v", x, ev)
+		}
+		if ev.To == lifecycle.Stopped {
+			break
+		}
+	}
 	// A marker of acme's own after beta's events: acme's stream, open
 	// since before the re-create, must reach it without one of beta's.
 	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes/"+y+"/stop", nil); code != 200 {
@@ -217,5 +233,90 @@ func TestTenantPoolClaims(t *testing.T) {
 	}
 	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes/"+rec.ID+"/purge", nil); code != 200 {
 		t.Fatalf("acme purging its claimed volume: %d %s", code, body)
+	}
+}
+
+// TestTenantOwnsItsServicesPast: a sandbox's services keep volumes of their
+// own, which must stay their tenant's as the app's does. acme's x with a
+// service db is destroyed (every volume kept); its app's volume then goes
+// (as a purge cut short between its volumes would leave it): beta's create
+// of x with the same service must be refused, mount nothing and leave the
+// service's volume acme's. A purge removes the services' volumes before the
+// app's, so that its app volume, which a create asks first, goes last.
+func TestTenantOwnsItsServicesPast(t *testing.T) {
+	h := tenantsHarness(t)
+	ctx := context.Background()
+	x := testenv.UniqueID("x")
+	h.RemoveOnCleanup(x)
+	spec := map[string]any{"id": x, "image": h.Image, "ports": []int{8080}, "memory_mb": 32,
+		"services": map[string]any{"db": map[string]any{"image": h.Image, "memory_mb": 32, "ready": "tcp:5432",
+			"env": map[string]string{"PORT": "5432", "LISTEN_HOST": "127.0.0.1"}}}}
+	dbVolume := docker.MemberVolumeName(x, "db")
+
+	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes", spec); code != 201 {
+		t.Fatalf("acme creates %s with a service: %d %s", x, code, body)
+	}
+	if code, body := h.call(tenantAToken, "DELETE", "/v1/sandboxes/"+x, nil); code != 204 {
+		t.Fatalf("acme destroys %s: %d %s", x, code, body)
+	}
+	vol, err := h.Docker.VolumeInspect(ctx, dbVolume, client.VolumeInspectOptions{})
+	if err != nil {
+		t.Fatalf("the service's kept volume: %v", err)
+	}
+	if vol.Volume.Labels[docker.LabelOwnerPrefix+"tenant"] != "acme" || vol.Volume.Labels[docker.LabelOwnerIncarnation] == "" {
+		t.Fatalf("the service's kept volume does not record its owner: %v", vol.Volume.Labels)
+	}
+
+	// The app's volume gone, the service's left: nothing of the app's
+	// says whose x was.
+	if _, err := h.Docker.VolumeRemove(ctx, docker.VolumeName(x), client.VolumeRemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	code, body := h.call(tenantBToken, "POST", "/v1/sandboxes", spec)
+	if code != http.StatusConflict {
+		t.Fatalf("beta creating %s over acme's service volume: %d %s, want 409", x, code, body)
+	}
+	for _, name := range []string{docker.ContainerName(x), docker.MemberName(x, "db")} {
+		if _, err := h.Docker.ContainerInspect(ctx, name, client.ContainerInspectOptions{}); err == nil {
+			t.Errorf("beta's refused create left container %s", name)
+		}
+	}
+	if vol, err := h.Docker.VolumeInspect(ctx, dbVolume, client.VolumeInspectOptions{}); err != nil || vol.Volume.Labels[docker.LabelOwnerPrefix+"tenant"] != "acme" {
+		t.Errorf("after beta's refused create the service's volume is %v, %v; want acme's, kept", vol.Volume.Labels, err)
+	}
+	if code, body := h.call(tenantBToken, "GET", "/v1/sandboxes/"+x, nil); code != 404 {
+		t.Errorf("beta's refused create left a record: %d %s", code, body)
+	}
+
+	// A purge takes the services' volumes first and the app's last.
+	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes", spec); code != 201 {
+		t.Fatalf("acme re-creates %s: %d %s", x, code, body)
+	}
+	if code, body := h.call(tenantAToken, "DELETE", "/v1/sandboxes/"+x, nil); code != 204 {
+		t.Fatalf("acme destroys %s again: %d %s", x, code, body)
+	}
+	since := time.Now()
+	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes/"+x+"/purge", nil); code != 200 {
+		t.Fatalf("acme purges %s: %d %s", x, code, body)
+	}
+	var order []string
+	res := h.Docker.Events(ctx, client.EventsListOptions{Since: since.Format(time.RFC3339Nano), Until: time.Now().Add(time.Second).Format(time.RFC3339Nano),
+		Filters: client.Filters{}.Add("type", "volume").Add("event", "destroy")})
+	for {
+		select {
+		case ev := <-res.Messages:
+			if n := ev.Actor.ID; n == dbVolume || n == docker.VolumeName(x) {
+				order = append(order, n)
+			}
+			continue
+		case err := <-res.Err:
+			if err != nil && !errors.Is(err, io.EOF) {
+				t.Fatalf("reading the engine's events: %v", err)
+			}
+		}
+		break
+	}
+	if want := []string{dbVolume, docker.VolumeName(x)}; !slices.Equal(order, want) {
+		t.Errorf("a purge removed %v, want %v (the app's volume last)", order, want)
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -189,9 +191,22 @@ type App struct {
 	// Egress is the egress policy of a sandbox whose create names none:
 	// "public" (the internet, but not the host, private networks,
 	// link-local and cloud metadata, loopback, multicast or reserved
-	// ranges) or "none" (no outbound connection, DNS included). Default:
-	// public.
+	// ranges), "none" (no outbound connection but what its allow list
+	// names; lookups of other names answered NXDOMAIN) or "learn" (public,
+	// recording what it uses for a lock). Default: public.
 	Egress string `json:"egress,omitempty"`
+	// EgressAllow is the allow list of a sandbox created without one
+	// (names or addresses, as a create's egress.allow). Applied at create
+	// only: a PATCH or a lock replaces it.
+	EgressAllow []string `json:"egress_allow,omitempty"`
+	// Activity is what keeps a sandbox whose spec names none from idle
+	// pause and stop: "inbound" (preview requests; the default) or "any"
+	// (also its own established outbound connections and lookups, up to
+	// ActiveMax past its last request).
+	Activity string `json:"activity,omitempty"`
+	// ActiveMax bounds how long outbound work alone keeps a sandbox under
+	// activity any awake, from its last request. Default: 1h.
+	ActiveMax caddy.Duration `json:"active_max,omitempty"`
 	// EgressUnenforced runs sandboxes without the egress firewall:
 	// policies are stored and shown, nothing enforces them, and readyz,
 	// the dashboard and the start-up log say so. Without it, a gateway
@@ -208,9 +223,9 @@ type App struct {
 	// package mirror, say): an allow entry inside a denied range is
 	// refused (400) unless one of these covers it.
 	EgressAllowPrivate []string `json:"egress_allow_private,omitempty"`
-	// EgressDNS are the resolvers a public policy reaches on port 53.
-	// Default: the nameservers of the host's resolv.conf, which Docker
-	// forwards containers' queries to.
+	// EgressDNS are the resolvers sandwake's DNS forwarder asks for the
+	// sandboxes (which reach no other DNS server). Default: the
+	// nameservers of the host's resolv.conf.
 	EgressDNS []string `json:"egress_dns,omitempty"`
 	// Templates are named sandbox shapes creates can use
 	// ("template":"web"), each with an optional warm pool of containers
@@ -534,12 +549,38 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("sandwake: storage %q: %w", a.storageDir, err)
 	}
 	a.storageDir = abs
+	if err := checkStorageDir(a.storageDir); err != nil {
+		return err
+	}
 	if a.Cluster != nil {
 		if err := a.Cluster.provision(a); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// checkStorageDir fails when the storage directory cannot exist: the path,
+// or the nearest part of it that exists, is not a directory. It runs at
+// Provision, before any server of the config listens, so such a config is
+// refused at once rather than after its servers started and had to be shut
+// down again (the store itself is opened, and the directory made, at Start).
+// It creates nothing: caddy validate provisions too.
+func checkStorageDir(dir string) error {
+	for p := dir; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		switch {
+		case err == nil && fi.IsDir():
+			return nil
+		case err == nil:
+			return fmt.Errorf("sandwake: opening the store: storage %s: %s is not a directory", dir, p)
+		case !errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("sandwake: opening the store: storage %s: %w", dir, err)
+		}
+		if parent := filepath.Dir(p); parent == p {
+			return nil
+		}
+	}
 }
 
 func setDuration(d *caddy.Duration, def time.Duration) {
@@ -892,6 +933,8 @@ func (a *App) managerSettings() lifecycle.Settings {
 		CapacityWait:    time.Duration(*a.CapacityWait),
 		MaxLifetime:     time.Duration(a.MaxLifetime),
 		ExpiredWake:     a.ExpiredWake,
+		Activity:        a.Activity,
+		ActiveMax:       time.Duration(a.ActiveMax),
 		MinFreeMemory:   a.minFreeBytes,
 		EventRetention:  time.Duration(a.EventRetention),
 		Isolation:       lifecycle.Isolation{User: a.User, ReadonlyRootfs: a.ReadonlyRootfs, Runtime: a.Runtime, CPUs: a.DefaultCPUs, DiskMB: a.defaultDiskMB},

@@ -95,7 +95,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
 
 // repeatableOptions are the sandwake options whose lines add up.
 var repeatableOptions = map[string]bool{"webhook": true, "label": true, "allowed_images": true, "allowed_registries": true,
-	"template": true, "egress_deny": true, "egress_allow_private": true, "egress_dns": true}
+	"template": true, "egress_deny": true, "egress_allow_private": true, "egress_dns": true, "egress_allow": true}
 
 // UnmarshalCaddyfile sets up the app from Caddyfile tokens (see
 // parseGlobalOption for the syntax).
@@ -225,13 +225,38 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			switch v {
-			case lifecycle.EgressPublic, lifecycle.EgressNone:
+			case lifecycle.EgressPublic, lifecycle.EgressNone, lifecycle.EgressLearn:
 				a.Egress = v
 			case "unenforced":
 				a.EgressUnenforced = true
 			default:
-				return d.Errf("egress %q: want public, none or unenforced", v)
+				return d.Errf("egress %q: want public, none, learn or unenforced", v)
 			}
+		case "activity":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			if v != lifecycle.ActivityInbound && v != lifecycle.ActivityAny {
+				return d.Errf("activity %q: want inbound or any", v)
+			}
+			a.Activity = v
+		case "active_max":
+			var v string
+			if !d.AllArgs(&v) {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("active_max %q: want a duration > 0 like 1h", v)
+			}
+			a.ActiveMax = caddy.Duration(dur)
+		case "egress_allow":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			a.EgressAllow = append(a.EgressAllow, args...)
 		case "egress_deny", "egress_allow_private", "egress_dns":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -370,14 +395,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.Runtime = v
 			}
 		case "readonly_rootfs":
-			switch args := d.RemainingArgs(); {
-			case len(args) == 0 || (len(args) == 1 && args[0] == "on"):
-				a.ReadonlyRootfs = true
-			case len(args) == 1 && args[0] == "off":
-				a.ReadonlyRootfs = false
-			default:
-				return d.Errf("readonly_rootfs: want no argument, on or off")
+			on, err := onOff(d, opt)
+			if err != nil {
+				return err
 			}
+			a.ReadonlyRootfs = on
 		case "default_cpus":
 			var v string
 			if !d.AllArgs(&v) {
@@ -577,3 +599,15 @@ var (
 	_ caddyfile.Unmarshaler = (*App)(nil)
 	_ caddyfile.Unmarshaler = (*API)(nil)
 )
+
+// onOff reads a switch's arguments: none or "on" is on, "off" is off;
+// anything else is an error naming what (the option, with its block).
+func onOff(d *caddyfile.Dispenser, what string) (bool, error) {
+	switch args := d.RemainingArgs(); {
+	case len(args) == 0 || (len(args) == 1 && args[0] == "on"):
+		return true, nil
+	case len(args) == 1 && args[0] == "off":
+		return false, nil
+	}
+	return false, d.Errf("%s: want no argument, on or off", what)
+}

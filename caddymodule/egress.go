@@ -26,9 +26,17 @@ func (a *App) provisionEgress() error {
 	switch a.Egress {
 	case "":
 		s.config.Default = lifecycle.EgressPublic
-	case lifecycle.EgressPublic, lifecycle.EgressNone:
+	case lifecycle.EgressPublic, lifecycle.EgressNone, lifecycle.EgressLearn:
 	default:
-		return fmt.Errorf("sandwake: egress %q is not public or none", a.Egress)
+		return fmt.Errorf("sandwake: egress %q is not public, none or learn", a.Egress)
+	}
+	switch a.Activity {
+	case "", lifecycle.ActivityInbound, lifecycle.ActivityAny:
+	default:
+		return fmt.Errorf("sandwake: activity %q is not inbound or any", a.Activity)
+	}
+	if a.ActiveMax < 0 {
+		return fmt.Errorf("sandwake: active_max %s is negative", time.Duration(a.ActiveMax))
 	}
 	for _, c := range a.EgressDeny {
 		p, err := netip.ParsePrefix(c)
@@ -49,7 +57,19 @@ func (a *App) provisionEgress() error {
 		if err != nil {
 			return fmt.Errorf("sandwake: egress_allow_private: %w", err)
 		}
+		if r.IsName() {
+			return fmt.Errorf("sandwake: egress_allow_private %q: a name; give the private addresses or ranges it may open (an allowed name's answer inside them then opens them)", e)
+		}
 		s.config.AllowPrivate = append(s.config.AllowPrivate, r)
+	}
+	if len(a.EgressAllow) > 0 {
+		// Checked as a create's allow list would be, now rather than at
+		// every create.
+		e := lifecycle.Egress{Policy: s.config.Default, Allow: a.EgressAllow}
+		if err := lifecycle.NormalizeEgress(&e, s.config, nil); err != nil {
+			return fmt.Errorf("sandwake: egress_allow: %w", err)
+		}
+		s.config.DefaultAllow = e.Allow
 	}
 	for _, d := range a.EgressDNS {
 		ip, err := netip.ParseAddr(d)
@@ -75,7 +95,7 @@ func (s egressSettings) firewall(log *zap.Logger) lifecycle.Firewall {
 	if s.config.Unenforced {
 		return nil
 	}
-	return egress.New(egress.Options{Deny: s.config.Deny, Resolvers: s.resolvers, Logger: log})
+	return egress.New(egress.Options{Deny: s.config.Deny, Resolvers: s.resolvers, AllowPrivate: s.config.AllowPrivate, Logger: log})
 }
 
 // reportEgress says at start whether sandboxes' egress is enforced: a

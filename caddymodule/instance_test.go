@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 )
@@ -66,6 +67,19 @@ func TestOwnershipOptions(t *testing.T) {
 				t.Fatalf("templates %d, egress_deny %v, egress_allow_private %v, egress_dns %v: want two of each", len(a.Templates), a.EgressDeny, a.EgressAllowPrivate, a.EgressDNS)
 			}
 		}},
+		{"egress by name", "egress learn\negress_allow Registry.NPMjs.org *.githubusercontent.com\negress_allow 198.51.100.7:443\nactivity any\nactive_max 2h", "", func(t *testing.T, a *App) {
+			want := []string{"registry.npmjs.org", "*.githubusercontent.com", "198.51.100.7:443/tcp"}
+			if a.egress.config.Default != "learn" || !reflect.DeepEqual(a.egress.config.DefaultAllow, want) || a.Activity != "any" || a.managerSettings().ActiveMax != 2*time.Hour {
+				t.Fatalf("egress %q allow %v activity %q active_max %v", a.egress.config.Default, a.egress.config.DefaultAllow, a.Activity, a.managerSettings().ActiveMax)
+			}
+		}},
+		{"egress_allow bad name", "egress_allow not..a.name", "not..a.name", nil},
+		{"egress_allow dns port", "egress_allow 198.51.100.9:53/udp", "DNS port", nil},
+		{"egress_allow private", "egress_allow 10.0.5.20:3142", "egress_allow_private", nil},
+		{"egress_allow_private by name", "egress_allow_private mirror.internal.example", "a name", nil},
+		{"activity bad", "activity sometimes", "activity", nil},
+		{"active_max zero", "active_max 0", "active_max", nil},
+		{"egress bad", "egress open", "public, none, learn or unenforced", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { checkOption(t, tt.input, tt.wantErr, tt.check) })

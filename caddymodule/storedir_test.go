@@ -105,10 +105,12 @@ http://127.0.0.1:%d {
 	// Nothing kept listening: no socket of this process listens on the
 	// ports. (Binding them to check would race with other processes, such
 	// as Docker's proxy, that may take a freed ephemeral port meanwhile.)
+	// Checked until a deadline: were a server started, net/http closes a
+	// listener in Serve's goroutine, which may run after Shutdown returned.
 	for _, port := range []int{previewPort, apiPort} {
-		if listeningHere(t, port) {
-			t.Errorf("port %d still listened on by this process after the failed loads", port)
-		}
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			return !listeningHere(t, port), fmt.Sprintf("port %d still listened on by this process after the failed loads", port)
+		})
 	}
 	var now int
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {

@@ -2,7 +2,10 @@ package caddymodule
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -70,6 +73,9 @@ func (tc *TemplateConfig) template() (lifecycle.Template, error) {
 	if err != nil {
 		return lifecycle.Template{}, fmt.Errorf("template %s: %w", tc.Name, err)
 	}
+	if err := checkServices(spec.Services); err != nil {
+		return lifecycle.Template{}, fmt.Errorf("template %s: %w", tc.Name, err)
+	}
 	t := lifecycle.Template{Name: tc.Name, Spec: spec}
 	if p := tc.Pool; p != nil {
 		t.Pool = lifecycle.PoolConfig{MinIdle: p.MinIdle, MaxIdle: p.MaxIdle, State: p.State, MaxAge: time.Duration(p.MaxAge)}
@@ -80,7 +86,101 @@ func (tc *TemplateConfig) template() (lifecycle.Template, error) {
 	return t, nil
 }
 
-// unmarshalTemplate parses `template <name> { <create field> <value>… pool {…} }`.
+// checkServices refuses, when the config is loaded, what is wrong with a
+// template's services whatever the gateway's settings: a name, a missing
+// image, a ready probe, depends_on. The rest (memory, cpus against the
+// host) is checked by the lifecycle with its settings, at each fill and
+// create.
+func checkServices(services map[string]lifecycle.Service) error {
+	for _, name := range slices.Sorted(maps.Keys(services)) {
+		svc := services[name]
+		if !lifecycle.ValidServiceName(name) {
+			return fmt.Errorf("services: %q is not a service name (1-20 of a-z, 0-9 and '-', starting with a letter; not %s)", name, strings.Join(lifecycle.ReservedServiceNames, " or "))
+		}
+		if svc.Image == "" {
+			return fmt.Errorf("services.%s.image: required", name)
+		}
+		if _, _, _, err := lifecycle.ParseReady(svc.Ready); err != nil {
+			return fmt.Errorf("services.%s.ready: %w", name, err)
+		}
+	}
+	if _, err := lifecycle.ServiceOrder(services); err != nil {
+		return fmt.Errorf("services: %w", err)
+	}
+	return nil
+}
+
+// unmarshalService parses `service <name> { image …; cmd …; env K V;
+// memory_mb N; cpus X; disk_mb N; ready tcp:5432; workspace_path /x;
+// depends_on a b }` inside template t's block.
+func unmarshalService(d *caddyfile.Dispenser, t string) (string, client.Service, error) {
+	var svc client.Service
+	var name string
+	if !d.Args(&name) || d.NextArg() {
+		return "", svc, d.ArgErr()
+	}
+	one := func(field string) (string, error) {
+		var v string
+		if !d.AllArgs(&v) {
+			return "", d.Errf("template %s: service %s: %s wants one value", t, name, field)
+		}
+		return v, nil
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		field := d.Val()
+		switch field {
+		case "image", "ready", "workspace_path":
+			v, err := one(field)
+			if err != nil {
+				return "", svc, err
+			}
+			*map[string]*string{"image": &svc.Image, "ready": &svc.Ready, "workspace_path": &svc.WorkspacePath}[field] = v
+		case "memory_mb", "disk_mb":
+			v, err := one(field)
+			if err != nil {
+				return "", svc, err
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return "", svc, d.Errf("template %s: service %s: %s %q: want a whole number", t, name, field, v)
+			}
+			*map[string]*int64{"memory_mb": &svc.MemoryMB, "disk_mb": &svc.DiskMB}[field] = n
+		case "cpus":
+			v, err := one(field)
+			if err != nil {
+				return "", svc, err
+			}
+			if svc.CPUs, err = strconv.ParseFloat(v, 64); err != nil {
+				return "", svc, d.Errf("template %s: service %s: cpus %q: want a number of cores such as 1 or 0.5", t, name, v)
+			}
+		case "cmd", "depends_on":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return "", svc, d.Errf("template %s: service %s: %s wants at least one value", t, name, field)
+			}
+			if field == "cmd" {
+				svc.Cmd = args
+			} else {
+				svc.DependsOn = append(svc.DependsOn, args...)
+			}
+		case "env":
+			var k, v string
+			if !d.Args(&k, &v) || d.NextArg() {
+				return "", svc, d.Errf("template %s: service %s: env wants a name and a value", t, name)
+			}
+			if svc.Env == nil {
+				svc.Env = map[string]string{}
+			}
+			svc.Env[k] = v
+		default:
+			return "", svc, d.Errf("template %s: service %s: unknown field %q (image, cmd, env, memory_mb, cpus, disk_mb, ready, workspace_path, depends_on)", t, name, field)
+		}
+	}
+	return name, svc, nil
+}
+
+// unmarshalTemplate parses `template <name> { <create field> <value>…
+// service <name> {…} pool {…} }`.
 func unmarshalTemplate(d *caddyfile.Dispenser) (TemplateConfig, error) {
 	var tc TemplateConfig
 	if !d.NextArg() {
@@ -172,21 +272,46 @@ func unmarshalTemplate(d *caddyfile.Dispenser) (TemplateConfig, error) {
 			}
 			(*m)[k] = v
 		case "readonly_rootfs":
-			on := true
-			switch args := d.RemainingArgs(); {
-			case len(args) == 0 || (len(args) == 1 && args[0] == "on"):
-			case len(args) == 1 && args[0] == "off":
-				on = false
-			default:
-				return tc, d.Errf("template %s: readonly_rootfs: want no argument, on or off", tc.Name)
+			var on bool
+			if on, err = onOff(d, "template "+tc.Name+": "+field); err == nil {
+				r.ReadonlyRootfs = &on
 			}
-			r.ReadonlyRootfs = &on
+		case "public_card":
+			r.PublicCard, err = onOff(d, "template "+tc.Name+": "+field)
 		case "egress":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return tc, d.ArgErr()
 			}
-			r.Egress = &client.Egress{Policy: args[0], Allow: args[1:]}
+			r.Egress = &client.Egress{Policy: args[0]}
+			if len(args) > 1 {
+				r.Egress.Allow = args[1:]
+			}
+		case "egress_deny":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return tc, d.ArgErr()
+			}
+			if r.Egress == nil {
+				r.Egress = &client.Egress{}
+			}
+			r.Egress.Deny = append(r.Egress.Deny, args...)
+		case "activity":
+			if !d.AllArgs(&r.Activity) {
+				return tc, d.ArgErr()
+			}
+		case "service":
+			name, svc, serr := unmarshalService(d, tc.Name)
+			if serr != nil {
+				return tc, serr
+			}
+			if _, dup := r.Services[name]; dup {
+				return tc, d.Errf("template %s: service %s is defined twice", tc.Name, name)
+			}
+			if r.Services == nil {
+				r.Services = map[string]client.Service{}
+			}
+			r.Services[name] = svc
 		case "pool":
 			if d.NextArg() {
 				return tc, d.ArgErr()
@@ -220,7 +345,7 @@ func unmarshalTemplate(d *caddyfile.Dispenser) (TemplateConfig, error) {
 				}
 			}
 		default:
-			return tc, d.Errf("template %s: unknown field %q (the create fields: image, cmd, env, ports, memory_mb, cpus, disk_mb, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, label, access, egress, user, readonly_rootfs, cap_add, runtime; and pool { … })", tc.Name, field)
+			return tc, d.Errf("template %s: unknown field %q (the create fields: image, cmd, env, ports, memory_mb, cpus, disk_mb, workspace_path, ready_path, ready_mode, idle_pause, idle_stop, max_lifetime, label, access, public_card, egress, egress_deny, activity, user, readonly_rootfs, cap_add, runtime; service <name> { … } and pool { … })", tc.Name, field)
 		}
 		if err != nil {
 			return tc, err

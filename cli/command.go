@@ -43,6 +43,7 @@ json) prints the API's JSON answer, pretty-printed, for scripts.`,
 const sandwakeExamples = `  caddy sandwake ls [--state running]
   caddy sandwake create --image app:latest --port 8080 [--id myapp]
   caddy sandwake create --template web
+  caddy sandwake create --image app:latest --port 8080 --service db=postgres:17,ready=tcp:5432,env.POSTGRES_PASSWORD=dev
   caddy sandwake wake myapp
   caddy sandwake get myapp -o json
   caddy sandwake events --sandbox myapp
@@ -350,13 +351,14 @@ type createFlags struct {
 	env, labels                      []string
 	memoryMB                         int64
 	cpus                             float64
-	egress                           string
-	allow                            []string
+	egress, activity                 string
+	allow, deny                      []string
 	user, runtime                    string
 	readonly                         bool
 	capAdd                           []string
 	diskMB                           int64
 	template, pool                   string
+	services                         []string
 }
 
 func (c *session) createCommand() *cobra.Command {
@@ -379,13 +381,16 @@ func (c *session) createCommand() *cobra.Command {
 	fl.StringVar(&f.idleStop, "idle-stop", "", "stop after this long idle, like 30m (0: never)")
 	fl.StringVar(&f.maxLifetime, "max-lifetime", "", "remove the container this long after creation (0: never)")
 	fl.StringArrayVar(&f.labels, "label", nil, "label KEY=VALUE (repeatable)")
-	fl.StringVar(&f.egress, "egress", "", "egress policy: public (the internet only) or none (default: the gateway's)")
-	fl.StringArrayVar(&f.allow, "allow", nil, "open this destination on top of the policy: addr[/bits][:port][/tcp|/udp] (repeatable)")
+	fl.StringVar(&f.egress, "egress", "", "egress policy: public (the internet only), none (nothing but --allow) or learn (public, recording what is used for `egress --lock`) (default: the gateway's)")
+	fl.StringArrayVar(&f.allow, "allow", nil, "open this destination on top of the policy: a DNS name name[:port][/tcp|/udp] (registry.npmjs.org, *.githubusercontent.com; every port over tcp and udp when bare) or an address addr[/bits][:port][/tcp|/udp] (repeatable)")
+	fl.StringArrayVar(&f.deny, "deny", nil, "under public or learn, refuse this destination, in the forms of --allow (repeatable)")
+	fl.StringVar(&f.activity, "activity", "", "what keeps the sandbox awake: inbound (preview requests) or any (also its own outbound connections and lookups) (default: the gateway's)")
 	fl.StringVar(&f.user, "user", "", "run as uid[:gid] or a user of the image (default: the gateway's user, else the image's)")
 	fl.BoolVar(&f.readonly, "readonly-rootfs", false, "read-only root filesystem (the workspace and /tmp stay writable)")
 	fl.StringArrayVar(&f.capAdd, "cap-add", nil, "give back a capability sandboxes drop: AUDIT_WRITE, MKNOD, NET_RAW, SETFCAP, SETPCAP, SYS_CHROOT (repeatable)")
 	fl.StringVar(&f.runtime, "runtime", "", "OCI runtime the engine has, e.g. runsc (default: the gateway's)")
 	fl.Int64Var(&f.diskMB, "disk-mb", 0, "disk quota in MiB, workspace and writable layer (default: the gateway's default_disk)")
+	fl.StringArrayVar(&f.services, "service", nil, "a service beside the app, sharing its localhost: NAME=IMAGE[,ready=tcp:5432|http:8080/path][,memory_mb=256][,cpus=0.5][,disk_mb=500][,workspace_path=/x][,depends_on=a+b][,cmd=prog arg…][,env.KEY=VALUE…] (repeatable)")
 	// The API's names (ports, memory_mb, ready_path, …) and the familiar
 	// ones (--ports, --memory) are the same flags.
 	fl.SetNormalizeFunc(apiFlagNames)
@@ -449,8 +454,14 @@ func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequ
 	if len(f.ports) == 0 && f.template == "" {
 		return b, errors.New("create: --port is required")
 	}
-	if f.egress != "" || len(f.allow) > 0 {
-		b.Egress = &client.Egress{Policy: f.egress, Allow: f.allow}
+	if f.egress != "" || len(f.allow) > 0 || len(f.deny) > 0 {
+		b.Egress = &client.Egress{Policy: f.egress, Allow: f.allow, Deny: f.deny}
+	}
+	switch f.activity {
+	case "", lifecycle.ActivityInbound, lifecycle.ActivityAny:
+		b.Activity = f.activity
+	default:
+		return b, fmt.Errorf("create: --activity %q is not %s or %s", f.activity, lifecycle.ActivityInbound, lifecycle.ActivityAny)
 	}
 	b.User, b.CapAdd, b.Runtime, b.DiskMB = f.user, f.capAdd, f.runtime, f.diskMB
 	if cmd.Flags().Changed("readonly-rootfs") {
@@ -461,6 +472,9 @@ func (f *createFlags) body(cmd *cobra.Command, args []string) (client.CreateRequ
 		return b, fmt.Errorf("create: %w", err)
 	}
 	if b.Labels, err = keyValues("label", f.labels); err != nil {
+		return b, fmt.Errorf("create: %w", err)
+	}
+	if b.Services, err = parseServices(f.services); err != nil {
 		return b, fmt.Errorf("create: %w", err)
 	}
 	for _, d := range []struct {

@@ -167,6 +167,12 @@ func writeRecord(w io.Writer, r *client.Sandbox, now time.Time) error {
 	if r.MemoryMB > 0 {
 		line("memory", fmt.Sprintf("%d MiB", r.MemoryMB))
 	}
+	if r.GroupMemoryMB > 0 {
+		line("group memory", fmt.Sprintf("%d MiB (app and services)", r.GroupMemoryMB))
+	}
+	for _, l := range serviceLines(r.Services) {
+		line(l[0], l[1])
+	}
 	if r.CPUs > 0 {
 		line("cpus", strconv.FormatFloat(r.CPUs, 'f', -1, 64))
 	}
@@ -181,9 +187,13 @@ func writeRecord(w io.Writer, r *client.Sandbox, now time.Time) error {
 	}
 	line("labels", strings.Join(labels, ", "))
 	line("access", r.Access)
-	if r.Egress != nil {
-		line("egress", strings.TrimSpace(r.Egress.Policy+" "+strings.Join(r.Egress.Allow, " ")))
+	if r.PublicCard {
+		line("public card", "on (unfurl bots see its link card without a token)")
 	}
+	if r.Egress != nil {
+		line("egress", egressText(r.Egress))
+	}
+	line("activity", r.Activity)
 	line("address", r.Address)
 	if r.Address != "" {
 		line("egress denied", strconv.FormatUint(r.EgressDenied, 10))
@@ -196,6 +206,50 @@ func writeRecord(w io.Writer, r *client.Sandbox, now time.Time) error {
 	line("verified", optAt(r.VerifiedAt))
 	line("open connections", strconv.FormatInt(r.OpenConnections, 10))
 	return tw.Flush()
+}
+
+// writeEgressLog prints what a sandbox tried outbound: the names it looked
+// up, then its connections, each an aligned table newest first, and under
+// the learn policy the allow list a lock would make.
+func writeEgressLog(w io.Writer, l *client.EgressLog, now time.Time) error {
+	verdict := func(allowed bool) string {
+		if allowed {
+			return "allowed"
+		}
+		return "denied"
+	}
+	fmt.Fprintf(w, "sandbox %s egress %s\n", l.ID, orDash(l.Policy))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if len(l.Lookups) == 0 {
+		fmt.Fprintln(tw, "no lookups")
+	} else {
+		fmt.Fprintln(tw, "LOOKUP\tVERDICT\tCOUNT\tLAST\tADDRESSES")
+		for _, lk := range l.Lookups {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", lk.Name, verdict(lk.Allowed), lk.Count, relTime(lk.Last, now), orDash(strings.Join(lk.Addrs, ",")))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if len(l.Decisions) == 0 {
+		fmt.Fprintln(tw, "no connections")
+	} else {
+		fmt.Fprintln(tw, "DESTINATION\tNAME\tVERDICT\tCOUNT\tLAST")
+		for i := range l.Decisions {
+			d := &l.Decisions[i]
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", d.Destination(), orDash(d.Name), verdict(d.Allowed), d.Count, relTime(d.Last, now))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if l.Learned != nil {
+		_, err := fmt.Fprintf(w, "\nlearned: %s (caddy sandwake egress %s --lock makes it the allow list under none)\n", orDash(strings.Join(l.Learned, " ")), l.ID)
+		return err
+	}
+	return nil
 }
 
 // writeSummary prints the one line an operation answers with:

@@ -260,11 +260,25 @@ func (c *Client) Create(ctx context.Context, req CreateRequest, co ...CallOption
 	return sb, err
 }
 
-// Update changes a sandbox's access and idle settings.
+// Update changes a sandbox's access, idle settings and egress policy.
 func (c *Client) Update(ctx context.Context, id string, p Patch, co ...CallOption) (Sandbox, error) {
 	var sb Sandbox
 	err := c.call(ctx, http.MethodPatch, sandboxPath(id), p, &sb, co)
 	return sb, err
+}
+
+// EgressLog answers what a sandbox tried outbound: its connections and
+// lookups and, under the learn policy, the allow list a lock would make.
+func (c *Client) EgressLog(ctx context.Context, id string, co ...CallOption) (EgressLog, error) {
+	var out EgressLog
+	err := c.call(ctx, http.MethodGet, sandboxPath(id)+"/egress", nil, &out, co)
+	return out, err
+}
+
+// LockEgress turns what a sandbox under the learn policy used into an
+// allow list under none, and answers the sandbox.
+func (c *Client) LockEgress(ctx context.Context, id string, co ...CallOption) (Sandbox, error) {
+	return c.act(ctx, id, "egress/lock", nil, co)
 }
 
 // act runs an operation that answers the sandbox.

@@ -29,23 +29,29 @@ type Sandbox struct {
 	ReadyPath     string            `json:"ready_path,omitempty"`
 	// IdlePause, IdleStop and MaxLifetime are Go durations ("3m0s"), empty
 	// when the sandbox follows the gateway's settings.
-	IdlePause       string            `json:"idle_pause,omitempty"`
-	IdleStop        string            `json:"idle_stop,omitempty"`
-	MaxLifetime     string            `json:"max_lifetime,omitempty"`
-	Labels          map[string]string `json:"labels,omitempty"`
-	Access          string            `json:"access"`
-	CreatedAt       time.Time         `json:"created_at"`
-	LastActiveAt    time.Time         `json:"last_active_at"`
-	StateSince      time.Time         `json:"state_since"`
-	ExpiresAt       *time.Time        `json:"expires_at,omitempty"`
-	KeepaliveUntil  *time.Time        `json:"keepalive_until,omitempty"`
-	VerifiedAt      *time.Time        `json:"verified_at,omitempty"`
-	OpenConnections int64             `json:"open_connections"`
+	IdlePause   string            `json:"idle_pause,omitempty"`
+	IdleStop    string            `json:"idle_stop,omitempty"`
+	MaxLifetime string            `json:"max_lifetime,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Access      string            `json:"access"`
+	// PublicCard: a private sandbox shows its link card to unfurl bots.
+	PublicCard      bool       `json:"public_card,omitempty"`
+	CreatedAt       time.Time  `json:"created_at"`
+	LastActiveAt    time.Time  `json:"last_active_at"`
+	StateSince      time.Time  `json:"state_since"`
+	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
+	KeepaliveUntil  *time.Time `json:"keepalive_until,omitempty"`
+	VerifiedAt      *time.Time `json:"verified_at,omitempty"`
+	OpenConnections int64      `json:"open_connections"`
 	// Node is the node holding the sandbox (the instance name on a single
 	// host).
 	Node string `json:"node"`
 	// Egress is the sandbox's egress policy.
 	Egress *Egress `json:"egress,omitempty"`
+	// Activity is what keeps the sandbox from idle pause and stop:
+	// "inbound" (preview requests) or "any" (also its own outbound
+	// connections and lookups); empty when it follows the gateway's.
+	Activity string `json:"activity,omitempty"`
 	// Address is the sandbox's fixed address on the sandbox network.
 	Address string `json:"address,omitempty"`
 	// EgressDenied counts the packets its egress policy refused (read from
@@ -64,11 +70,38 @@ type Sandbox struct {
 	// DiskUsedMB is what it had written at the disk watchdog's last
 	// measure (while running or paused, with a quota).
 	DiskUsedMB *int64 `json:"disk_used_mb,omitempty"`
+	// Services are the sandbox's services (containers beside the app,
+	// sharing its address), by name; absent for a sandbox without any.
+	Services map[string]ServiceView `json:"services,omitempty"`
+	// GroupMemoryMB, for a sandbox with services, is the memory of the
+	// whole group (the app's memory_mb and its services'): what admission
+	// and placement count.
+	GroupMemoryMB int64 `json:"group_memory_mb,omitempty"`
 	// Template is the template the sandbox was created from.
 	Template string `json:"template,omitempty"`
 	// Pool, in the answer of a create from a template only, says whether
 	// a warm pool container was claimed.
 	Pool *PoolOutcome `json:"pool,omitempty"`
+}
+
+// ServiceView is one of a sandbox's (or a template's) services as the API
+// shows it. Like the app's, its environment values are never shown.
+type ServiceView struct {
+	// State is the service's container state while its group runs
+	// ("running", "exited", …), otherwise the sandbox's own state
+	// (paused, stopped, …); empty in a template.
+	State string `json:"state,omitempty"`
+	// MemoryMB is the service's memory limit in MiB.
+	MemoryMB int64 `json:"memory_mb"`
+	// DiskUsedMB is what the service had written at the disk watchdog's
+	// last measure, when known.
+	DiskUsedMB int64 `json:"disk_used_mb,omitempty"`
+	// Image is the service's container image.
+	Image string `json:"image"`
+	// Ready is its readiness probe, "tcp:<port>" or "http:<port><path>".
+	Ready string `json:"ready,omitempty"`
+	// DependsOn are the services started (and ready) before it.
+	DependsOn []string `json:"depends_on,omitempty"`
 }
 
 // PoolOutcome is what a create from a template did with its warm pool:
@@ -96,6 +129,18 @@ type Template struct {
 	MaxLifetime   string            `json:"max_lifetime,omitempty"`
 	Labels        map[string]string `json:"labels,omitempty"`
 	Access        string            `json:"access"`
+	// PublicCard: a private sandbox shows its link card to unfurl bots.
+	PublicCard bool `json:"public_card,omitempty"`
+	// Egress is the template's egress policy, absent when it follows the
+	// gateway's.
+	Egress *Egress `json:"egress,omitempty"`
+	// Activity is the template's activity ("inbound" or "any"), empty
+	// when it follows the gateway's.
+	Activity string `json:"activity,omitempty"`
+	// Services are the template's services, by name (without a state):
+	// each sandbox of the template, and each pool container, is the whole
+	// group.
+	Services map[string]ServiceView `json:"services,omitempty"`
 	// Pool is the template's warm pool; absent for a token bound to a
 	// tenant, since its figures are the whole gateway's.
 	Pool *PoolStatus `json:"pool,omitempty"`
@@ -127,12 +172,77 @@ type TemplateList struct {
 }
 
 // Egress is a sandbox's egress policy: "public" (the internet but not the
-// host, private networks or cloud metadata) or "none" (no outbound
-// connection), and allow entries that open exactly what they list on top,
-// each "addr[/bits][:port][/tcp|/udp]" (tcp by default).
+// host, private networks or cloud metadata), "none" (no outbound
+// connection) or "learn" (public, recording what the sandbox uses for
+// LockEgress), with allow entries that open exactly what they list on top
+// and, under public and learn, deny entries that refuse what they list.
+// An entry is a DNS name "name[:port][/tcp|/udp]" (a bare name opens every
+// port over tcp and udp; "*.name" matches its subdomains, not the name) or
+// an address "addr[/bits][:port][/tcp|/udp]" (tcp by default).
 type Egress struct {
-	Policy string   `json:"policy,omitempty"`
-	Allow  []string `json:"allow,omitempty"`
+	// Policy is public, none or learn; empty on a create follows the
+	// gateway's default.
+	Policy string `json:"policy,omitempty"`
+	// Allow lists what the sandbox may reach on top of the policy.
+	// A nil list is left out (a create then takes the gateway's
+	// egress_allow); an empty one is sent as [] (no entry).
+	Allow []string `json:"allow,omitzero"`
+	// Deny lists what a public or learn policy refuses although it would
+	// let it through; deny wins over allow.
+	Deny []string `json:"deny,omitzero"`
+}
+
+// EgressLog is the answer of GET /v1/sandboxes/{id}/egress: what a
+// sandbox tried outbound, newest first and bounded.
+type EgressLog struct {
+	ID     string `json:"id"`
+	Policy string `json:"policy"`
+	// Decisions are its connections, aggregated by destination.
+	Decisions []EgressDecision `json:"decisions"`
+	// Lookups are the names it looked up through sandwake's forwarder.
+	Lookups []EgressLookup `json:"lookups"`
+	// Learned, under the learn policy only, is the allow list a lock
+	// (POST /v1/sandboxes/{id}/egress/lock) would make of it.
+	Learned []string `json:"learned,omitzero"`
+}
+
+// EgressDecision is the connections of a sandbox to one destination.
+type EgressDecision struct {
+	// First and Last are when the first and the latest were seen.
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
+	// Addr is the destination's IPv4 address; Port is 0 for ICMP.
+	Addr string `json:"addr"`
+	Port int    `json:"port,omitempty"`
+	// Proto is tcp, udp or icmp.
+	Proto string `json:"proto"`
+	// Name is the name the address was looked up as, when it was looked
+	// up through the forwarder.
+	Name string `json:"name,omitempty"`
+	// Allowed tells whether the policy let it through.
+	Allowed bool `json:"allowed"`
+	// Count is the connections (allowed) or packets (denied) seen.
+	Count uint64 `json:"count"`
+}
+
+// Destination is the decision's "addr:port/proto" ("addr/icmp" without a
+// port).
+func (d *EgressDecision) Destination() string {
+	if d.Port == 0 {
+		return d.Addr + "/" + d.Proto
+	}
+	return d.Addr + ":" + strconv.Itoa(d.Port) + "/" + d.Proto
+}
+
+// EgressLookup is one name a sandbox looked up through the forwarder.
+type EgressLookup struct {
+	Name string `json:"name"`
+	// Addrs is the latest answer's IPv4 addresses.
+	Addrs []string `json:"addrs,omitempty"`
+	// Allowed tells whether the policy lets the sandbox reach the answer.
+	Allowed bool      `json:"allowed"`
+	Count   uint64    `json:"count"`
+	Last    time.Time `json:"last"`
 }
 
 // FirstURL is the preview URL of the sandbox's first port, "" when it has
@@ -194,7 +304,14 @@ type CreateRequest struct {
 	MaxLifetime   *string           `json:"max_lifetime"`
 	Labels        map[string]string `json:"labels"`
 	Access        string            `json:"access"`
-	Egress        *Egress           `json:"egress,omitempty"`
+	// PublicCard: a private sandbox shows its link card to unfurl bots.
+	PublicCard bool    `json:"public_card,omitempty"`
+	Egress     *Egress `json:"egress,omitempty"`
+	// Activity is what keeps the sandbox from idle pause and stop:
+	// "inbound" (preview requests) or "any" (also its own outbound
+	// connections and lookups, up to the gateway's active_max past the
+	// last request). "": the gateway's activity.
+	Activity string `json:"activity,omitempty"`
 	// User runs the sandbox as uid[:gid] or a user name of the image;
 	// "" follows the gateway's user option, then the image.
 	User string `json:"user,omitempty"`
@@ -211,17 +328,54 @@ type CreateRequest struct {
 	// DiskMB is the disk quota in MiB: past it the sandbox is stopped
 	// (reason disk_quota). 0: the gateway's default_disk.
 	DiskMB int64 `json:"disk_mb,omitempty"`
+	// Services are containers beside the app, by name (1-20 of a-z, 0-9
+	// and '-', not app or net): they share the app's network namespace
+	// (the app reaches a service on localhost) and address, and are
+	// woken, paused, stopped, pooled and destroyed with it. A wake starts
+	// them in depends_on order, each ready before the next and all before
+	// the app.
+	Services map[string]Service `json:"services,omitempty"`
+}
+
+// Service is one service of a create request or template: a container
+// beside the app, with the create fields that make sense for it.
+type Service struct {
+	// Image is the service's container image (required).
+	Image string `json:"image"`
+	// Cmd replaces the image's command.
+	Cmd []string `json:"cmd,omitempty"`
+	// Env are its environment variables.
+	Env map[string]string `json:"env,omitempty"`
+	// MemoryMB is its memory limit in MiB. 0: the gateway's
+	// default_memory. The group's memory is the app's and its services'.
+	MemoryMB int64 `json:"memory_mb,omitempty"`
+	// CPUs is its CPU limit, in cores (0: none).
+	CPUs float64 `json:"cpus,omitempty"`
+	// DiskMB is its disk quota in MiB (0: the gateway's default_disk).
+	DiskMB int64 `json:"disk_mb,omitempty"`
+	// Ready is its readiness probe, run inside the group's network
+	// namespace (a service listening on 127.0.0.1 only is found):
+	// "tcp:<port>" or "http:<port><path>". Empty: ready once started.
+	Ready string `json:"ready,omitempty"`
+	// WorkspacePath is where its own volume is mounted. Default:
+	// /workspace.
+	WorkspacePath string `json:"workspace_path,omitempty"`
+	// DependsOn are the services started (and ready) before this one.
+	DependsOn []string `json:"depends_on,omitempty"`
 }
 
 // Patch is the body of PATCH /v1/sandboxes/{id}: the fields to change, nil
 // for those to keep.
 type Patch struct {
-	Access      *string `json:"access"`
+	Access *string `json:"access"`
+	// PublicCard turns a private sandbox's link card on or off.
+	PublicCard  *bool   `json:"public_card,omitempty"`
 	IdlePause   *string `json:"idle_pause"`
 	IdleStop    *string `json:"idle_stop"`
 	MaxLifetime *string `json:"max_lifetime"`
-	// Egress replaces the egress policy; in force on a running sandbox
-	// when the answer arrives, cutting connections it forbids.
+	// Egress replaces the egress policy (policy, allow and deny
+	// together: a list left out is emptied); in force on a running
+	// sandbox when the answer arrives, cutting connections it forbids.
 	Egress *Egress `json:"egress,omitempty"`
 }
 

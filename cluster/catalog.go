@@ -341,9 +341,6 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 			// Ignored, as if absent: nobody routes to it, lists it or
 			// shows its events. Its owner writes it back.
 			c.log.Warn("ignoring a catalog entry", zap.Error(err))
-			if !cat.noIndex {
-				c.pub.check(id)
-			}
 			// No change is told: the sandbox did not go, and its
 			// owner's repair brings the entry back as it was.
 			if had {
@@ -351,6 +348,13 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 				if !cat.noIndex {
 					cat.index.Delete(id)
 				}
+			}
+			if !cat.noIndex {
+				// Checked only once the entry is out of the index, which
+				// the publisher reads without the cache's lock: a check
+				// that ran first would find the entry as it was before
+				// the forgery, take it as current and write nothing.
+				c.pub.check(id)
 			}
 			return Change{}, false
 		}
@@ -367,6 +371,11 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 			c.pub.check(id)
 		}
 		cat.counts[e.Node]++
+		if !had && !cat.noIndex {
+			// A new sandbox on e.Node: the catalog counts it now, so a
+			// placement of this node's there is no longer in flight.
+			c.placed.arrived(e.Node)
+		}
 		return Change{Entry: e}, true
 	case strings.HasPrefix(rest, nodesDir):
 		name := rest[len(nodesDir):]

@@ -48,3 +48,24 @@ func isReserveTxn(req any, key string) bool {
 	tx, ok := req.(*etcdserverpb.TxnRequest)
 	return ok && len(tx.Compare) == 1 && tx.Compare[0].Target == etcdserverpb.Compare_CREATE && string(tx.Compare[0].Key) == key
 }
+
+// txnWrites are the keys a transaction request puts or deletes (nil for
+// any other request).
+func txnWrites(req any) []string {
+	tx, ok := req.(*etcdserverpb.TxnRequest)
+	if !ok {
+		return nil
+	}
+	var keys []string
+	for _, ops := range [][]*etcdserverpb.RequestOp{tx.Success, tx.Failure} {
+		for _, op := range ops {
+			if p := op.GetRequestPut(); p != nil {
+				keys = append(keys, string(p.Key))
+			}
+			if d := op.GetRequestDeleteRange(); d != nil {
+				keys = append(keys, string(d.Key))
+			}
+		}
+	}
+	return keys
+}

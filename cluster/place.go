@@ -3,6 +3,7 @@ package cluster
 import (
 	"cmp"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +18,44 @@ import (
 type placements struct {
 	mu sync.Mutex
 	by map[string]placed
+	// recent are the times of this node's placements on each node in the
+	// last inflightWindow: creates on their way, which the catalog may
+	// not show yet.
+	recent map[string][]time.Time
+}
+
+// inflightWindow is how long a placement counts as in flight: a create's
+// entry reaches every node's catalog well within it.
+const inflightWindow = 5 * time.Second
+
+// arrived forgets the oldest placement in flight on node: an entry of a
+// new sandbox there reached the catalog (most likely that placement's; if
+// another gateway's, this node's own arrives in its turn).
+func (p *placements) arrived(node string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ts := p.recent[node]; len(ts) > 0 {
+		p.recent[node] = ts[1:]
+	}
+}
+
+// inflight counts this node's placements on node in the last
+// inflightWindow (and forgets older ones).
+func (p *placements) inflight(node string, now time.Time) int {
+	ts := p.recent[node]
+	i := 0
+	for i < len(ts) && now.Sub(ts[i]) > inflightWindow {
+		i++
+	}
+	if i > 0 {
+		ts = ts[i:]
+		if len(ts) == 0 {
+			delete(p.recent, node)
+		} else {
+			p.recent[node] = ts
+		}
+	}
+	return len(ts)
 }
 
 // placed is what was placed on one node since its registration of base.
@@ -60,6 +99,10 @@ func (p *placements) add(n NodeInfo, memoryMB int64, template string) {
 	if p.by == nil {
 		p.by = map[string]placed{}
 	}
+	if p.recent == nil {
+		p.recent = map[string][]time.Time{}
+	}
+	p.recent[n.Name] = append(p.recent[n.Name], time.Now())
 	pl := p.by[n.Name]
 	pl.base = n.UpdatedAt
 	pl.count++
@@ -97,7 +140,9 @@ func (c *Cluster) PlaceFrom(template string, memoryMB int64, unreachable ...stri
 	defer c.placed.mu.Unlock()
 	var fit []NodeInfo
 	var why []string
+	reg := make(map[string]int, len(nodes))
 	for _, n := range nodes {
+		reg[n.Name] = n.Capacity.Resident
 		n = c.placed.adjust(n)
 		if slices.Contains(unreachable, n.Name) {
 			why = append(why, n.Name+": did not answer the create (connection failed)")
@@ -115,7 +160,25 @@ func (c *Cluster) PlaceFrom(template string, memoryMB int64, unreachable ...stri
 		}
 		return NodeInfo{}, fmt.Errorf("placing a sandbox of %d MB: %w: %s", memoryMB, ErrNoRoom, strings.Join(why, "; "))
 	}
-	slices.SortFunc(fit, func(a, b NodeInfo) int {
+	// What is known now of each node's load: its registered resident
+	// count or the catalog's entries naming it, whichever is more (the
+	// registration is refreshed only every lease_ttl/3; the catalog as
+	// soon as a node publishes), plus the creates this node sent it that
+	// the catalog does not show yet. Every gateway reads the same catalog,
+	// so they agree on it where their registrations and own placements
+	// would not.
+	now := time.Now()
+	known := make(map[string]int, len(fit))
+	for _, n := range fit {
+		known[n.Name] = max(reg[n.Name], n.Sandboxes) + c.placed.inflight(n.Name, now)
+	}
+	load := func(n NodeInfo) float64 {
+		if n.Capacity.MaxResident <= 0 {
+			return 0
+		}
+		return float64(known[n.Name]) / float64(n.Capacity.MaxResident)
+	}
+	better := func(a, b NodeInfo) int {
 		if template != "" {
 			pa, pb := a.Capacity.Pools[template] > 0, b.Capacity.Pools[template] > 0
 			if pa != pb {
@@ -128,17 +191,57 @@ func (c *Cluster) PlaceFrom(template string, memoryMB int64, unreachable ...stri
 		if d := cmp.Compare(load(a), load(b)); d != 0 {
 			return d
 		}
-		if d := cmp.Compare(b.Capacity.FreeMemoryMB, a.Capacity.FreeMemoryMB); d != 0 {
+		if d := cmp.Compare(known[a.Name], known[b.Name]); d != 0 {
 			return d
 		}
-		return strings.Compare(a.Name, b.Name)
-	})
+		// Free memory decides only when it differs by more than noise
+		// (nodes on one host report the same memory, read at other times).
+		if fa, fb := a.Capacity.FreeMemoryMB, b.Capacity.FreeMemoryMB; fa > 0 && fb > 0 && absDiff(fa, fb) > max(fa, fb)/20 {
+			return cmp.Compare(fb, fa)
+		}
+		return 0
+	}
+	var pick NodeInfo
+	if len(fit) > powerOfTwoFrom {
+		// Many nodes: the better of two at random (the power of two
+		// choices), which spreads a burst through any number of gateways
+		// without every gateway sorting the same stale figures the same
+		// way. A node with an idle pool container of the template stays
+		// first.
+		a, b := fit[rand.IntN(len(fit))], fit[rand.IntN(len(fit))]
+		pick = a
+		if better(b, a) < 0 {
+			pick = b
+		}
+		if template != "" && pick.Capacity.Pools[template] == 0 {
+			if i := slices.IndexFunc(fit, func(n NodeInfo) bool { return n.Capacity.Pools[template] > 0 }); i >= 0 {
+				pick = fit[i]
+			}
+		}
+	} else {
+		// Few nodes: the least loaded, ties broken at random (two
+		// gateways with the same view do not send the same node a burst).
+		rand.Shuffle(len(fit), func(i, j int) { fit[i], fit[j] = fit[j], fit[i] })
+		slices.SortStableFunc(fit, better)
+		pick = fit[0]
+	}
 	pooled := ""
-	if template != "" && fit[0].Capacity.Pools[template] > 0 {
+	if template != "" && pick.Capacity.Pools[template] > 0 {
 		pooled = template
 	}
-	c.placed.add(fit[0], memoryMB, pooled)
-	return fit[0], nil
+	c.placed.add(pick, memoryMB, pooled)
+	return pick, nil
+}
+
+// powerOfTwoFrom is the number of nodes with room past which placement
+// compares two random nodes instead of sorting them all.
+const powerOfTwoFrom = 32
+
+func absDiff(a, b int64) int64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }
 
 // passOver says why n cannot take a sandbox of memoryMB ("" if it can).
@@ -155,12 +258,4 @@ func passOver(n NodeInfo, memoryMB int64) string {
 		return fmt.Sprintf("%d MB free, needs %d MB for the sandbox plus min_free_memory %d MB", capa.FreeMemoryMB, memoryMB, capa.MinFreeMemoryMB)
 	}
 	return ""
-}
-
-// load is the share of a node's resident slots in use.
-func load(n NodeInfo) float64 {
-	if n.Capacity.MaxResident <= 0 {
-		return 0
-	}
-	return float64(n.Capacity.Resident) / float64(n.Capacity.MaxResident)
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -37,8 +38,6 @@ func TestPlace(t *testing.T) {
 			live: []NodeInfo{capNode("a", 5, 10, 4000, 0), capNode("b", 2, 10, 1000, 0), capNode("c", 3, 5, 9000, 0)}},
 		{name: "equal share: more free memory", memoryMB: 256, want: "c",
 			live: []NodeInfo{capNode("a", 2, 10, 4000, 0), capNode("c", 2, 10, 5000, 0)}},
-		{name: "equal share and memory: name", memoryMB: 256, want: "a",
-			live: []NodeInfo{capNode("b", 1, 10, 4000, 0), capNode("a", 1, 10, 4000, 0)}},
 		{name: "full node skipped", memoryMB: 0, want: "b",
 			live: []NodeInfo{capNode("a", 10, 10, 9000, 0), capNode("b", 9, 10, 100, 0)}},
 		{name: "memory minimum respected", memoryMB: 512, want: "b",
@@ -84,15 +83,17 @@ func TestPlaceSpreadsABurst(t *testing.T) {
 	a.Live, b.Live, a.UpdatedAt, b.UpdatedAt = true, true, at, at
 	c := withNodes(t, []NodeInfo{a, b})
 	var got []string
-	for range 8 {
+	per := map[string]int{}
+	for i := range 8 {
 		n, err := c.Place(512)
 		if err != nil {
 			t.Fatalf("after %v: %v", got, err)
 		}
 		got = append(got, n.Name)
-	}
-	if want := "a b a b a b a b"; strings.Join(got, " ") != want {
-		t.Fatalf("placements %v, want %s", got, want)
+		per[n.Name]++
+		if i%2 == 1 && per["a"] != per["b"] {
+			t.Fatalf("placements %v: a burst over two equal nodes must alternate between them", got)
+		}
 	}
 	// Both full now (4 of max_resident 4 counted): the error says so.
 	if _, err := c.Place(512); !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "4 of max_resident 4") {
@@ -128,5 +129,72 @@ func TestPlacePassesOverUnreachable(t *testing.T) {
 	}
 	if _, err := c.Place(64, "a", "b"); !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "a: did not answer the create") {
 		t.Fatalf("Place without a and b: %v, want ErrNoRoom naming a's silence", err)
+	}
+}
+
+// TestPlaceBreaksTiesAtRandom: equal nodes are chosen at random, so that
+// gateways with the same view do not all send a burst to the same one.
+func TestPlaceBreaksTiesAtRandom(t *testing.T) {
+	per := map[string]int{}
+	for range 300 {
+		c := withNodes(t, []NodeInfo{capNode("a", 1, 10, 4000, 0), capNode("b", 1, 10, 4000, 0), capNode("c", 1, 10, 4010, 0)})
+		n, err := c.Place(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per[n.Name]++
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if per[name] < 60 {
+			t.Errorf("of 300 placements over three equal nodes, %s got %d: %v", name, per[name], per)
+		}
+	}
+}
+
+// TestPlaceByTwoChoicesPastManyNodes: past powerOfTwoFrom nodes, a burst
+// still spreads (the better of two at random) and never picks a full node.
+func TestPlaceByTwoChoicesPastManyNodes(t *testing.T) {
+	var nodes []NodeInfo
+	for i := range 60 {
+		n := capNode(fmt.Sprintf("n%02d", i), 0, 20, 8000, 0)
+		if i%10 == 0 {
+			n.Capacity.Resident = 20 // full
+		}
+		nodes = append(nodes, n)
+	}
+	c := withNodes(t, nodes)
+	per := map[string]int{}
+	for range 540 {
+		n, err := c.Place(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Capacity.Resident > 20 || strings.HasSuffix(n.Name, "0") {
+			t.Fatalf("a full node was chosen: %+v", n)
+		}
+		per[n.Name]++
+	}
+	for name, k := range per {
+		if k < 4 || k > 16 {
+			t.Errorf("node %s got %d of 540 over 54 nodes with room (want 10 ± 6): %v", name, k, per)
+		}
+	}
+	if len(per) != 54 {
+		t.Errorf("%d nodes used, want all 54 with room", len(per))
+	}
+}
+
+// TestPlaceCountsTheCatalog: between two registrations of equal nodes, the
+// catalog's entries (another gateway's creates) say which has fewer.
+func TestPlaceCountsTheCatalog(t *testing.T) {
+	for range 20 {
+		c := withNodes(t, []NodeInfo{capNode("a", 0, 10, 4000, 0), capNode("b", 0, 10, 4000, 0), capNode("c", 0, 10, 4000, 0)})
+		c.cache.counts["a"], c.cache.counts["b"] = 2, 1
+		if n, err := c.Place(256); err != nil || n.Name != "c" {
+			t.Fatalf("Place = %q, %v; want c (no catalog entries)", n.Name, err)
+		}
+		if n, err := c.Place(256); err != nil || n.Name != "b" && n.Name != "c" {
+			t.Fatalf("second Place = %q, %v; want b or c (a has the most)", n.Name, err)
+		}
 	}
 }

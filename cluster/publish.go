@@ -215,7 +215,7 @@ func (c *Cluster) entryOf(r lifecycle.Record) Entry {
 		Access:          r.Spec.Access,
 		Incarnation:     r.Incarnation,
 		TokenGeneration: r.TokenGeneration,
-		MemoryMB:        r.Spec.MemoryMB,
+		MemoryMB:        r.Spec.GroupMemoryMB(),
 		Labels:          r.Spec.Labels,
 		CreatedAt:       r.CreatedAt,
 		// The entry changes with the record's state, not with the time it

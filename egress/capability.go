@@ -11,8 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// netAdmin is CAP_NET_ADMIN's bit in the first word of the capability sets.
-const netAdmin = 1 << unix.CAP_NET_ADMIN
+// netCaps are CAP_NET_ADMIN's (nftables, the log, the connection table)
+// and CAP_NET_BIND_SERVICE's (the forwarder's port 53) bits in the first
+// word of the capability sets.
+const netCaps = 1<<unix.CAP_NET_ADMIN | 1<<unix.CAP_NET_BIND_SERVICE
 
 var (
 	raiseOnce sync.Once
@@ -22,13 +24,16 @@ var (
 // newConn opens a netlink connection to nftables, with CAP_NET_ADMIN made
 // effective first when the process holds it only as permitted.
 func newConn() (*nftables.Conn, error) {
-	raiseOnce.Do(func() { raiseErr = raiseNetAdmin() })
+	raiseCaps()
 	return nftables.New()
 }
 
-// raiseNetAdmin makes CAP_NET_ADMIN effective on every thread of the
-// process when it is permitted but not effective. The gateway image gives
-// its binary CAP_NET_ADMIN as a permitted-only file capability: a non-root
+// raiseCaps makes the permitted network capabilities effective, once.
+func raiseCaps() { raiseOnce.Do(func() { raiseErr = raiseNetAdmin() }) }
+
+// raiseNetAdmin makes CAP_NET_ADMIN and CAP_NET_BIND_SERVICE effective on
+// every thread of the process when they are permitted but not effective.
+// The gateway image gives its binary both as a permitted-only file capability: a non-root
 // gateway then holds it when the container is granted NET_ADMIN, and still
 // starts when it is not (an effective file capability would make the exec
 // fail there). The kernel checks the capability of the thread that sends
@@ -41,10 +46,11 @@ func raiseNetAdmin() error {
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("reading the process's capabilities: %w", err)
 	}
-	if data[0].Permitted&netAdmin == 0 || data[0].Effective&netAdmin != 0 {
+	want := data[0].Permitted & netCaps
+	if want == 0 || data[0].Effective&want == want {
 		return nil
 	}
-	data[0].Effective |= netAdmin
+	data[0].Effective |= want
 	_, _, errno := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0)
 	if errno != 0 {
 		if errors.Is(errno, syscall.ENOTSUP) {

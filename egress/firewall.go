@@ -8,9 +8,12 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -32,6 +35,10 @@ const (
 	// setRunning holds the addresses bound to a running sandbox's port
 	// (bindings.go): the host's own connections reach only those.
 	setRunning = "running"
+	// chainAllowed and chainRefused end every sandbox chain's verdicts,
+	// logging what the egress log reads (verdictChains).
+	chainAllowed = "allowed"
+	chainRefused = "refused"
 	// Counters of the drops not charged to a sandbox.
 	counterUnknown  = "unknown_source"
 	counterInbound  = "inbound"
@@ -48,14 +55,29 @@ type Options struct {
 	// Deny are ranges a public policy denies beyond lifecycle's fixed list
 	// and the host's own addresses (egress_deny).
 	Deny []netip.Prefix
-	// Resolvers are the DNS servers Docker forwards containers' queries
-	// to: a public policy reaches them on port 53 before the private-range
-	// deny. Default: the nameservers of the host's resolv.conf, as Docker
-	// picks them.
+	// Resolvers are the DNS servers the forwarder asks (egress_dns).
+	// Sandboxes do not reach them (but containers made before the
+	// forwarder, under public and learn, until they are made again).
+	// Default: the nameservers of the host's resolv.conf.
 	Resolvers []netip.Addr
+	// AllowPrivate are the denied destinations an allow entry may open
+	// (egress_allow_private): an allowed name's answer in a denied range
+	// enters its sandbox's set only where one of these opens it on every
+	// port and protocol the name rule does.
+	AllowPrivate []lifecycle.AllowRule
+	// MinTTL and MaxTTL bound how long an answer's addresses stay in the
+	// sandbox's set (its TTL, clamped); a packet sent to one keeps it
+	// MaxTTL more. Defaults: DefaultMinTTL, DefaultMaxTTL.
+	MinTTL, MaxTTL time.Duration
 	// Logger receives what the firewall repairs. Default: none.
 	Logger *zap.Logger
 }
+
+// Defaults of Options.
+const (
+	DefaultMinTTL = time.Minute
+	DefaultMaxTTL = 30 * time.Minute
+)
 
 // Firewall is a lifecycle.Firewall on nftables. Methods are safe for
 // concurrent use; each change is one netlink batch, applied atomically.
@@ -79,6 +101,30 @@ type Firewall struct {
 	// bindings what its sets hold, by address.
 	btable   *nftables.Table
 	bindings map[netip.Addr]binding
+	// sets are the name sets the kernel holds (names.go).
+	sets map[string]bool
+	// group is the table's log group (nflog.go); fwd the DNS forwarder
+	// (forwarder.go) and stopLog the log reader's stop, once started.
+	group   uint16
+	fwd     *forwarder
+	fwdAddr netip.Addr
+	stopLog func()
+	// timeoutUpdates: the kernel renews an element's expiry when it is
+	// added again with another timeout (probed at Setup).
+	timeoutUpdates bool
+	probed         bool
+
+	// Read by the forwarder and the log reader without f.mu (which
+	// Close holds while they stop): the table, the upstream resolvers
+	// and the denied ranges, and each sandbox's state by id and address.
+	tableRef  atomic.Pointer[nftables.Table]
+	upstream  atomic.Pointer[[]netip.Addr]
+	deniedRef atomic.Pointer[[]netip.Prefix]
+	smu       sync.RWMutex
+	byID      map[string]*sandbox
+	byAddr    map[netip.Addr]*sandbox
+	onDenied  atomic.Pointer[func(string, lifecycle.EgressDecision)]
+	conns     connTable
 }
 
 // New returns a firewall; nothing is installed until Setup.
@@ -87,7 +133,55 @@ func New(opts Options) *Firewall {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Firewall{opts: opts, log: log}
+	return &Firewall{opts: opts, log: log, byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, sets: map[string]bool{}}
+}
+
+func (f *Firewall) upstreams() []netip.Addr {
+	if p := f.upstream.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (f *Firewall) ttlBounds() (lo, hi time.Duration) {
+	lo, hi = f.opts.MinTTL, f.opts.MaxTTL
+	if lo <= 0 {
+		lo = DefaultMinTTL
+	}
+	if hi <= 0 {
+		hi = DefaultMaxTTL
+	}
+	return lo, max(lo, hi)
+}
+
+// opensPrivate reports whether an answer address a may enter a set of
+// name rule r: outside the denied ranges always, inside only where
+// egress_allow_private opens it.
+func (f *Firewall) opensPrivate(a netip.Addr, r lifecycle.AllowRule) bool {
+	if p := f.deniedRef.Load(); p != nil {
+		for _, d := range *p {
+			if d.Contains(a) {
+				return lifecycle.EgressConfig{AllowPrivate: f.opts.AllowPrivate}.OpensPrivate(a, r)
+			}
+		}
+	}
+	return true
+}
+
+// Close stops the forwarder and the log reader; the kernel's rules stay
+// (sandboxes keep their policies while the gateway restarts).
+func (f *Firewall) Close() error {
+	f.mu.Lock()
+	fwd, stop := f.fwd, f.stopLog
+	f.fwd, f.stopLog = nil, nil
+	f.mu.Unlock()
+	if fwd != nil {
+		fwd.stop()
+	}
+	if stop != nil {
+		stop()
+	}
+	return nil
 }
 
 // Setup implements lifecycle.Firewall: it checks that the sandbox bridge
@@ -107,11 +201,25 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	}
 	f.net = n
 	f.table = &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName(n.Bridge)}
+	f.tableRef.Store(f.table)
+	f.group = logGroup(n.Bridge)
 	f.resolver = f.opts.Resolvers
 	if f.resolver == nil {
 		f.resolver = HostResolvers()
 	}
+	up := slices.Clone(f.resolver)
+	f.upstream.Store(&up)
 	f.denied = slices.Concat(lifecycle.EgressDeniedRanges, f.opts.Deny, HostAddresses(), []netip.Prefix{n.Subnet})
+	denied := slices.Clone(f.denied)
+	f.deniedRef.Store(&denied)
+	f.conns.setNet(n.Subnet, n.Gateway)
+	raiseCaps()
+	if err := f.startServices(n); err != nil {
+		return err
+	}
+	if !f.probed {
+		f.timeoutUpdates, f.probed = probeTimeoutUpdates(), true
+	}
 
 	c, err := newConn()
 	if err != nil {
@@ -132,7 +240,7 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 		if err := f.install(c); err != nil {
 			return f.privilege(err)
 		}
-		f.elems, f.chains, f.counters = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}
+		f.elems, f.chains, f.counters, f.sets = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}, map[string]bool{}
 		return nil
 	}
 	// Installed: the host's addresses may have changed since, and the
@@ -153,6 +261,58 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	}
 	if f.elems == nil {
 		return f.load(c)
+	}
+	return nil
+}
+
+// probeTimeoutUpdates reports whether this kernel renews a set element's
+// timeout when the element is added again with another (Linux 6.x does;
+// older kernels keep the first, and the forwarder then deletes and adds
+// an element it renews, at a cost of milliseconds per commit). The probe
+// uses a table of its own, removed after.
+func probeTimeoutUpdates() bool {
+	c, err := newConn()
+	if err != nil {
+		return false
+	}
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: fmt.Sprintf("sandwake-probe-%d", os.Getpid())})
+	defer func() {
+		c.DelTable(t)
+		c.Flush()
+	}()
+	s := &nftables.Set{Table: t, Name: "probe", KeyType: nftables.TypeIPAddr, HasTimeout: true}
+	if c.AddSet(s, nil) != nil {
+		return false
+	}
+	key := []byte{192, 0, 2, 1}
+	for _, to := range []time.Duration{10 * time.Second, 20 * time.Second} {
+		if c.SetAddElements(s, []nftables.SetElement{{Key: key, Timeout: to}}) != nil || c.Flush() != nil {
+			return false
+		}
+	}
+	els, err := c.GetSetElements(s)
+	return err == nil && len(els) == 1 && els[0].Timeout == 20*time.Second
+}
+
+// startServices starts the forwarder on the network's gateway and the log
+// reader, unless they run (for this network).
+func (f *Firewall) startServices(n lifecycle.SandboxNet) error {
+	if f.fwd != nil && f.fwdAddr != n.Gateway {
+		f.fwd.stop()
+		f.fwd = nil
+	}
+	if f.fwd == nil {
+		fwd, err := f.startForwarder(n.Gateway)
+		if err != nil {
+			return err
+		}
+		f.fwd, f.fwdAddr = fwd, n.Gateway
+	}
+	if f.stopLog == nil {
+		if err := f.startLog(f.group); err != nil {
+			// The policies hold without it; only the log is blind.
+			f.log.Warn("egress log unavailable: sandboxes' connections are enforced but not logged", zap.Error(err))
+		}
 	}
 	return nil
 }
@@ -213,7 +373,7 @@ func (f *Firewall) complete(c *nftables.Conn) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for _, want := range []string{chainFrom, chainForward, chainInput, chainPrerouting, chainOutput} {
+	for _, want := range []string{chainFrom, chainForward, chainInput, chainPrerouting, chainOutput, chainAllowed, chainRefused} {
 		if !slices.ContainsFunc(chains, func(ch *nftables.Chain) bool { return ch.Name == want }) {
 			return false, nil
 		}
@@ -259,6 +419,12 @@ func (f *Firewall) install(c *nftables.Conn) error {
 	}
 	for _, name := range []string{counterUnknown, counterInbound, counterLoopback} {
 		c.AddObj(&nftables.CounterObj{Table: t, Name: name})
+	}
+	for _, name := range []string{chainAllowed, chainRefused} {
+		ch := c.AddChain(&nftables.Chain{Table: t, Name: name})
+		for _, r := range verdictChains(f.group)[name] {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: r})
+		}
 	}
 	br := f.net.Bridge
 	from := c.AddChain(&nftables.Chain{Table: t, Name: chainFrom})
@@ -314,7 +480,16 @@ func (f *Firewall) install(c *nftables.Conn) error {
 // load reads which sandbox entries the kernel holds (after a restart of
 // the gateway, or when a batch failed on a stale view).
 func (f *Firewall) load(c *nftables.Conn) error {
-	f.elems, f.chains, f.counters = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}
+	f.elems, f.chains, f.counters, f.sets = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}, map[string]bool{}
+	sets, err := c.GetSets(f.table)
+	if err != nil {
+		return fmt.Errorf("egress firewall: listing sets: %w", err)
+	}
+	for _, s := range sets {
+		if setOwner(s.Name) != "" {
+			f.sets[s.Name] = true
+		}
+	}
 	objs, err := c.GetObjects(f.table)
 	if err != nil {
 		return fmt.Errorf("egress firewall: listing counters: %w", err)
@@ -372,12 +547,13 @@ func (f *Firewall) delElem(c *nftables.Conn, addr netip.Addr) {
 
 // policyKey identifies what a chain holds, so Sync rewrites only changes.
 func (f *Firewall) policyKey(e lifecycle.FirewallEntry) string {
-	return e.Address.String() + "|" + rulesVersion + "|" + e.Egress.Policy + "|" + strings.Join(e.Egress.Allow, ",")
+	return e.Address.String() + "|" + rulesVersion + "|" + e.Egress.Policy + "|" + strings.Join(e.Egress.Allow, ",") +
+		"|" + strings.Join(e.Egress.Deny, ",") + "|" + strconv.FormatBool(e.HostDNS) + "|" + strconv.Itoa(int(f.group))
 }
 
 // rulesVersion changes whenever sandboxRules writes other rules for the
 // same policy: a chain written by an older gateway is then rewritten.
-const rulesVersion = "v2"
+const rulesVersion = "v3"
 
 // Apply implements lifecycle.Firewall: the sandbox's chain is written and
 // its address pointed at it in one batch.
@@ -388,6 +564,7 @@ func (f *Firewall) Apply(e lifecycle.FirewallEntry) error {
 		return fmt.Errorf("%w: the firewall is not set up", lifecycle.ErrEgressUnenforced)
 	}
 	if name := chainOf(e.ID); f.chains[name] == f.policyKey(e) && f.elems[e.Address] == name {
+		f.track(e)
 		return nil // installed as it is (a wake re-asserting it)
 	}
 	err := f.apply(e)
@@ -407,21 +584,26 @@ func (f *Firewall) apply(e lifecycle.FirewallEntry) error {
 	if err != nil {
 		return f.privilege(err)
 	}
-	if err := f.stage(c, e); err != nil {
+	sb := f.sandboxOf(e.ID)
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if err := f.stage(c, e, sb); err != nil {
 		return err
 	}
 	if err := c.Flush(); err != nil {
 		return f.privilege(err)
 	}
-	f.committed(e)
+	f.committed(e, sb)
 	return nil
 }
 
-// stage batches the writing of e's chain, counter and map element on c,
-// from what the kernel holds now (f's view); committed records them once
-// the batch went through. Entries of one batch must have distinct ids and
-// addresses.
-func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry) error {
+// stage batches the writing of e's chain, counter, name sets and map
+// element on c, from what the kernel holds now (f's view); committed
+// records them once the batch went through. Entries of one batch must
+// have distinct ids and addresses. The caller holds sb.mu (sb is e's
+// sandbox) until the batch is flushed, so that no answer of the
+// forwarder falls between the sets' contents and their writing.
+func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry, sb *sandbox) error {
 	name := chainOf(e.ID)
 	ch := &nftables.Chain{Table: f.table, Name: name}
 	if _, ok := f.chains[name]; ok {
@@ -432,7 +614,30 @@ func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry) error {
 	if !f.counters[name] {
 		c.AddObj(&nftables.CounterObj{Table: f.table, Name: name})
 	}
-	for i, r := range sandboxRules(e.Egress, f.resolver, name) {
+	sb.setRules(e)
+	now := time.Now()
+	contents := sb.contents(now, f.opensPrivate)
+	clear(sb.written)
+	for set, els := range contents {
+		for _, el := range els {
+			sb.written[set+"|"+el.addr.String()] = written{timeout: el.timeout, expires: now.Add(el.timeout)}
+		}
+	}
+	for set, els := range contents {
+		s := &nftables.Set{Table: f.table, Name: set, KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true}
+		if f.sets[set] {
+			c.FlushSet(s)
+		} else if err := c.AddSet(s, nil); err != nil {
+			return err
+		}
+		if len(els) > 0 {
+			if err := c.SetAddElements(s, setElements(els, 0)); err != nil {
+				return err
+			}
+		}
+	}
+	_, maxTTL := f.ttlBounds()
+	for i, r := range sandboxRules(sb, f.net.Gateway, f.resolver, name, uint32(maxTTL/time.Second)) {
 		rule := &nftables.Rule{Table: f.table, Chain: ch, Exprs: r}
 		if i == 0 {
 			// What the chain holds, read back after a restart (load), so
@@ -440,6 +645,12 @@ func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry) error {
 			rule.UserData = []byte(f.policyKey(e))
 		}
 		c.AddRule(rule)
+	}
+	// Sets the rules no longer use go after the rules that used them.
+	for set := range f.sets {
+		if _, used := contents[set]; !used && setOwner(set) == e.ID {
+			c.DelSet(&nftables.Set{Table: f.table, Name: set})
+		}
 	}
 	vmap := &nftables.Set{Table: f.table, Name: mapSandboxes, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true}
 	key := e.Address.As4()
@@ -458,11 +669,68 @@ func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry) error {
 	return nil
 }
 
-func (f *Firewall) committed(e lifecycle.FirewallEntry) {
+func (f *Firewall) committed(e lifecycle.FirewallEntry, sb *sandbox) {
 	name := chainOf(e.ID)
 	f.chains[name] = f.policyKey(e)
 	f.counters[name] = true
 	f.elems[e.Address] = name
+	for set := range f.sets {
+		if setOwner(set) == e.ID {
+			delete(f.sets, set)
+		}
+	}
+	for _, set := range sb.setNames() {
+		f.sets[set] = true
+	}
+	f.publish(e, sb)
+}
+
+// sandboxOf is the state of sandbox id, made when missing (not yet
+// published to the forwarder: committed and track do that).
+func (f *Firewall) sandboxOf(id string) *sandbox {
+	f.smu.RLock()
+	sb := f.byID[id]
+	f.smu.RUnlock()
+	if sb == nil {
+		sb = newSandbox(id)
+	}
+	return sb
+}
+
+// publish makes sb the state the forwarder and the log find for e.
+func (f *Firewall) publish(e lifecycle.FirewallEntry, sb *sandbox) {
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	if old := f.byID[e.ID]; old != nil && old.addr != e.Address && f.byAddr[old.addr] == old {
+		delete(f.byAddr, old.addr)
+	}
+	if other := f.byAddr[e.Address]; other != nil && other != sb {
+		delete(f.byID, other.id)
+	}
+	f.byID[e.ID] = sb
+	f.byAddr[e.Address] = sb
+}
+
+// track publishes the state of an entry the kernel already holds as it
+// is (after a restart, the rules are there but the state is not).
+func (f *Firewall) track(e lifecycle.FirewallEntry) {
+	sb := f.sandboxOf(e.ID)
+	sb.mu.Lock()
+	sb.setRules(e)
+	sb.mu.Unlock()
+	f.publish(e, sb)
+}
+
+// forget drops sandbox id's state.
+func (f *Firewall) forget(id string) {
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	if sb := f.byID[id]; sb != nil {
+		delete(f.byID, id)
+		if f.byAddr[sb.addr] == sb {
+			delete(f.byAddr, sb.addr)
+		}
+	}
 }
 
 // Remove implements lifecycle.Firewall.
@@ -505,6 +773,14 @@ func (f *Firewall) remove(c *nftables.Conn, name string, addr netip.Addr) {
 		c.DeleteObject(&nftables.CounterObj{Table: f.table, Name: name})
 		delete(f.counters, name)
 	}
+	id := strings.TrimPrefix(name, sandboxPrefix)
+	for set := range f.sets {
+		if setOwner(set) == id {
+			c.DelSet(&nftables.Set{Table: f.table, Name: set})
+			delete(f.sets, set)
+		}
+	}
+	f.forget(id)
 }
 
 // Sync implements lifecycle.Firewall: it reads what the kernel holds and
@@ -567,6 +843,7 @@ func (f *Firewall) Sync(entries []lifecycle.FirewallEntry) (lifecycle.FirewallSt
 	for _, e := range entries {
 		name := chainOf(e.ID)
 		if f.chains[name] == f.policyKey(e) && f.elems[e.Address] == name {
+			f.track(e)
 			continue
 		}
 		if _, had := f.chains[name]; !had {
@@ -582,15 +859,23 @@ func (f *Firewall) Sync(entries []lifecycle.FirewallEntry) (lifecycle.FirewallSt
 		return st, err
 	}
 	staged := true
+	sbs := make([]*sandbox, 0, len(todo))
 	for _, e := range todo {
-		if err := f.stage(bc, e); err != nil {
+		sb := f.sandboxOf(e.ID)
+		sb.mu.Lock()
+		sbs = append(sbs, sb)
+		if err := f.stage(bc, e, sb); err != nil {
 			staged = false
 			break
 		}
 	}
-	if staged && bc.Flush() == nil {
-		for _, e := range todo {
-			f.committed(e)
+	flushed := staged && bc.Flush() == nil
+	for _, sb := range sbs {
+		sb.mu.Unlock()
+	}
+	if flushed {
+		for i, e := range todo {
+			f.committed(e, sbs[i])
 		}
 		return st, nil
 	}

@@ -4,11 +4,13 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandwake/sandwake/egress/dnswire"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -140,56 +142,144 @@ func cat(parts ...[]expr.Any) []expr.Any { return slices.Concat(parts...) }
 
 // sandboxRules are the rules of one sandbox's chain, in order:
 //
-//	fib daddr type local meta l4proto tcp counter name <c> reject with tcp reset
-//	fib daddr type local counter name <c> reject with icmpx admin-prohibited
-//	ip daddr <allow> [meta l4proto <p> [th dport <n>]] accept   (each allow entry)
-//	ip daddr <resolver> meta l4proto udp|tcp th dport 53 accept (public only)
-//	[ip daddr @denied] meta l4proto tcp counter name <c> reject with tcp reset
-//	[ip daddr @denied] counter name <c> reject with icmpx admin-prohibited
-//	accept                                                      (public only)
+//	ip daddr <gateway> meta l4proto udp|tcp th dport 53 accept       (the forwarder)
+//	fib daddr type local counter name <c> goto refused                (the host, by kind)
+//	ip daddr <resolver> meta l4proto udp|tcp th dport 53 accept       (HostDNS, public only)
+//	meta l4proto tcp|udp th dport 53|853 counter name <c> goto refused (DNS elsewhere)
+//	ip daddr <deny> [meta l4proto <p> [th dport <n>]] counter name <c> goto refused
+//	ip daddr @nd-<id>-<k> … counter name <c> goto refused            (denied names' answers)
+//	ip daddr <allow> [meta l4proto <p> [th dport <n>]] goto allowed
+//	meta l4proto <p> [th dport <n>] ip daddr @na-<id>-<k> update @na-<id>-<k> { ip daddr timeout <max> } goto allowed
+//	[ip daddr @denied] counter name <c> goto refused
+//	goto allowed                                                      (public and learn)
 //
 // Every packet the sandbox originates is judged, not only a connection's
 // first: a policy made stricter cuts the connections it now forbids at
-// their next packet.
+// their next packet. A packet to an allowed name's address keeps the
+// address in its set for maxTTL more (an open connection is not cut when
+// the answer's TTL runs out).
 //
-// The first two judge what the input path brings: every packet there is
+// The local rule judges what the input path brings: every packet there is
 // for an address of the host, whatever list it is on, an address added
 // after the gateway started and a route that makes a range local (AnyIP)
-// included. A sandbox reaches no listener of its host, whatever its policy
-// or allow list (its answers to the gateway pass as replies before).
-func sandboxRules(e lifecycle.Egress, resolvers []netip.Addr, counter string) [][]expr.Any {
-	local := fibDaddrLocal()
-	rules := [][]expr.Any{
-		cat(local, l4proto(unix.IPPROTO_TCP), []expr.Any{counterRef(counter), rejectTCP()}),
-		cat(local, []expr.Any{counterRef(counter), rejectOther()}),
+// included. A sandbox reaches no listener of its host but the forwarder,
+// whatever its policy or allow list (its answers to the gateway pass as
+// replies before).
+func sandboxRules(sb *sandbox, gateway netip.Addr, resolvers []netip.Addr, counter string, maxTTL uint32) [][]expr.Any {
+	e := sb.egress
+	refuse := []expr.Any{counterRef(counter), gotoChain(chainRefused)}
+	var rules [][]expr.Any
+	for _, p := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rules = append(rules, cat(nfproto(unix.NFPROTO_IPV4), ipPrefix(offDaddr, netip.PrefixFrom(gateway, 32)), l4proto(p), dport(dnswire.Port), []expr.Any{verdict(expr.VerdictAccept)}))
 	}
-	for _, r := range e.Rules() {
-		proto := byte(unix.IPPROTO_TCP)
-		if r.Proto == "udp" {
-			proto = unix.IPPROTO_UDP
-		}
-		rule := cat(ipPrefix(offDaddr, r.Prefix), l4proto(proto))
-		if r.Port != 0 {
-			rule = cat(rule, dport(r.Port))
-		}
-		rules = append(rules, append(rule, verdict(expr.VerdictAccept)))
-	}
+	rules = append(rules, cat(fibDaddrLocal(), refuse))
 	public := e.Policy != lifecycle.EgressNone
-	var deny []expr.Any
-	if public {
+	if public && sb.hostDNS {
 		for _, a := range resolvers {
 			for _, p := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-				rules = append(rules, cat(ipPrefix(offDaddr, netip.PrefixFrom(a, 32)), l4proto(p), dport(53), []expr.Any{verdict(expr.VerdictAccept)}))
+				rules = append(rules, cat(ipPrefix(offDaddr, netip.PrefixFrom(a, 32)), l4proto(p), dport(dnswire.Port), []expr.Any{gotoChain(chainAllowed)}))
 			}
 		}
-		deny = ipInSet(offDaddr, setDenied)
 	}
-	rules = append(rules,
-		cat(deny, l4proto(unix.IPPROTO_TCP), []expr.Any{counterRef(counter), rejectTCP()}),
-		cat(deny, []expr.Any{counterRef(counter), rejectOther()}),
-	)
+	for _, p := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		for _, port := range []uint16{dnswire.Port, portDoT} {
+			rules = append(rules, cat(l4proto(p), dport(port), refuse))
+		}
+	}
 	if public {
-		rules = append(rules, []expr.Any{verdict(expr.VerdictAccept)})
+		for _, r := range e.DenyRules() {
+			if r.IsName() {
+				continue
+			}
+			if r.Proto == "" && r.Port == 0 {
+				rules = append(rules, cat(ipPrefix(offDaddr, r.Prefix), refuse)) // every protocol, ICMP too
+				continue
+			}
+			for _, p := range r.Protos() {
+				rules = append(rules, cat(ipPrefix(offDaddr, r.Prefix), protoPort(p, r.Port), refuse))
+			}
+		}
+		for _, k := range sb.denyKeys() {
+			rules = append(rules, cat(k.match(), ipInSet(offDaddr, sb.setName(setPrefixDeny, k)), refuse))
+		}
+	}
+	for _, r := range e.Rules() {
+		if r.IsName() {
+			continue
+		}
+		rules = append(rules, cat(ipPrefix(offDaddr, r.Prefix), protoPort(r.Proto, r.Port), []expr.Any{gotoChain(chainAllowed)}))
+	}
+	for _, k := range sb.allowKeys() {
+		set := sb.setName(setPrefixAllow, k)
+		rules = append(rules, cat(k.match(), ipInSet(offDaddr, set), []expr.Any{
+			&expr.Dynset{SrcRegKey: reg1, SetName: set, Operation: uint32(unix.NFT_DYNSET_OP_UPDATE), Timeout: time.Duration(maxTTL) * time.Second},
+			gotoChain(chainAllowed),
+		}))
+	}
+	if public {
+		rules = append(rules, cat(ipInSet(offDaddr, setDenied), refuse), []expr.Any{gotoChain(chainAllowed)})
+	} else {
+		rules = append(rules, refuse)
 	}
 	return rules
+}
+
+// protoPort: meta l4proto <p> [th dport <n>]; nothing for proto "" (both).
+func protoPort(proto string, port uint16) []expr.Any {
+	if proto == "" {
+		return nil
+	}
+	out := l4proto(protoNum(proto))
+	if port != 0 {
+		out = cat(out, dport(port))
+	}
+	return out
+}
+
+func protoNum(proto string) byte {
+	if proto == "udp" {
+		return unix.IPPROTO_UDP
+	}
+	return unix.IPPROTO_TCP
+}
+
+func gotoChain(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictGoto, Chain: chain} }
+
+// The log group's prefixes: what the allowed and refused chains log.
+const (
+	logAllowed = "a"
+	logRefused = "d"
+)
+
+// logTo: log group <g> prefix <p> snaplen 64 (the headers).
+func logTo(group uint16, prefix string) expr.Any {
+	return &expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN, Group: group, Data: []byte(prefix), Snaplen: 64}
+}
+
+// limitRate: limit rate <n>/second burst <n> packets (matches under it).
+func limitRate(n uint64) expr.Any {
+	return &expr.Limit{Type: expr.LimitTypePkts, Rate: n, Unit: expr.LimitTimeSecond, Burst: uint32(n)}
+}
+
+// verdictChains are the table's shared tails of every sandbox chain:
+//
+//	chain allowed { ct state new limit rate 1000/second log group <g> prefix "a"; accept }
+//	chain refused { limit rate 1000/second log group <g> prefix "d"
+//	                meta l4proto tcp reject with tcp reset
+//	                reject with icmpx admin-prohibited }
+//
+// The log is what the egress log reads (nflog.go); over the rate the
+// packets are judged the same, unlogged.
+func verdictChains(group uint16) map[string][][]expr.Any {
+	return map[string][][]expr.Any{
+		chainAllowed: {
+			cat(ctNew(), []expr.Any{limitRate(1000), logTo(group, logAllowed)}),
+			{verdict(expr.VerdictAccept)},
+		},
+		chainRefused: {
+			{limitRate(1000), logTo(group, logRefused)},
+			cat(l4proto(unix.IPPROTO_TCP), []expr.Any{rejectTCP()}),
+			{rejectOther()},
+		},
+	}
 }

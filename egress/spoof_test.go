@@ -241,3 +241,111 @@ func TestAStoppedSandboxRefusesAtOnce(t *testing.T) {
 		t.Fatalf("dialling the stopped sandbox's address: %v, want connection refused at once", err)
 	}
 }
+
+// boundPort is the bridge port the kernel's bound set ties addr to, ""
+// when it holds no element for addr (read with nft, as an operator would).
+func boundPort(t *testing.T, bridge string, addr netip.Addr) string {
+	t.Helper()
+	out := nft(t, "list", "set", "bridge", egress.TableName(bridge), "bound")
+	// elements = { "veth1a2b3c4" . 02:42:ac:1c:00:02 . 172.28.0.2, … }
+	for _, el := range strings.FieldsFunc(out, func(r rune) bool { return r == ',' || r == '{' || r == '}' || r == '\n' }) {
+		parts := strings.Split(el, " . ")
+		if len(parts) == 3 && strings.TrimSpace(parts[2]) == addr.String() {
+			return strings.Trim(strings.TrimSpace(parts[0]), `"`)
+		}
+	}
+	return ""
+}
+
+// TestABindingFollowsEveryStart: a running sandbox's address is bound in
+// the kernel to its bridge port, the host end of its veth; a stop unbinds
+// it (nothing speaks for the address while it sleeps), and a wake binds it
+// to the new port Docker made for that start, before the app answers.
+func TestABindingFollowsEveryStart(t *testing.T) {
+	r := newRig(t, nil)
+	rec := r.create(testenv.UniqueID("bd"), lifecycle.Egress{Policy: lifecycle.EgressNone})
+	first := boundPort(t, r.net.Bridge, rec.Address)
+	if first == "" {
+		t.Fatalf("running sandbox %s at %s: no binding in the kernel", rec.ID, rec.Address)
+	}
+	if _, err := net.InterfaceByName(first); err != nil {
+		t.Fatalf("the bound port %s is no interface of this host: %v", first, err)
+	}
+	ctx := context.Background()
+	if _, err := r.mgr.Stop(ctx, rec.ID, "api"); err != nil {
+		t.Fatal(err)
+	}
+	if p := boundPort(t, r.net.Bridge, rec.Address); p != "" {
+		t.Fatalf("stopped sandbox %s: its address is still bound to %s", rec.ID, p)
+	}
+	woken, err := r.mgr.Wake(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := boundPort(t, r.net.Bridge, rec.Address)
+	if second == "" || second == first {
+		t.Fatalf("woken sandbox %s: bound to %q, want the new start's port (the first start's was %s)", rec.ID, second, first)
+	}
+	if _, err := net.InterfaceByName(second); err != nil {
+		t.Fatalf("the bound port %s is no interface of this host: %v", second, err)
+	}
+	if _, err := net.InterfaceByName(first); err == nil {
+		t.Errorf("the first start's port %s still exists after the stop", first)
+	}
+	r.ask(woken, "/healthz", nil)
+}
+
+// TestAWakeFromPausedKeepsItsContainer: a wake from paused leaves the record
+// saying the container resolves through the forwarder, so the firewall
+// entry is not rewritten at the next wake (that cost a 10 ms netlink commit
+// and opened the host's resolvers to the sandbox, as for a container made
+// before the forwarder), and a stop then a wake starts the same container
+// again rather than make it anew (which loses what the app wrote outside
+// its workspace).
+func TestAWakeFromPausedKeepsItsContainer(t *testing.T) {
+	r := newRig(t, nil)
+	rec := r.create(testenv.UniqueID("pw"), lifecycle.Egress{Policy: lifecycle.EgressNone})
+	if !rec.DNSForwarded {
+		t.Fatalf("created %s: not recorded as resolving through the forwarder", rec.ID)
+	}
+	ctx := context.Background()
+	if _, err := r.mgr.Pause(ctx, rec.ID, "api"); err != nil {
+		t.Fatal(err)
+	}
+	woken, err := r.mgr.Wake(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !woken.DNSForwarded {
+		t.Errorf("after a wake from paused %s is recorded as not resolving through the forwarder", rec.ID)
+	}
+	if _, err := r.mgr.Stop(ctx, rec.ID, "api"); err != nil {
+		t.Fatal(err)
+	}
+	woken, err = r.mgr.Wake(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if woken.ContainerID != rec.ContainerID || woken.Reason != "wake" {
+		t.Errorf("a stop and a wake after a wake from paused: container %.12s (%s), want %.12s started again", woken.ContainerID, woken.Reason, rec.ContainerID)
+	}
+	r.ask(woken, "/healthz", nil)
+
+	// A record an earlier release left saying otherwise (its wake from
+	// paused forgot it): the wake asks the engine, starts the same
+	// container, and records what the engine says.
+	if _, err := r.mgr.Stop(ctx, rec.ID, "api"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.eng.Store().Update(rec.ID, func(r *lifecycle.Record) error { r.DNSForwarded = false; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	woken, err = r.mgr.Wake(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if woken.ContainerID != rec.ContainerID || !woken.DNSForwarded {
+		t.Errorf("a wake of a record that forgot its forwarder: container %.12s (%s), forwarded %v; want %.12s started again, forwarded", woken.ContainerID, woken.Reason, woken.DNSForwarded, rec.ContainerID)
+	}
+	r.ask(woken, "/healthz", nil)
+}

@@ -27,9 +27,12 @@ type testHosts struct {
 	ns       string
 	private  netip.Addr // the namespace's end of the /30
 	internet netip.Addr // 198.18.x.1 behind it
-	port     int        // the echo listeners' port, on both addresses
-	port2    int        // a second TCP echo port on both addresses
-	accepted atomic.Int64
+	// internet2 is a second host of the internet (the next address),
+	// for names that resolve to another host.
+	internet2 netip.Addr
+	port      int // the echo listeners' port, on both addresses
+	port2     int // a second TCP echo port on both addresses
+	accepted  atomic.Int64
 	// veth is the host's end of the pair (in the host's namespace).
 	veth string
 	// datagrams are the UDP datagrams the hosts received: "<from> <payload>".
@@ -45,14 +48,14 @@ func (h *testHosts) receivedPayload(payload string) bool {
 	return slices.ContainsFunc(h.datagrams, func(d string) bool { return strings.HasSuffix(d, " "+payload) })
 }
 
-func run(t *testing.T, args ...string) {
+func run(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
 
-func newTestHosts(t *testing.T) *testHosts {
+func newTestHosts(t testing.TB) *testHosts {
 	t.Helper()
 	b := make([]byte, 3)
 	rand.Read(b)
@@ -63,6 +66,7 @@ func newTestHosts(t *testing.T) *testHosts {
 	hostEnd := netip.AddrFrom4([4]byte{10, 254, byte(x), byte(q + 1)})
 	h.private = hostEnd.Next()
 	h.internet = netip.AddrFrom4([4]byte{198, 18, byte(x), byte(q + 1)})
+	h.internet2 = h.internet.Next()
 	vethHost, vethNS := "swva"+suffix, "swvb"+suffix
 	h.veth = vethHost
 	run(t, "ip", "netns", "add", h.ns)
@@ -76,15 +80,25 @@ func newTestHosts(t *testing.T) *testHosts {
 	run(t, "ip", "netns", "exec", h.ns, "ip", "link", "set", vethNS, "up")
 	run(t, "ip", "netns", "exec", h.ns, "ip", "link", "set", "lo", "up")
 	run(t, "ip", "netns", "exec", h.ns, "ip", "addr", "add", h.internet.String()+"/32", "dev", "lo")
+	run(t, "ip", "netns", "exec", h.ns, "ip", "addr", "add", h.internet2.String()+"/32", "dev", "lo")
 	run(t, "ip", "route", "add", h.internet.String()+"/32", "via", h.private.String())
+	run(t, "ip", "route", "add", h.internet2.String()+"/32", "via", h.private.String())
 	h.listen(t)
 	return h
 }
 
 // listen opens the echo listeners inside the namespace: a socket belongs
 // to the namespace it was made in, whichever thread serves it later.
-func (h *testHosts) listen(t *testing.T) {
+func (h *testHosts) listen(t testing.TB) {
 	t.Helper()
+	if err := h.inNS(func() error { return h.openListeners(t) }); err != nil {
+		t.Fatalf("listeners in %s: %v", h.ns, err)
+	}
+}
+
+// inNS runs fn on a thread inside the namespace: sockets it opens belong
+// to the namespace.
+func (h *testHosts) inNS(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // the thread's namespace changes: it is not reused
@@ -104,17 +118,15 @@ func (h *testHosts) listen(t *testing.T) {
 			errc <- err
 			return
 		}
-		errc <- h.openListeners(t)
+		errc <- fn()
 		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		}
 	}()
-	if err := <-errc; err != nil {
-		t.Fatalf("listeners in %s: %v", h.ns, err)
-	}
+	return <-errc
 }
 
-func (h *testHosts) openListeners(t *testing.T) error {
+func (h *testHosts) openListeners(t testing.TB) error {
 	tl, err := net.Listen("tcp", "0.0.0.0:0")
 	if err != nil {
 		return err
@@ -127,7 +139,7 @@ func (h *testHosts) openListeners(t *testing.T) error {
 	h.port2 = tl2.Addr().(*net.TCPAddr).Port
 	// UDP answers must come from the address asked, so one socket each.
 	var uls []net.PacketConn
-	for _, a := range []netip.Addr{h.internet, h.private} {
+	for _, a := range []netip.Addr{h.internet, h.internet2, h.private} {
 		ul, err := net.ListenPacket("udp", netip.AddrPortFrom(a, uint16(h.port)).String())
 		if err != nil {
 			return err

@@ -140,6 +140,7 @@ func Open(opts Options) (*Engine, error) {
 			Instance:          instance,
 			SandboxNetwork:    opts.SandboxNetwork,
 			SandboxSubnet:     opts.SandboxSubnet,
+			ForwardDNS:        opts.Manager.Firewall != nil,
 			Pull:              opts.Pull,
 			AllowedRegistries: opts.AllowedRegistries,
 			Nofile:            opts.Nofile,

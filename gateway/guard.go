@@ -16,6 +16,10 @@ var DefaultNoWakeUserAgents = []string{
 	"bot", "crawler", "spider", "slurp", "facebookexternalhit", "embedly",
 	"uptimerobot", "pingdom", "statuscake", "site24x7", "kube-probe",
 	"elb-healthchecker", "googlehc",
+	// Link unfurlers whose User-Agent says none of the above: WhatsApp,
+	// Microsoft Teams (SkypeUriPreview), iMessage (facebookexternalhit
+	// with Facebot), Mastodon instances.
+	"whatsapp", "skypeuripreview", "facebot", "mastodon",
 }
 
 // WakeGuard decides whether a request may wake a sandbox: not for crawler

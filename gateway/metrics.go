@@ -67,6 +67,8 @@ var (
 		"Idle warm pool containers of the template's current shape, ready to claim.", []string{"template"}, nil)
 	metricPoolRefills = prometheus.NewDesc("caddy_sandwake_pool_refills_total",
 		"Warm pool containers made, by template (since the gateway started).", []string{"template"}, nil)
+	metricServices = prometheus.NewDesc("caddy_sandwake_services",
+		"Service containers of running and paused groups (sandboxes with services), by their sandbox's state: what they hold beside the apps max_resident counts.", []string{"state"}, nil)
 	metricPoolRemoved = prometheus.NewDesc("caddy_sandwake_pool_removed_total",
 		"Warm pool containers removed unclaimed, by reason: stale, max_age, surplus, pressure, died, leftover, failed (since the gateway started).", []string{"reason"}, nil)
 
@@ -93,6 +95,7 @@ func (statesCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- metricPoolIdle
 	ch <- metricPoolRefills
 	ch <- metricPoolRemoved
+	ch <- metricServices
 }
 
 func (statesCollector) Collect(ch chan<- prometheus.Metric) {
@@ -126,6 +129,11 @@ func (statesCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, t := range e.Mgr.Templates() {
 		ch <- prometheus.MustNewConstMetric(metricPoolIdle, prometheus.GaugeValue, float64(t.Idle), t.Template.Name)
 		ch <- prometheus.MustNewConstMetric(metricPoolRefills, prometheus.CounterValue, float64(t.Refills), t.Template.Name)
+	}
+	if services, err := e.Mgr.ResidentServices(); err == nil {
+		for _, s := range []lifecycle.State{lifecycle.Running, lifecycle.Paused} {
+			ch <- prometheus.MustNewConstMetric(metricServices, prometheus.GaugeValue, float64(services[s]), string(s))
+		}
 	}
 	removed := e.Mgr.PoolRemoved()
 	for _, reason := range poolRemovedReasons {

@@ -15,9 +15,12 @@ const routeCacheSize = 16384
 // Route is what the request path needs to know of one sandbox, built from its
 // record once and kept until the sandbox's next event.
 type Route struct {
-	ID       string
-	State    lifecycle.State
-	Access   string
+	ID     string
+	State  lifecycle.State
+	Access string
+	// Cards says whether the request path reads and serves the sandbox's
+	// link card: a public sandbox, or a private one with public_card.
+	Cards    bool
 	TokenGen uint64
 	ports    []int
 	// Reason is the record's reason code. The record's error text is left
@@ -89,6 +92,7 @@ func (c *RouteCache) Get(id string) (*Route, error) {
 		ID:        id,
 		State:     rec.State,
 		Access:    rec.Spec.Access,
+		Cards:     rec.Spec.Access != lifecycle.AccessPrivate || rec.Spec.PublicCard,
 		TokenGen:  rec.TokenGeneration,
 		ports:     rec.Spec.Ports,
 		Reason:    rec.Reason,

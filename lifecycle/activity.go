@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,8 +153,9 @@ func (m *Manager) Tracked() int {
 	return n
 }
 
-// FlushActivity writes every last-active time that changed since the previous
-// flush to the store, in one transaction.
+// FlushActivity writes to the store, in one transaction, every last-active
+// time that changed since the previous flush, the link cards read since,
+// and what sandboxes under learn learned since (their EgressLearned).
 func (m *Manager) FlushActivity() error {
 	m.flushMu.Lock()
 	defer m.flushMu.Unlock()
@@ -174,6 +176,18 @@ func (m *Manager) FlushActivity() error {
 		}
 		return true
 	})
+	cs := m.takeCards()
+	for id := range cs {
+		if _, ok := times[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	m.takeLearning()
+	for id := range m.learnPending {
+		if _, ok := times[id]; !ok && cs[id] == nil {
+			ids = append(ids, id)
+		}
+	}
 	if len(ids) == 0 {
 		return nil
 	}
@@ -181,10 +195,21 @@ func (m *Manager) FlushActivity() error {
 		if t := times[r.ID]; t.After(r.LastActiveAt) {
 			r.LastActiveAt = t
 		}
+		if c := cs[r.ID]; c != nil {
+			if r.Cards == nil {
+				r.Cards = map[int]Card{}
+			}
+			maps.Copy(r.Cards, c)
+		}
+		if l := m.learnPending[r.ID]; l != nil && r.Spec.Egress.Policy == EgressLearn {
+			r.EgressLearned = MergeLearned(r.EgressLearned, l)
+		}
 	})
 	if err != nil {
+		m.putBackCards(cs)
 		return err
 	}
+	clear(m.learnPending)
 	for i, a := range acts {
 		a.flushed = vals[i]
 	}

@@ -107,6 +107,28 @@ func (m *Manager) release(id string, addr netip.Addr) {
 	m.mu.Unlock()
 }
 
+// hostDNS reports whether rec's container was made before the runtime
+// forwarded DNS (it asks the host's resolvers): made again at its next
+// start, given the host's resolvers meanwhile.
+func (m *Manager) hostDNS(rec *Record) bool {
+	f, ok := m.raw.(DNSForwarding)
+	return ok && f.ForwardsDNS() && m.built.Firewall != nil && rec.ContainerID != "" && !rec.DNSForwarded
+}
+
+// confirmHostDNS checks with the engine a record that says its container
+// asks the host's resolvers before a wake acts on it (host resolvers in its
+// firewall entry, a new container at its start): a wake from paused by
+// an earlier release recorded that of containers that resolve through the
+// forwarder. The container's own word is recorded by the wake's adopt.
+func (m *Manager) confirmHostDNS(ctx context.Context, rec *Record) {
+	if !m.hostDNS(rec) {
+		return
+	}
+	if c, err := m.runtime.Inspect(ctx, rec.ID); err == nil && c.DNSForwarded {
+		rec.DNSForwarded = true
+	}
+}
+
 // applyEgress installs rec's rules. Without a firewall it does nothing.
 func (m *Manager) applyEgress(rec *Record) error {
 	fw := m.built.Firewall
@@ -120,7 +142,7 @@ func (m *Manager) applyEgress(rec *Record) error {
 			e.Policy = EgressPublic
 		}
 	}
-	if err := fw.Apply(FirewallEntry{ID: rec.ID, Address: rec.Address, Egress: e}); err != nil {
+	if err := fw.Apply(FirewallEntry{ID: rec.ID, Address: rec.Address, Egress: e, HostDNS: m.hostDNS(rec)}); err != nil {
 		return fmt.Errorf("installing the egress rules of sandbox %s: %w", rec.ID, err)
 	}
 	return nil
@@ -234,7 +256,7 @@ func (m *Manager) syncEntries(fw Firewall) (FirewallStatus, map[netip.Addr]strin
 		if e.Policy == "" {
 			e.Policy = def
 		}
-		entries = append(entries, FirewallEntry{ID: recs[i].ID, Address: recs[i].Address, Egress: e})
+		entries = append(entries, FirewallEntry{ID: recs[i].ID, Address: recs[i].Address, Egress: e, HostDNS: m.hostDNS(&recs[i])})
 	}
 	entries = append(entries, m.poolFirewallEntries()...)
 	st, err := fw.Sync(entries)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -168,6 +170,13 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 		wakeTimeout, _ := m.limits()
 		ictx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 		err := ic.CheckImage(ictx, spec.Image)
+		for _, name := range slices.Sorted(maps.Keys(spec.Services)) {
+			if err == nil {
+				if err = ic.CheckImage(ictx, spec.Services[name].Image); err != nil {
+					err = fmt.Errorf("service %s: %w", name, err)
+				}
+			}
+		}
 		cancel()
 		if err != nil {
 			return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
@@ -272,6 +281,9 @@ func (m *Manager) checkSpec(spec *Spec) error {
 	if err := normalizeIsolation(spec, cfg.Isolation); err != nil {
 		return err
 	}
+	if err := normalizeServices(spec, &cfg); err != nil {
+		return err
+	}
 	if cfg.HostCPUs > 0 && spec.CPUs > float64(cfg.HostCPUs) {
 		return invalid("cpus: %g is more than the host's %d CPUs", spec.CPUs, cfg.HostCPUs)
 	}
@@ -280,6 +292,11 @@ func (m *Manager) checkSpec(spec *Spec) error {
 	}
 	if len(cfg.AllowedImages) > 0 && !ImageAllowed(cfg.AllowedImages, spec.Image) {
 		return invalid("image %q is not allowed here (allowed_images: %s)", spec.Image, strings.Join(cfg.AllowedImages, " "))
+	}
+	if spec.Egress.Allow == nil && spec.Egress.Deny == nil && len(m.built.Egress.DefaultAllow) > 0 {
+		// egress_allow is a default for what a create leaves out, not a
+		// floor: a PATCH, a lock or a create naming a list replaces it.
+		spec.Egress.Allow = slices.Clone(m.built.Egress.DefaultAllow)
 	}
 	return NormalizeEgress(&spec.Egress, m.built.Egress, m.deniedRanges())
 }
@@ -303,6 +320,10 @@ func (m *Manager) adopt(r *Record, c Container) {
 	r.ContainerID = c.ID
 	r.Upstreams = c.Upstreams
 	r.PublishedPorts = c.Published
+	r.DNSForwarded = c.DNSForwarded
+	if c.Members != nil {
+		r.ServiceStates = c.Members
+	}
 	r.Error = ""
 	r.VerifiedAt = now
 	r.LastActiveAt = now
@@ -373,7 +394,15 @@ func (m *Manager) fail(id string, cause error, creating bool) {
 	if err != nil {
 		m.log.Error("recording failure", zap.String("id", id), zap.Error(err), zap.NamedError("cause", cause))
 	}
-	// A container left running without a ready app only holds memory.
+	var se *ServiceError
+	if errors.As(cause, &se) {
+		if rec, err := m.store.Get(id); err == nil {
+			if _, err := m.store.AppendEvent(Event{Type: EventServiceFailed, SandboxID: id, Reason: se.Service + ": " + se.Err.Error(), Incarnation: rec.Incarnation, Labels: rec.Spec.Labels}); err != nil {
+				m.log.Warn("recording a failed service", zap.String("id", id), zap.Error(err))
+			}
+		}
+	}
+	// A container (a group: every member) left running without a ready app only holds memory.
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if err := m.runtime.Stop(ctx, id); err != nil && !errors.Is(err, ErrContainerNotFound) {
@@ -383,7 +412,10 @@ func (m *Manager) fail(id string, cause error, creating bool) {
 
 // reasonOf gives the short reason recorded with an error transition.
 func reasonOf(err error) string {
+	var se *ServiceError
 	switch {
+	case errors.As(err, &se):
+		return "service_failed"
 	case errors.Is(err, ErrUnavailable):
 		return "engine_unavailable"
 	case errors.Is(err, ErrImageNotFound):

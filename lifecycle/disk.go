@@ -3,6 +3,8 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 
 	"go.uber.org/zap"
@@ -17,15 +19,48 @@ const ReasonDiskQuota = "disk_quota"
 type diskUsage struct {
 	mu   sync.Mutex
 	used map[string]int64
+	// services are the parts of a group's measure each service wrote.
+	services map[string]map[string]int64
+	// unparted are the groups whose services' own disk_mb could not be
+	// enforced (no parts measured), warned of once.
+	unparted map[string]bool
 }
 
-func (d *diskUsage) set(id string, used int64) {
+// warnUnparted reports whether group id is to be warned of (the first time).
+func (d *diskUsage) warnUnparted(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.unparted[id] {
+		return false
+	}
+	if d.unparted == nil {
+		d.unparted = map[string]bool{}
+	}
+	d.unparted[id] = true
+	return true
+}
+
+func (d *diskUsage) set(id string, used int64, services map[string]int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.used == nil {
 		d.used = map[string]int64{}
 	}
 	d.used[id] = used
+	if services == nil {
+		delete(d.services, id)
+		return
+	}
+	if d.services == nil {
+		d.services = map[string]map[string]int64{}
+	}
+	d.services[id] = services
+}
+
+func (d *diskUsage) getServices(id string) map[string]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.services[id] // never written after set: safe to share
 }
 
 func (d *diskUsage) get(id string) (int64, bool) {
@@ -41,6 +76,8 @@ func (d *diskUsage) forget(keep map[string]bool) {
 	for id := range d.used {
 		if !keep[id] {
 			delete(d.used, id)
+			delete(d.services, id)
+			delete(d.unparted, id)
 		}
 	}
 }
@@ -49,6 +86,12 @@ func (d *diskUsage) forget(keep map[string]bool) {
 // in bytes; false when it was not measured (no quota, not running, no
 // measure yet).
 func (m *Manager) DiskUsed(id string) (int64, bool) { return m.disk.get(id) }
+
+// ServiceDiskUsed is what each service of sandbox id's group had written
+// at the watchdog's last measure, in bytes, by service name; nil when it
+// was not measured apart (no services, no measure yet, a runtime that
+// cannot tell the parts apart). The map must not be changed.
+func (m *Manager) ServiceDiskUsed(id string) map[string]int64 { return m.disk.getServices(id) }
 
 // diskPass is the disk watchdog's step: every running or paused sandbox
 // with a quota is measured, and one over its quota is stopped with reason
@@ -65,10 +108,12 @@ func (m *Manager) diskPass() {
 }
 
 // DiskCheckOnce measures every running or paused sandbox with a disk quota
-// and stops those over it; it answers how many it stopped.
+// (its own disk_mb or a service's) and stops those over it: the whole
+// group over the app's disk_mb, or a service over its own. It answers how
+// many it stopped.
 func (m *Manager) DiskCheckOnce(ctx context.Context, meter DiskMeter) (stopped int, err error) {
 	recs, err := m.residentRecords(func(r *Record) bool {
-		return (r.State == Running || r.State == Paused) && r.Spec.DiskMB > 0
+		return (r.State == Running || r.State == Paused) && hasDiskQuota(&r.Spec)
 	})
 	if err != nil {
 		return 0, err
@@ -76,10 +121,18 @@ func (m *Manager) DiskCheckOnce(ctx context.Context, meter DiskMeter) (stopped i
 	measured := make(map[string]bool, len(recs))
 	var errs []error
 	for _, rec := range recs {
-		if rec.Spec.DiskMB <= 0 || ctx.Err() != nil {
-			continue
+		if ctx.Err() != nil {
+			break
 		}
-		used, err := meter.DiskUsage(ctx, rec.ID)
+		var (
+			used     int64
+			services map[string]int64
+		)
+		if gm, ok := meter.(GroupDiskMeter); ok && len(rec.Spec.Services) > 0 {
+			used, services, err = gm.GroupDiskUsage(ctx, rec.ID)
+		} else {
+			used, err = meter.DiskUsage(ctx, rec.ID)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrContainerNotFound) && !errors.Is(err, ErrNotFound) {
 				errs = append(errs, err)
@@ -87,10 +140,17 @@ func (m *Manager) DiskCheckOnce(ctx context.Context, meter DiskMeter) (stopped i
 			continue
 		}
 		measured[rec.ID] = true
-		m.disk.set(rec.ID, used)
-		quota := rec.Spec.DiskMB << 20
-		if used <= quota {
-			continue
+		m.disk.set(rec.ID, used, services)
+		if services == nil && serviceQuota(rec.Spec.Services) && m.disk.warnUnparted(rec.ID) {
+			m.log.Warn("a service's disk_mb is not enforced: the engine's directories of the group cannot be measured apart from here (a remote engine, or a storage driver without an upper directory); the group's whole is still held to the app's disk_mb", zap.String("id", rec.ID))
+		}
+		over, overUsed, quota := "", used, rec.Spec.DiskMB<<20
+		if quota == 0 || used <= quota {
+			over = overService(rec.Spec.Services, services)
+			if over == "" {
+				continue
+			}
+			overUsed, quota = services[over], rec.Spec.Services[over].DiskMB<<20
 		}
 		ok, err := m.stopOverQuota(ctx, rec.ID, quota)
 		if err != nil {
@@ -98,14 +158,43 @@ func (m *Manager) DiskCheckOnce(ctx context.Context, meter DiskMeter) (stopped i
 		}
 		if ok {
 			stopped++
-			m.log.Warn("sandbox stopped: over its disk quota", zap.String("id", rec.ID), zap.Int64("used_mb", used>>20), zap.Int64("disk_mb", rec.Spec.DiskMB))
+			fields := []zap.Field{zap.String("id", rec.ID), zap.Int64("used_mb", overUsed>>20), zap.Int64("disk_mb", quota>>20)}
+			if over != "" {
+				fields = append(fields, zap.String("service", over))
+			}
+			m.log.Warn("sandbox stopped: over its disk quota", fields...)
 			if fn := m.built.OnDiskQuota; fn != nil {
-				fn(rec.ID, used, quota)
+				fn(rec.ID, overUsed, quota)
 			}
 		}
 	}
 	m.disk.forget(measured)
 	return stopped, errors.Join(errs...)
+}
+
+// hasDiskQuota reports whether the watchdog measures a sandbox: its app or
+// one of its services has a disk_mb.
+func hasDiskQuota(spec *Spec) bool { return spec.DiskMB > 0 || serviceQuota(spec.Services) }
+
+// serviceQuota reports whether a service has a disk_mb of its own.
+func serviceQuota(services map[string]Service) bool {
+	for _, svc := range services {
+		if svc.DiskMB > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// overService names the first service (in name order) that wrote more than
+// its own disk_mb, "" when none did or none has one.
+func overService(specs map[string]Service, used map[string]int64) string {
+	for _, name := range slices.Sorted(maps.Keys(used)) {
+		if q := specs[name].DiskMB; q > 0 && used[name] > q<<20 {
+			return name
+		}
+	}
+	return ""
 }
 
 // stopOverQuota stops sandbox id (forced: open exchanges are cut) unless

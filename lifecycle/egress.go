@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // This file holds a sandbox's egress policy (what its code may connect to)
@@ -20,18 +21,32 @@ const (
 	// private networks, link-local (cloud metadata), loopback, multicast
 	// or reserved ranges.
 	EgressPublic = "public"
-	// EgressNone lets a sandbox open no outbound connection, DNS included.
+	// EgressNone lets a sandbox open no outbound connection but those its
+	// allow list names. Its lookups of other names are answered NXDOMAIN
+	// by the forwarder without asking anyone: no query leaves the host.
 	// Preview traffic into it and its answers still flow.
 	EgressNone = "none"
+	// EgressLearn is EgressPublic that records every name looked up and
+	// every address connected to, for LockEgress to turn into an allow
+	// list under EgressNone.
+	EgressLearn = "learn"
 )
 
 // Egress is a sandbox's outbound network policy.
 type Egress struct {
-	// Policy is EgressPublic or EgressNone.
+	// Policy is EgressPublic, EgressNone or EgressLearn.
 	Policy string `json:"policy"`
-	// Allow entries open exactly what they list on top of the policy, each
-	// "addr[/bits][:port][/tcp|/udp]" (tcp by default), in canonical form.
+	// Allow entries open exactly what they list on top of the policy: an
+	// address "addr[/bits][:port][/tcp|/udp]" (tcp by default) or a name
+	// "name[:port][/tcp|/udp]" (a bare name opens every port over tcp and
+	// udp; "*.name" matches its subdomains at any depth, not the name), in
+	// canonical form.
 	Allow []string `json:"allow,omitempty"`
+	// Deny entries, under public and learn, refuse what they list although
+	// the policy would let it through, in the same forms. Deny wins over
+	// allow: where a denied and an allowed name share an address (a CDN),
+	// the address is refused.
+	Deny []string `json:"deny,omitempty"`
 }
 
 // EgressDeniedRanges are what a public policy never reaches, whatever the
@@ -50,27 +65,95 @@ var EgressDeniedRanges = []netip.Prefix{
 	netip.MustParsePrefix("240.0.0.0/4"),
 }
 
-// AllowRule is one parsed allow entry: a destination prefix, a port (0:
-// every port) and a protocol.
+// AllowRule is one parsed allow or deny entry: a destination (an address
+// prefix, or a DNS name), a port (0: every port) and a protocol.
 type AllowRule struct {
+	// Prefix is the destination of an address entry; invalid for a name.
 	Prefix netip.Prefix
-	Port   uint16
-	// Proto is "tcp" or "udp".
+	// Name is the destination of a name entry, lower case without the
+	// final dot; "*.example.com" matches every name under example.com.
+	Name string
+	Port uint16
+	// Proto is "tcp" or "udp"; "" (names only) is both.
 	Proto string
 }
 
-// MaxAllowRules bounds a sandbox's allow list.
+// IsName reports whether r is a name entry.
+func (r AllowRule) IsName() bool { return r.Name != "" }
+
+// MatchName reports whether the name entry r covers the DNS name n (lower
+// case, without the final dot).
+func (r AllowRule) MatchName(n string) bool {
+	if base, ok := strings.CutPrefix(r.Name, "*."); ok {
+		return len(n) > len(base)+1 && strings.HasSuffix(n, base) && n[len(n)-len(base)-1] == '.'
+	}
+	return r.Name != "" && n == r.Name
+}
+
+// Protos are the protocols the rule opens.
+func (r AllowRule) Protos() []string {
+	if r.Proto == "" {
+		return []string{"tcp", "udp"}
+	}
+	return []string{r.Proto}
+}
+
+// MaxAllowRules bounds a sandbox's allow list (and its deny list).
 const MaxAllowRules = 64
 
-// ParseAllowRule parses "addr[/bits][:port][/tcp|/udp]": an IPv4 address or
-// CIDR, optionally a port, optionally a protocol (tcp by default).
+// DNS ports: a sandbox's lookups go through sandwake's forwarder only, so
+// no entry may open them elsewhere.
+const (
+	portDNS = 53
+	portDoT = 853
+)
+
+// ValidEgressName reports whether n (lower case, no final dot) can be a
+// DNS name: labels of letters, digits, '-' and '_', 1 to 63 bytes, not
+// starting or ending with '-', at least two labels, at most 253 bytes;
+// "*." in front for a wildcard. A label of digits alone is allowed but the
+// last one is not (an address is not a name).
+func ValidEgressName(n string) bool {
+	n, _ = strings.CutPrefix(n, "*.")
+	if len(n) == 0 || len(n) > 253 {
+		return false
+	}
+	labels := strings.Split(n, ".")
+	if len(labels) < 2 {
+		return false
+	}
+	for i, l := range labels {
+		if len(l) == 0 || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		digits := true
+		for j := 0; j < len(l); j++ {
+			c := l[j]
+			switch {
+			case c >= '0' && c <= '9':
+			case c >= 'a' && c <= 'z', c == '-', c == '_':
+				digits = false
+			default:
+				return false
+			}
+		}
+		if digits && i == len(labels)-1 {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseAllowRule parses an allow or deny entry: "addr[/bits][:port][/tcp|/udp]"
+// (an IPv4 address or CIDR; tcp by default) or "name[:port][/tcp|/udp]" (a DNS
+// name or "*.name"; tcp and udp by default).
 func ParseAllowRule(s string) (AllowRule, error) {
 	orig := s
-	r := AllowRule{Proto: "tcp"}
+	r := AllowRule{}
 	if rest, ok := strings.CutSuffix(s, "/udp"); ok {
 		r.Proto, s = "udp", rest
 	} else if rest, ok := strings.CutSuffix(s, "/tcp"); ok {
-		s = rest
+		r.Proto, s = "tcp", rest
 	}
 	if i := strings.LastIndexByte(s, ':'); i >= 0 {
 		p, err := strconv.ParseUint(s[i+1:], 10, 16)
@@ -78,6 +161,17 @@ func ParseAllowRule(s string) (AllowRule, error) {
 			return AllowRule{}, fmt.Errorf("%q: %q is not a port (1-65535)", orig, s[i+1:])
 		}
 		r.Port, s = uint16(p), s[:i]
+	}
+	if isNameLike(s) {
+		n := strings.TrimSuffix(strings.ToLower(s), ".")
+		if !ValidEgressName(n) {
+			return AllowRule{}, fmt.Errorf("%q: %q is not a DNS name (labels of letters, digits, '-' and '_', like registry.npmjs.org or *.githubusercontent.com; \"*.\" only in front)", orig, s)
+		}
+		r.Name = n
+		return r, nil
+	}
+	if r.Proto == "" {
+		r.Proto = "tcp"
 	}
 	var err error
 	if strings.Contains(s, "/") {
@@ -93,7 +187,7 @@ func ParseAllowRule(s string) (AllowRule, error) {
 		}
 	}
 	if err != nil {
-		return AllowRule{}, fmt.Errorf("%q: want an IPv4 address or CIDR, optionally :port and /tcp or /udp (like 198.51.100.7:443 or 203.0.113.0/24 or 198.51.100.9:53/udp)", orig)
+		return AllowRule{}, fmt.Errorf("%q: want a DNS name or an IPv4 address or CIDR, optionally :port and /tcp or /udp (like registry.npmjs.org, *.githubusercontent.com, api.example.com:443, 198.51.100.7:443 or 203.0.113.0/24)", orig)
 	}
 	if !r.Prefix.Addr().Is4() {
 		return AllowRule{}, fmt.Errorf("%q: only IPv4 destinations (sandbox networks have no IPv6)", orig)
@@ -101,33 +195,76 @@ func ParseAllowRule(s string) (AllowRule, error) {
 	return r, nil
 }
 
+// isNameLike: s has a letter, '*' or '_' and no ':' or '/' (an address
+// or CIDR has neither letters nor those; IPv6 has ':').
+func isNameLike(s string) bool {
+	if strings.ContainsAny(s, ":/[]") {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i] | 0x20
+		if (c >= 'a' && c <= 'z') || s[i] == '*' || s[i] == '_' {
+			return true
+		}
+	}
+	return false
+}
+
 // String is the rule's canonical form.
 func (r AllowRule) String() string {
 	var b strings.Builder
-	if r.Prefix.IsSingleIP() {
+	switch {
+	case r.IsName():
+		b.WriteString(r.Name)
+	case r.Prefix.IsSingleIP():
 		b.WriteString(r.Prefix.Addr().String())
-	} else {
+	default:
 		b.WriteString(r.Prefix.String())
 	}
 	if r.Port != 0 {
 		b.WriteByte(':')
 		b.WriteString(strconv.Itoa(int(r.Port)))
 	}
-	b.WriteByte('/')
-	b.WriteString(r.Proto)
+	if r.Proto != "" {
+		b.WriteByte('/')
+		b.WriteString(r.Proto)
+	}
 	return b.String()
 }
 
-// covers reports whether r opens everything o opens.
+// covers reports whether the address rule r opens everything o opens.
 func (r AllowRule) covers(o AllowRule) bool {
-	return r.Proto == o.Proto && (r.Port == 0 || r.Port == o.Port) &&
+	return !r.IsName() && !o.IsName() && r.Proto == o.Proto && (r.Port == 0 || r.Port == o.Port) &&
 		r.Prefix.Bits() <= o.Prefix.Bits() && r.Prefix.Contains(o.Prefix.Addr())
 }
 
 // Rules parses the allow list of e (already checked by NormalizeEgress).
-func (e Egress) Rules() []AllowRule {
-	out := make([]AllowRule, 0, len(e.Allow))
-	for _, s := range e.Allow {
+func (e Egress) Rules() []AllowRule { return parseRules(e.Allow) }
+
+// DenyRules parses the deny list of e (already checked by NormalizeEgress).
+// A deny entry without a protocol refuses both (and ICMP, for an address).
+func (e Egress) DenyRules() []AllowRule {
+	out := make([]AllowRule, 0, len(e.Deny))
+	for _, s := range e.Deny {
+		if r, err := parseDenyRule(s); err == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// parseDenyRule is ParseAllowRule where no protocol means every one.
+func parseDenyRule(s string) (AllowRule, error) {
+	r, err := ParseAllowRule(s)
+	if err == nil && !strings.HasSuffix(s, "/tcp") && !strings.HasSuffix(s, "/udp") {
+		r.Proto = ""
+	}
+	return r, err
+}
+
+func parseRules(l []string) []AllowRule {
+	out := make([]AllowRule, 0, len(l))
+	for _, s := range l {
 		if r, err := ParseAllowRule(s); err == nil {
 			out = append(out, r)
 		}
@@ -139,22 +276,40 @@ func (e Egress) Rules() []AllowRule {
 type EgressConfig struct {
 	// Default is the policy of a sandbox that names none. Default: public.
 	Default string
+	// DefaultAllow is the allow list of a sandbox created without one
+	// (egress_allow): applied at create only, never to a PATCH.
+	DefaultAllow []string
 	// Deny are ranges a public policy denies beyond EgressDeniedRanges and
 	// the host's own addresses.
 	Deny []netip.Prefix
 	// AllowPrivate are the denied destinations an allow entry may open
 	// (an internal package mirror, say): an entry inside a denied range
-	// is refused unless one of these covers it.
+	// is refused unless one of these covers it, and an allowed name's
+	// answer inside a denied range opens nothing unless one covers it.
 	AllowPrivate []AllowRule
 	// Unenforced runs sandboxes without a firewall: policies are stored
 	// and shown but nothing enforces them. The operator's explicit choice.
 	Unenforced bool
 }
 
+// OpensPrivate reports whether the operator's AllowPrivate opens addr on
+// every port and protocol an answer to a name rule r may be used for:
+// the forwarder puts a private answer into a set only then.
+func (c EgressConfig) OpensPrivate(addr netip.Addr, r AllowRule) bool {
+	for _, p := range r.Protos() {
+		if !slices.ContainsFunc(c.AllowPrivate, func(a AllowRule) bool {
+			return a.Prefix.Contains(addr) && a.Proto == p && (a.Port == 0 || a.Port == r.Port)
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
 // NormalizeEgress checks e against the operator's settings and the ranges
 // denied (EgressDeniedRanges, cfg.Deny and extra, the host's addresses),
-// fills the default policy and puts allow entries in canonical form. The
-// error wraps ErrInvalid and names the offending entry.
+// fills the default policy and puts allow and deny entries in canonical
+// form. The error wraps ErrInvalid and names the offending entry.
 func NormalizeEgress(e *Egress, cfg EgressConfig, extra []netip.Prefix) error {
 	switch e.Policy {
 	case "":
@@ -162,12 +317,18 @@ func NormalizeEgress(e *Egress, cfg EgressConfig, extra []netip.Prefix) error {
 		if e.Policy == "" {
 			e.Policy = EgressPublic
 		}
-	case EgressPublic, EgressNone:
+	case EgressPublic, EgressNone, EgressLearn:
 	default:
-		return invalid("egress.policy: %q is not public or none", e.Policy)
+		return invalid("egress.policy: %q is not public, none or learn", e.Policy)
 	}
 	if len(e.Allow) > MaxAllowRules {
 		return invalid("egress.allow: %d entries, at most %d", len(e.Allow), MaxAllowRules)
+	}
+	if len(e.Deny) > MaxAllowRules {
+		return invalid("egress.deny: %d entries, at most %d", len(e.Deny), MaxAllowRules)
+	}
+	if len(e.Deny) > 0 && e.Policy == EgressNone {
+		return invalid("egress.deny: a none policy opens nothing to deny; deny entries apply under public and learn")
 	}
 	denied := slices.Concat(EgressDeniedRanges, cfg.Deny, extra)
 	out := make([]string, 0, len(e.Allow))
@@ -176,22 +337,40 @@ func NormalizeEgress(e *Egress, cfg EgressConfig, extra []netip.Prefix) error {
 		if err != nil {
 			return invalid("egress.allow: %v", err)
 		}
-		for _, d := range denied {
-			if !d.Overlaps(r.Prefix) {
-				continue
+		if r.Port == portDNS || r.Port == portDoT {
+			return invalid("egress.allow: %q opens a DNS port (%d): sandboxes look names up through sandwake's forwarder only, which asks the operator's egress_dns", s, r.Port)
+		}
+		if !r.IsName() {
+			for _, d := range denied {
+				if !d.Overlaps(r.Prefix) {
+					continue
+				}
+				if !slices.ContainsFunc(cfg.AllowPrivate, func(a AllowRule) bool { return a.covers(r) }) {
+					return invalid("egress.allow: %q is inside the denied range %s; the operator can open it with egress_allow_private", s, d)
+				}
+				break
 			}
-			if !slices.ContainsFunc(cfg.AllowPrivate, func(a AllowRule) bool { return a.covers(r) }) {
-				return invalid("egress.allow: %q is inside the denied range %s; the operator can open it with egress_allow_private", s, d)
-			}
-			break
 		}
 		if c := r.String(); !slices.Contains(out, c) {
 			out = append(out, c)
 		}
 	}
-	e.Allow = out
+	dout := make([]string, 0, len(e.Deny))
+	for _, s := range e.Deny {
+		r, err := parseDenyRule(strings.TrimSpace(s))
+		if err != nil {
+			return invalid("egress.deny: %v", err)
+		}
+		if c := r.String(); !slices.Contains(dout, c) {
+			dout = append(dout, c)
+		}
+	}
+	e.Allow, e.Deny = out, dout
 	if len(e.Allow) == 0 {
 		e.Allow = nil
+	}
+	if len(e.Deny) == 0 {
+		e.Deny = nil
 	}
 	return nil
 }
@@ -228,6 +407,10 @@ type FirewallEntry struct {
 	ID      string
 	Address netip.Addr
 	Egress  Egress
+	// HostDNS: the sandbox's container was made before the forwarder and
+	// asks the host's resolvers, which a public or learn policy then
+	// reaches on port 53 (its names match nothing) until it is made again.
+	HostDNS bool
 }
 
 // FirewallStatus is what the firewall reports of itself.
@@ -277,6 +460,67 @@ type Firewall interface {
 	// Bound reports the bound addresses whose port is still on the
 	// bridge: an address missing here needs binding again.
 	Bound() (map[netip.Addr]bool, error)
+}
+
+// EgressDecision is one line of a sandbox's egress log: the connections
+// to one destination, aggregated.
+type EgressDecision struct {
+	// First and Last are when the first and the latest were seen.
+	First time.Time  `json:"first"`
+	Last  time.Time  `json:"last"`
+	Addr  netip.Addr `json:"addr"`
+	Port  uint16     `json:"port,omitempty"`
+	// Proto is "tcp", "udp" or "icmp".
+	Proto string `json:"proto"`
+	// Name is the name the address was looked up as through the
+	// forwarder, when it was.
+	Name    string `json:"name,omitempty"`
+	Allowed bool   `json:"allowed"`
+	// Count is the connections (allowed) or packets (denied) seen.
+	Count uint64 `json:"count"`
+}
+
+// EgressLookup is one name a sandbox looked up through the forwarder.
+type EgressLookup struct {
+	Name string `json:"name"`
+	// Addrs is the latest answer's IPv4 addresses.
+	Addrs []netip.Addr `json:"addrs,omitempty"`
+	// Allowed: the policy lets the sandbox reach the answer (its
+	// addresses entered the sandbox's sets, or the policy is public or
+	// learn and no deny entry names it).
+	Allowed bool      `json:"allowed"`
+	Count   uint64    `json:"count"`
+	Last    time.Time `json:"last"`
+}
+
+// EgressLog is what a sandbox tried, newest first, bounded.
+type EgressLog struct {
+	Decisions []EgressDecision `json:"decisions"`
+	Lookups   []EgressLookup   `json:"lookups"`
+}
+
+// LearningObserver is implemented by EgressObservers that tell which
+// sandboxes under the learn policy logged something new: the activity
+// flush keeps what they learned in their records.
+type LearningObserver interface {
+	// TakeLearning returns the logs of the sandboxes under the learn
+	// policy whose log gained a line since the last call, by id.
+	TakeLearning() map[string]EgressLog
+}
+
+// EgressObserver is implemented by firewalls that see what sandboxes try:
+// the kernel's log of their connections and the forwarder's of their
+// lookups.
+type EgressObserver interface {
+	// EgressLog is sandbox id's log (empty when none).
+	EgressLog(id string) EgressLog
+	// OnDenied sets the function told of each new denied destination of
+	// a sandbox (at most once a second per sandbox and destination).
+	OnDenied(fn func(id string, d EgressDecision))
+	// Outbound reports when the sandbox at addr last worked outbound: now
+	// while it holds an established outbound connection, else its last
+	// lookup; zero when never.
+	Outbound(addr netip.Addr) time.Time
 }
 
 // PortBinding ties a sandbox's address to its running container: the

@@ -31,6 +31,11 @@ var (
 	ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
 	// ErrContainerNotFound: the engine has no container for the sandbox.
 	ErrContainerNotFound = errors.New("container not found")
+	// ErrGroupIncomplete: a group lacks one of its containers while its
+	// app's is there. Errors carrying it carry ErrContainerNotFound too
+	// (to a wake and to reconcile the group is gone), but what is left of
+	// it must still be removed.
+	ErrGroupIncomplete = errors.New("a container of the group is missing")
 	// ErrImageNotFound: the image is not on the engine and could not be pulled.
 	ErrImageNotFound = errors.New("image not available")
 	// ErrIDTaken: the sandbox's container or volume name is held by

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"slices"
 	"sync"
@@ -39,6 +40,13 @@ type Config struct {
 
 	// IdlePause: a running sandbox idle this long is paused; 0 = never.
 	IdlePause time.Duration
+	// Activity is the activity of a sandbox whose spec names none:
+	// ActivityInbound (default) or ActivityAny.
+	Activity string
+	// ActiveMax bounds how long a sandbox under ActivityAny is kept
+	// from idle pause and stop by its outbound work alone, counted from
+	// its last preview request. Default: DefaultActiveMax.
+	ActiveMax time.Duration
 	// IdleStop: a running or paused sandbox idle this long is stopped;
 	// 0 = never.
 	IdleStop time.Duration
@@ -160,6 +168,12 @@ func (c *Config) setDefaults() {
 	if c.KeepaliveMax <= 0 {
 		c.KeepaliveMax = DefaultKeepaliveMax
 	}
+	if c.ActiveMax <= 0 {
+		c.ActiveMax = DefaultActiveMax
+	}
+	if c.Activity == "" {
+		c.Activity = ActivityInbound
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -210,6 +224,9 @@ type Manager struct {
 	bus      bus
 	activity activities
 	flushMu  sync.Mutex
+	// learnPending are the learned lists of sandboxes under learn that
+	// the next activity flush writes (under flushMu; see takeLearning).
+	learnPending map[string][]string
 
 	// ctx is the parent of every wake and create: it outlives the requests
 	// that trigger them and ends only at Close.
@@ -234,6 +251,13 @@ type Manager struct {
 	reapPasses int
 	reserved   int // admissions granted to wakes and creates in flight
 	waking     map[string]time.Time
+	// ooms are the sandboxes the engine reported an OOM kill of, and when
+	// (see sawOOM): Docker 20.10 on cgroup v2 may report a container's
+	// exit before its OOM, with OOMKilled false.
+	ooms  map[string]time.Time
+	cards cards
+	// lastWakes are the phases of each sandbox's last wake (LastWake).
+	lastWakes map[string]WakePhases
 	// wakeSpans holds the span of each traced wake's leader while its
 	// flight runs, for the spans of requests that join it to link to.
 	wakeSpans map[string]trace.SpanContext
@@ -289,6 +313,9 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 		pool:      newPool(),
 	}
 	m.pool.egress = m.effectiveEgress
+	if o, ok := cfg.Firewall.(EgressObserver); ok {
+		o.OnDenied(m.egressDenied)
+	}
 	m.pool.setTemplates(cfg.Templates, false)
 	m.activity.clock = cfg.Now
 	recs, err := st.List(nil)
@@ -339,7 +366,8 @@ func (m *Manager) Start() error {
 }
 
 // Close cancels wakes and creates in flight, waits for them and ends every
-// subscription. It does not close the store or the runtime.
+// subscription, and stops the firewall's services (its DNS forwarder) when
+// it has any. It does not close the store or the runtime.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -358,6 +386,12 @@ func (m *Manager) Close() error {
 		m.log.Info("stopping: waiting for work in flight (at most "+bound.String()+")", zap.String("waiting_for", names))
 	})
 	m.bus.closeAll()
+	if c, ok := m.built.Firewall.(io.Closer); ok {
+		// The forwarder and the log reader; the kernel's rules stay.
+		if err := c.Close(); err != nil {
+			m.log.Warn("stopping the egress firewall's services", zap.Error(err))
+		}
+	}
 	if !ended {
 		names := m.tasks.names()
 		m.log.Error("stopped without waiting any longer for work in flight", zap.Duration("waited", bound), zap.String("still_running", names))
@@ -435,13 +469,16 @@ func (m *Manager) publish(ev Event) {
 
 // Settings are the values a config reload may change on a running manager.
 type Settings struct {
-	WakeTimeout   time.Duration
-	KeepaliveMax  time.Duration
-	MaxResident   int
-	IdlePause     time.Duration
-	IdleStop      time.Duration
-	MaxLifetime   time.Duration
-	ExpiredWake   string
+	WakeTimeout  time.Duration
+	KeepaliveMax time.Duration
+	MaxResident  int
+	IdlePause    time.Duration
+	IdleStop     time.Duration
+	MaxLifetime  time.Duration
+	ExpiredWake  string
+	// Activity and ActiveMax: see Config; zero values keep c's.
+	Activity      string
+	ActiveMax     time.Duration
 	MinFreeMemory uint64
 	MinResident   time.Duration
 	CapacityWait  time.Duration
@@ -471,6 +508,12 @@ func (c *Config) Apply(s Settings) {
 	c.MaxResident = s.MaxResident
 	c.IdlePause = s.IdlePause
 	c.IdleStop = s.IdleStop
+	if s.Activity != "" {
+		c.Activity = s.Activity
+	}
+	if s.ActiveMax > 0 {
+		c.ActiveMax = s.ActiveMax
+	}
 	c.MaxLifetime = s.MaxLifetime
 	c.MinFreeMemory = s.MinFreeMemory
 	c.MinResident = s.MinResident
@@ -525,6 +568,9 @@ func (m *Manager) setState(id string, to State) {
 		if !Resident(to) {
 			m.freeRoomLocked()
 		}
+	}
+	if to == "" || to == Running {
+		delete(m.ooms, id) // an OOM report speaks of the run before
 	}
 	if to == "" {
 		delete(m.states, id)

@@ -139,6 +139,7 @@ func (m *Manager) Keepalive(id string, d time.Duration) (Record, error) {
 // Patch is a change of a sandbox's settings (nil fields stay as they are).
 type Patch struct {
 	Access      *string
+	PublicCard  *bool
 	IdlePause   *time.Duration
 	IdleStop    *time.Duration
 	MaxLifetime *time.Duration
@@ -175,6 +176,9 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 			}
 			r.Spec.Access = *p.Access
 		}
+		if p.PublicCard != nil {
+			r.Spec.PublicCard = *p.PublicCard
+		}
 		if p.IdlePause != nil {
 			r.Spec.IdlePause = p.IdlePause
 		}
@@ -190,6 +194,9 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 		}
 		if p.Egress != nil {
 			r.Spec.Egress = *p.Egress
+			if p.Egress.Policy != EgressLearn {
+				r.EgressLearned = nil // locked, or given a policy by hand
+			}
 		}
 		return nil
 	})

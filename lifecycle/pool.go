@@ -63,6 +63,10 @@ type poolSlot struct {
 	memoryMB  int64
 	container string    // the engine's container id
 	ready     time.Time // when it joined the idle list
+	// forwarded: the container resolves through the egress forwarder;
+	// members: its services' states (a group).
+	forwarded bool
+	members   map[string]ContainerState
 }
 
 // templatePool is one template's pool.
@@ -282,7 +286,8 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 	defer unlock()
 	now := m.cfg.Now().UTC()
 	rec = Record{ID: id, Spec: spec, State: Running, CreatedAt: now, LastActiveAt: now, StateSince: now, VerifiedAt: now,
-		Incarnation: NewIncarnation(), Address: s.addr, Template: t.Name, ContainerID: s.container, Upstreams: s.upstreams}
+		Incarnation: NewIncarnation(), Address: s.addr, Template: t.Name, ContainerID: s.container, Upstreams: s.upstreams,
+		DNSForwarded: s.forwarded, ServiceStates: s.members}
 	if life := durationOr(spec.MaxLifetime, m.config().MaxLifetime); life > 0 {
 		rec.ExpiresAt = now.Add(life)
 	}
@@ -565,7 +570,7 @@ func (m *Manager) templateKey(t Template) (string, int64, error) {
 	if err := m.checkSpec(&spec); err != nil {
 		return "", 0, fmt.Errorf("template %s: %w", t.Name, err)
 	}
-	return poolKey(imageID, t.Pool.State, &spec), spec.MemoryMB, nil
+	return poolKey(imageID, t.Pool.State, &spec), spec.GroupMemoryMB(), nil
 }
 
 // fill makes one pool container of template t: address and rules first
@@ -615,7 +620,7 @@ func (m *Manager) fillOne(t Template, key, id string) (counted bool, err error) 
 	if err != nil {
 		return false, err
 	}
-	s := &poolSlot{id: id, key: key, addr: addr, born: m.cfg.Now(), memoryMB: spec.MemoryMB}
+	s := &poolSlot{id: id, key: key, addr: addr, born: m.cfg.Now(), memoryMB: spec.GroupMemoryMB()}
 	fail := func(err error) error {
 		m.dropSlot(s, PoolRemovedFailed)
 		return err
@@ -647,7 +652,7 @@ func (m *Manager) fillOne(t Template, key, id string) (counted bool, err error) 
 	if err != nil {
 		return false, fail(fmt.Errorf("making pool container %s: %w", id, err))
 	}
-	s.upstreams, s.container = c.Upstreams, c.ID
+	s.upstreams, s.container, s.forwarded, s.members = c.Upstreams, c.ID, c.DNSForwarded, c.Members
 	m.pool.mu.Lock()
 	s.ready = m.cfg.Now()
 	tp := m.pool.templates[t.Name]
@@ -796,7 +801,7 @@ func (m *Manager) shedPool() bool {
 func (m *Manager) dropLeftover(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := m.runtime.Inspect(ctx, id); errors.Is(err, ErrContainerNotFound) {
+	if _, err := m.runtime.Inspect(ctx, id); errors.Is(err, ErrContainerNotFound) && !errors.Is(err, ErrGroupIncomplete) {
 		return // an earlier sweep's (its list was older than the removal)
 	}
 	empty := false

@@ -57,12 +57,13 @@ func WaitReady(ctx context.Context, addr string, spec *Spec) error {
 // connection means the app listens: readiness is then that accept, unless
 // ready_path asks for an HTTP answer below 500.
 func WaitReadyAt(ctx context.Context, addr string, spec *Spec, direct bool) error {
+	tcp := acceptReady(spec, direct)
 	delay := readyFirstDelay
 	var last error
 	for {
 		var err error
 		switch {
-		case direct && (spec.ReadyMode == ReadyTCP || spec.ReadyPath == ""):
+		case tcp:
 			err = probeAccept(ctx, addr)
 		case spec.ReadyMode == ReadyTCP:
 			err = probeTCP(ctx, addr)
@@ -82,6 +83,12 @@ func WaitReadyAt(ctx context.Context, addr string, spec *Spec, direct bool) erro
 		}
 		delay = min(delay*3/2, readyMaxDelay)
 	}
+}
+
+// acceptReady reports whether readiness at a sandbox's own address is an
+// accepted connection (direct upstreams, and no HTTP probe asked for).
+func acceptReady(spec *Spec, direct bool) bool {
+	return direct && (spec.ReadyMode == ReadyTCP || spec.ReadyPath == "")
 }
 
 func probeHTTP(ctx context.Context, addr, path string) error {

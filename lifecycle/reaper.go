@@ -95,6 +95,9 @@ func (m *Manager) reapDecision(r *Record, cfg *Config, now time.Time) (reaper, a
 		return "", ""
 	}
 	idle := now.Sub(m.lastActive(r))
+	if idle > 0 && m.activityOf(r, cfg) == ActivityAny {
+		idle = m.outboundIdle(r, cfg, now, idle)
+	}
 	if stop := durationOr(r.Spec.IdleStop, cfg.IdleStop); stop > 0 && idle >= stop {
 		return "idle", ActionStop
 	}

@@ -263,6 +263,11 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 	if c == nil {
 		switch rec.State {
 		case Running, Paused, Stopped:
+			if rec.State != Stopped {
+				// A group missing one of its containers: the next wake
+				// makes it again (its volumes kept).
+				m.stopBrokenGroup(ctx, &rec)
+			}
 			return m.correct(rec, Correction{Kind: CorrectionMissing, To: Killed, Reason: "container_missing"}, nil, "")
 		}
 		return nil, nil
@@ -303,14 +308,100 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 			return m.correct(rec, Correction{Kind: CorrectionPaused, To: Paused, Reason: "paused_outside"}, nil, "")
 		}
 	case ContainerExited, ContainerDead, ContainerCreated:
+		oom := c.OOMKilled || (c.ExitCode == oomExitCode && m.tookOOM(id))
+		if rec.State == Stopped && rec.Reason == exitedReason(oomExitCode) && oom {
+			// The engine told the exit first and the OOM kill after it:
+			// the stop was an OOM kill, and says so now.
+			return m.relabelOOM(rec)
+		}
 		if rec.State == Running || rec.State == Paused {
-			if c.OOMKilled {
+			// A member of a group exited (or the app did): the next
+			// request wakes all of it, in order.
+			m.stopBrokenGroup(ctx, &rec)
+			if oom {
 				return m.correct(rec, Correction{Kind: CorrectionOOM, To: Stopped, Reason: "oom"}, nil, "")
 			}
-			return m.correct(rec, Correction{Kind: CorrectionExited, To: Stopped, Reason: fmt.Sprintf("exited(%d)", c.ExitCode)}, nil, "")
+			return m.correct(rec, Correction{Kind: CorrectionExited, To: Stopped, Reason: exitedReason(c.ExitCode)}, nil, "")
 		}
 	}
 	return nil, nil
+}
+
+// stopBrokenGroup stops what is left of rec's group, one of whose
+// containers exited or is gone, so that nothing runs half a group. A
+// sandbox without services has nothing more to stop.
+func (m *Manager) stopBrokenGroup(ctx context.Context, rec *Record) {
+	if len(rec.Spec.Services) == 0 {
+		return
+	}
+	if err := m.runtime.Stop(ctx, rec.ID); err != nil && !errors.Is(err, ErrContainerNotFound) {
+		m.log.Warn("stopping the rest of a broken group", zap.String("id", rec.ID), zap.Error(err))
+	}
+}
+
+// oomExitCode is the exit code of a process the kernel's OOM killer ended
+// (128 + SIGKILL).
+const oomExitCode = 137
+
+// oomMemory is how long an OOM event is kept for the exit it explains.
+const oomMemory = 30 * time.Second
+
+// exitedReason is the reason of a sandbox whose container exited.
+func exitedReason(code int) string { return fmt.Sprintf("exited(%d)", code) }
+
+// sawOOM notes the engine's report of an OOM kill in sandbox id's container.
+// Docker 20.10 takes it from containerd's TaskOOM event, which may arrive
+// after the task's exit: the exit then says OOMKilled false, and only this
+// note tells the two apart.
+func (m *Manager) sawOOM(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.cfg.Now()
+	for k, at := range m.ooms {
+		if now.Sub(at) > oomMemory {
+			delete(m.ooms, k)
+		}
+	}
+	if m.ooms == nil {
+		m.ooms = make(map[string]time.Time)
+	}
+	m.ooms[id] = now
+}
+
+// tookOOM reports, and forgets, a recent OOM report for sandbox id. A
+// report is also forgotten when the sandbox runs again (setState): it
+// speaks of the run before.
+func (m *Manager) tookOOM(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	at, ok := m.ooms[id]
+	delete(m.ooms, id)
+	return ok && m.cfg.Now().Sub(at) <= oomMemory
+}
+
+// errMovedOn: a record changed between its read and the relabel's write.
+var errMovedOn = errors.New("the record moved on")
+
+// relabelOOM gives a sandbox stopped as exited(137) its true reason, oom,
+// once the engine's late OOM report arrives. The state stays stopped.
+func (m *Manager) relabelOOM(rec Record) (*Correction, error) {
+	_, err := m.store.Update(rec.ID, func(r *Record) error {
+		if r.State != Stopped || r.Reason != exitedReason(oomExitCode) || r.ContainerID != rec.ContainerID {
+			return errMovedOn
+		}
+		r.Reason = "oom"
+		return nil
+	})
+	if errors.Is(err, errMovedOn) {
+		return nil, nil // woken, or gone, since it was read: nothing to say
+	}
+	if err != nil {
+		return nil, err
+	}
+	m.changed(rec.ID)
+	c := Correction{ID: rec.ID, Kind: CorrectionOOM, From: Stopped, To: Stopped, Reason: "oom"}
+	m.note(c)
+	return &c, nil
 }
 
 // reconcileProbe bounds the readiness check of a container reconcile finds
@@ -477,6 +568,9 @@ func (m *Manager) handleRuntimeEvent(ev RuntimeEvent) {
 		if rec, err := m.store.Get(ev.SandboxID); err == nil && rec.State == Running {
 			return
 		}
+	}
+	if ev.Action == "oom" {
+		m.sawOOM(ev.SandboxID)
 	}
 	m.events.add(ev.SandboxID)
 }

@@ -535,6 +535,36 @@ func TestRuntimeEvents(t *testing.T) {
 		})
 	}
 
+	// Docker 20.10 on cgroup v2 may report the exit before the OOM kill,
+	// with OOMKilled false: the die makes the sandbox exited(137), and the
+	// late oom event gives it its true reason.
+	t.Run("oom after die", func(t *testing.T) {
+		e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
+		s := receive(t, er.streams, "the subscription")
+		e.seed(t, "app1", lifecycle.Running)
+		e.rt.Put("app1", lifecycle.ContainerExited)
+		e.rt.Edit("app1", func(c *lifecycle.Container) { c.ExitCode = 137 })
+		s.send(t, lifecycle.RuntimeEvent{SandboxID: "app1", Action: "die"})
+		waitFor(t, "the die to be reconciled", func() bool { return e.state(t, "app1") == lifecycle.Stopped })
+		if r := e.lastReason(t, "app1"); r != "exited(137)" {
+			t.Fatalf("reason after die = %q, want exited(137)", r)
+		}
+		s.send(t, lifecycle.RuntimeEvent{SandboxID: "app1", Action: "oom"})
+		waitFor(t, "the oom to relabel the stop", func() bool {
+			rec, err := e.m.Get("app1")
+			return err == nil && rec.State == lifecycle.Stopped && rec.Reason == "oom"
+		})
+		// An exit of the same code without an OOM report is not one.
+		e.seed(t, "app2", lifecycle.Running)
+		e.rt.Put("app2", lifecycle.ContainerExited)
+		e.rt.Edit("app2", func(c *lifecycle.Container) { c.ExitCode = 137 })
+		s.send(t, lifecycle.RuntimeEvent{SandboxID: "app2", Action: "die"})
+		waitFor(t, "app2's die to be reconciled", func() bool { return e.state(t, "app2") == lifecycle.Stopped })
+		if rec, err := e.m.Get("app2"); err != nil || rec.Reason != "exited(137)" {
+			t.Fatalf("app2 = %+v, %v; want exited(137)", rec.Reason, err)
+		}
+	})
+
 	t.Run("ignored events", func(t *testing.T) {
 		e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
 		s := receive(t, er.streams, "the subscription")

@@ -45,9 +45,22 @@ type Spec struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Access is "public" (default) or "private".
 	Access string `json:"access,omitempty"`
+	// PublicCard gives a private sandbox a link card: its app's page title
+	// and description, og:* and twitter:* tags, read from page loads, shown
+	// to unfurl bots without a token (and without a wake). A public
+	// sandbox always has one; a private one only when its owner says so.
+	PublicCard bool `json:"public_card,omitempty"`
 	// Egress is the sandbox's outbound network policy; a zero value (a
 	// record made before egress policies) follows the gateway's default.
 	Egress Egress `json:"egress,omitzero"`
+	// Activity is what keeps the sandbox from idle pause and stop:
+	// ActivityInbound (preview requests; the default) or ActivityAny
+	// (also its own outbound connections and lookups, up to the
+	// gateway's active_max past the last request). "": the gateway's.
+	Activity string `json:"activity,omitempty"`
+	// Services are containers beside the app that share its network
+	// namespace and address (services.go), by name.
+	Services map[string]Service `json:"services,omitempty"`
 	// User runs the sandbox's processes as uid[:gid] (or a user name the
 	// image knows); "" follows the gateway's default_user, and when that is
 	// empty too the image's own USER.
@@ -136,6 +149,29 @@ type Record struct {
 	// its next start, without them.
 	PublishedPorts bool `json:"published_ports,omitempty"`
 
+	// DNSForwarded: the sandbox's container resolves through the egress
+	// firewall's forwarder. One made before the forwarder existed asks the
+	// host's resolvers, reached (under public and learn) until it is made
+	// again (volume kept) at its next start.
+	DNSForwarded bool `json:"dns_forwarded,omitempty"`
+
+	// Cards are the link cards of the app's pages, by port (cards.go).
+	Cards map[int]Card `json:"cards,omitempty"`
+
+	// EgressLearned is what the sandbox used under the learn policy, as
+	// Learned lists it, kept by the activity flush so that a learn spanning
+	// a gateway restart loses nothing (the egress log itself is in
+	// memory). Cleared when the policy leaves learn.
+	EgressLearned []string `json:"egress_learned,omitempty"`
+
+	// Phases are where the wake that returned this record spent its time
+	// (set on a wake's result only; not stored).
+	Phases *WakePhases `json:"-"`
+
+	// ServiceStates are the states of the sandbox's services as the
+	// engine last showed them (its group running), by name.
+	ServiceStates map[string]ContainerState `json:"service_states,omitempty"`
+
 	// Template is the template the sandbox was created from, "" for none.
 	Template string `json:"template,omitempty"`
 }
@@ -169,6 +205,14 @@ const (
 	// EventEgress: the sandbox's egress policy changed; the event's reason
 	// is the new policy (public or none).
 	EventEgress = "sandbox.egress_changed"
+	// EventEgressDenied: the sandbox tried a destination its policy
+	// refuses; the reason is "addr:port/proto" with the name it was
+	// looked up as, when it was (at most one a second per destination).
+	EventEgressDenied = "sandbox.egress_denied"
+	// EventServiceFailed: a service of the sandbox did not start or
+	// become ready, failing its create or wake; the reason is
+	// "<service>: <what happened>".
+	EventServiceFailed = "sandbox.service_failed"
 	// EventPoolFilled: a container was made for a template's warm pool
 	// (sandbox_id is the id it will have once claimed, reason the
 	// template). A claim is the sandbox's creating event, reason

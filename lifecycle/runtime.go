@@ -46,6 +46,19 @@ type Container struct {
 	// Published: the container publishes ports on the host (made in
 	// upstream mode published).
 	Published bool
+	// DNSForwarded: the container resolves through the egress firewall's
+	// forwarder on the sandbox network's gateway (DNSForwarding).
+	DNSForwarded bool
+	// Members are the states of the sandbox's services (a group), by
+	// name; nil for a sandbox without services.
+	Members map[string]ContainerState
+}
+
+// DNSForwarding is implemented by runtimes that can make containers
+// resolve through the egress firewall's forwarder.
+type DNSForwarding interface {
+	// ForwardsDNS reports whether the containers it makes do.
+	ForwardsDNS() bool
 }
 
 // Runtime is what the Manager needs from a container engine. Containers are
@@ -87,6 +100,17 @@ type DiskMeter interface {
 	// DiskUsage returns the bytes sandbox id's workspace and writable
 	// layer take on disk.
 	DiskUsage(ctx context.Context, id string) (int64, error)
+}
+
+// GroupDiskMeter is implemented by DiskMeters that can tell, of a group,
+// what each service wrote. The disk watchdog uses it for sandboxes with
+// services: the record shows each service's part, and a service over its
+// own disk_mb stops the group as the whole over the app's does.
+type GroupDiskMeter interface {
+	// GroupDiskUsage returns DiskUsage's total and each service's part of
+	// it (its writable layer and volume) by name; services is nil when
+	// the parts cannot be told apart.
+	GroupDiskUsage(ctx context.Context, id string) (total int64, services map[string]int64, err error)
 }
 
 // ImageChecker is implemented by runtimes that can tell, before anything is

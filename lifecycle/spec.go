@@ -155,6 +155,11 @@ func NormalizeSpec(spec *Spec) error {
 	if err := checkTiers(spec.IdlePause, spec.IdleStop, spec.MaxLifetime); err != nil {
 		return err
 	}
+	switch spec.Activity {
+	case "", ActivityInbound, ActivityAny:
+	default:
+		return invalid("activity: %q is not inbound or any", spec.Activity)
+	}
 	switch spec.Access {
 	case "":
 		spec.Access = AccessPublic

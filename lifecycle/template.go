@@ -123,10 +123,11 @@ var shapingFields = []struct {
 	{"cap_add", func(s *Spec) bool { return len(s.CapAdd) > 0 }, func(d, s *Spec) { d.CapAdd = s.CapAdd }},
 	{"disk_mb", func(s *Spec) bool { return s.DiskMB != 0 }, func(d, s *Spec) { d.DiskMB = s.DiskMB }},
 	{"runtime", func(s *Spec) bool { return s.Runtime != "" }, func(d, s *Spec) { d.Runtime = s.Runtime }},
+	{"services", func(s *Spec) bool { return len(s.Services) > 0 }, func(d, s *Spec) { d.Services = s.Services }},
 }
 
 // fromTemplate makes the spec of a create from template t and the caller's
-// fields: labels, access, egress, idle tiers and lifetime are the
+// fields: labels, access (and public_card when true), egress, idle tiers and lifetime are the
 // caller's when given; env is added to the template's; a container-shaping
 // field is refused (ErrInvalid naming it) unless mode is PoolBypass, which
 // takes it.
@@ -158,8 +159,14 @@ func fromTemplate(t *Template, caller *Spec, mode string) (Spec, error) {
 	if caller.Access != "" {
 		spec.Access = caller.Access
 	}
-	if caller.Egress.Policy != "" || caller.Egress.Allow != nil {
+	if caller.PublicCard {
+		spec.PublicCard = true
+	}
+	if caller.Egress.Policy != "" || caller.Egress.Allow != nil || caller.Egress.Deny != nil {
 		spec.Egress = caller.Egress
+	}
+	if caller.Activity != "" {
+		spec.Activity = caller.Activity
 	}
 	if caller.IdlePause != nil {
 		spec.IdlePause = caller.IdlePause
@@ -195,8 +202,9 @@ func poolKey(imageID, state string, s *Spec) string {
 		CapAdd         []string
 		DiskMB         int64
 		Runtime        string
+		Services       map[string]Service
 	}{imageID, state, s.Cmd, envList(s.Env), s.Ports, s.MemoryMB, s.CPUs, s.PidsLimit, s.WorkspacePath, s.ReadyPath, s.ReadyMode,
-		s.User, s.ReadonlyRootfs, s.CapAdd, s.DiskMB, s.Runtime}
+		s.User, s.ReadonlyRootfs, s.CapAdd, s.DiskMB, s.Runtime, s.Services}
 	b, _ := json.Marshal(shape) // plain values: cannot fail
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])

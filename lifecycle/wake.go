@@ -152,6 +152,43 @@ func (m *Manager) wake(ctx context.Context, id string) (Record, error) {
 	return rec, err
 }
 
+// WakePhases are where a wake spent its time: admission (waiting for
+// room), the engine (start, unpause or recreate of the container or
+// group) and readiness (until the app's port answered).
+type WakePhases struct {
+	Admission, Engine, Ready time.Duration
+	// Total is the whole wake, from its start to the record saying
+	// running.
+	Total time.Duration
+}
+
+// maxLastWakes bounds the wakes LastWake remembers.
+const maxLastWakes = 4096
+
+// rememberWake keeps the phases of sandbox id's last wake.
+func (m *Manager) rememberWake(id string, ph WakePhases) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.lastWakes == nil {
+		m.lastWakes = make(map[string]WakePhases)
+	}
+	if _, ok := m.lastWakes[id]; !ok && len(m.lastWakes) >= maxLastWakes {
+		for k := range m.lastWakes { // any one: a page asks within seconds
+			delete(m.lastWakes, k)
+			break
+		}
+	}
+	m.lastWakes[id] = ph
+}
+
+// LastWake reports the phases of sandbox id's last wake by this manager.
+func (m *Manager) LastWake(id string) (WakePhases, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ph, ok := m.lastWakes[id]
+	return ph, ok
+}
+
 // bringUp does the engine work of a wake and records the outcome. It holds the
 // sandbox's lock. ctx is the manager's, carrying the leader's span when the
 // wake is traced.
@@ -163,10 +200,14 @@ func (m *Manager) bringUp(ctx context.Context, rec Record) (Record, error) {
 	if err := m.store.Check(); err != nil {
 		return Record{}, fmt.Errorf("waking sandbox %s: %w", id, err)
 	}
+	var ph WakePhases
+	began := m.cfg.Now()
 	if rec.State != Paused {
 		// Paused sandboxes are resident already; everything else needs room.
 		actx, s := startSpan(ctx, spanAdmission, id, 0)
+		t0 := m.cfg.Now()
 		release, err := m.admit(actx, id)
+		ph.Admission = m.cfg.Now().Sub(t0)
 		s.end(err)
 		if err != nil {
 			return Record{}, err
@@ -181,6 +222,7 @@ func (m *Manager) bringUp(ctx context.Context, rec Record) (Record, error) {
 	if err := m.egressReady(ctx); err != nil {
 		return Record{}, fmt.Errorf("waking sandbox %s: %w", id, err)
 	}
+	m.confirmHostDNS(ctx, &rec)
 	recreate, err := m.ensureAddress(ctx, &rec)
 	if err == nil && !recreate {
 		// Its entry is there unless the gateway restarted over an empty
@@ -194,27 +236,41 @@ func (m *Manager) bringUp(ctx context.Context, rec Record) (Record, error) {
 	}
 	rec.Spec.Address = rec.Address
 	var (
-		c      Container
-		reason string
+		c        Container
+		reason   string
+		unpaused bool
 	)
+	t0 := m.cfg.Now()
 	if recreate {
 		// A container made before it had an address takes one only by
 		// being made again (the volume is kept).
 		c, err = m.recreate(ctx, id, &rec.Spec)
 		reason = "recreate"
 	} else {
-		c, reason, err = m.startContainer(ctx, rec)
+		c, reason, unpaused, err = m.startContainer(ctx, rec)
 	}
-	if err == nil {
+	ph.Engine = m.cfg.Now().Sub(t0)
+	if err == nil && !(unpaused && acceptReady(&rec.Spec, m.direct())) {
+		// (A container sandwake paused, running and ready, and unpaused
+		// now needs no connect probe: its app listened when it was
+		// paused, and the kernel accepts on a frozen process's socket
+		// anyway, so the probe proved nothing and cost a connect. An HTTP
+		// probe still asks the app.)
 		rctx, s := startSpan(ctx, spanReadiness, id, rec.Spec.Ports[0])
+		t1 := m.cfg.Now()
 		err = m.waitReady(rctx, id, &rec.Spec, c.Upstreams)
+		ph.Ready = m.cfg.Now().Sub(t1)
 		s.end(err)
 	}
 	if err != nil {
 		m.fail(id, err, false)
 		return Record{}, fmt.Errorf("waking sandbox %s from %s: %w", id, rec.State, err)
 	}
-	return m.transition(id, Running, reason, func(r *Record) error {
+	// Kept before the running state is published: a page told of it asks
+	// for them at once.
+	ph.Total = m.cfg.Now().Sub(began)
+	m.rememberWake(id, ph)
+	out, err := m.transition(id, Running, reason, func(r *Record) error {
 		m.adopt(r, c)
 		if r.State == Expired {
 			// A recreated sandbox starts a new lifetime.
@@ -224,38 +280,46 @@ func (m *Manager) bringUp(ctx context.Context, rec Record) (Record, error) {
 		}
 		return nil
 	})
+	if err == nil {
+		out.Phases = &ph // every waiter of this wake gets them
+	}
+	return out, err
 }
 
 // startContainer makes the engine run the sandbox's container, choosing the
 // cheapest way from the recorded state, and falls back to what the engine
-// really shows when the record is stale. It returns the container and the
-// reason to record.
-func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, string, error) {
+// really shows when the record is stale. It returns the container, the
+// reason to record, and whether the container was the one sandwake paused,
+// unpaused (its app's process was not restarted).
+func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, string, bool, error) {
 	id := rec.ID
 	var err error
 	switch rec.State {
 	case Paused:
 		if err = m.unpauseTraced(ctx, id); err == nil {
-			// Unpausing keeps the container's ports.
-			return Container{ID: rec.ContainerID, Upstreams: rec.Upstreams, Published: rec.PublishedPorts}, "wake", nil
+			// Unpausing keeps the container as it was: its ports, and
+			// whether it resolves through the forwarder (forgotten, the
+			// next wake would rewrite its firewall entry for the host's
+			// resolvers and the next start would make it anew).
+			return Container{ID: rec.ContainerID, Upstreams: rec.Upstreams, Published: rec.PublishedPorts, DNSForwarded: rec.DNSForwarded}, "wake", true, nil
 		}
 	case Stopped:
-		if m.direct() && (rec.PublishedPorts || publishedUpstreams(rec.Upstreams)) {
+		if m.direct() && (rec.PublishedPorts || publishedUpstreams(rec.Upstreams)) || m.hostDNS(&rec) {
 			// Made when ports were published: made again without them
 			// (the volume is kept), so no userland proxy runs for it.
 			c, err := m.recreate(ctx, id, &rec.Spec)
-			return c, "recreate", err
+			return c, "recreate", false, err
 		}
 		var c Container
 		if c, err = m.startTraced(ctx, id, rec.Address); err == nil {
-			return c, "wake", nil
+			return c, "wake", false, nil
 		}
 	default:
 		c, err := m.recreate(ctx, id, &rec.Spec)
-		return c, "recreate", err
+		return c, "recreate", false, err
 	}
 	if errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
-		return Container{}, "", err
+		return Container{}, "", false, err
 	}
 	// The record was stale (the container was removed, unpaused or stopped
 	// behind sandwake's back): act on what the engine shows.
@@ -263,22 +327,22 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 	switch {
 	case errors.Is(ierr, ErrContainerNotFound):
 		c, err := m.recreate(ctx, id, &rec.Spec)
-		return c, "recreate", err
+		return c, "recreate", false, err
 	case ierr != nil:
-		return Container{}, "", ierr
+		return Container{}, "", false, ierr
 	case c.State == ContainerRunning:
 		// Started behind sandwake's back: on a port nobody bound.
-		return c, "wake", m.bindPort(ctx, id, rec.Address, c)
+		return c, "wake", false, m.bindPort(ctx, id, rec.Address, c)
 	case c.State == ContainerPaused:
 		if err := m.unpauseTraced(ctx, id); err != nil {
-			return Container{}, "", err
+			return Container{}, "", false, err
 		}
-		return c, "wake", nil
+		return c, "wake", false, nil
 	case c.State == ContainerCreated || c.State == ContainerExited || c.State == ContainerDead:
 		c, err := m.startTraced(ctx, id, rec.Address)
-		return c, "wake", err
+		return c, "wake", false, err
 	default:
-		return Container{}, "", fmt.Errorf("container is %s: %w", c.State, err)
+		return Container{}, "", false, fmt.Errorf("container is %s: %w", c.State, err)
 	}
 }
 

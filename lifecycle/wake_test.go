@@ -3,9 +3,12 @@ package lifecycle_test
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
 )
 
 // A wake asked for while the sandbox's lock is held (here by a stop) is in
@@ -53,5 +56,76 @@ func TestWakeIsInFlightFromTheAsking(t *testing.T) {
 	}
 	if s := e.state(t, "idle1"); s != lifecycle.Stopped {
 		t.Fatalf("idle1 is %s, want stopped", s)
+	}
+}
+
+// directRuntime dials sandboxes at their own addresses (upstream mode
+// direct), where readiness is an accepted connection.
+type directRuntime struct{ *lifecycletest.Runtime }
+
+func (directRuntime) Direct() bool { return true }
+
+// TestUnpauseSkipsTheConnectProbe: in direct mode without ready_path, a
+// wake that unpauses the container sandwake paused does not probe (the app
+// listened when paused); a wake that finds the container exited behind
+// sandwake's back and starts it does, as a wake from stopped does. The
+// wake's phases tell (a real clock: a probe takes some time, none takes
+// none).
+func TestUnpauseSkipsTheConnectProbe(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	var rt *lifecycletest.Runtime
+	e := newTestEnvWith(t, lifecycle.Config{Now: time.Now}, func(f *lifecycletest.Runtime) lifecycle.Runtime {
+		rt = f
+		return directRuntime{f}
+	})
+	rt.SetUpstreams(map[int]string{lifecycle.TestPort: ln.Addr().String()})
+	ctx := context.Background()
+	if _, err := e.m.Create(ctx, lifecycle.CreateRequest{ID: "app1", Spec: lifecycle.SampleSpec()}); err != nil {
+		t.Fatal(err)
+	}
+	wake := func(what string) lifecycle.WakePhases {
+		t.Helper()
+		if _, err := e.m.Wake(ctx, "app1"); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		ph, ok := e.m.LastWake("app1")
+		if !ok {
+			t.Fatalf("%s: no phases", what)
+		}
+		return ph
+	}
+	if _, err := e.m.Pause(ctx, "app1", "api"); err != nil {
+		t.Fatal(err)
+	}
+	if ph := wake("wake from paused"); ph.Ready != 0 {
+		t.Fatalf("a wake from paused probed the app (%s)", ph.Ready)
+	}
+	// Paused, then exited behind sandwake's back: the wake starts it and
+	// probes.
+	if _, err := e.m.Pause(ctx, "app1", "api"); err != nil {
+		t.Fatal(err)
+	}
+	rt.Put("app1", lifecycle.ContainerExited)
+	if ph := wake("wake of an exited container recorded paused"); ph.Ready <= 0 {
+		t.Fatal("a wake that started an exited container did not probe the app")
+	}
+	if _, err := e.m.Stop(ctx, "app1", "api"); err != nil {
+		t.Fatal(err)
+	}
+	if ph := wake("wake from stopped"); ph.Ready <= 0 {
+		t.Fatal("a wake from stopped did not probe the app")
 	}
 }

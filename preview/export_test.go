@@ -11,6 +11,7 @@ const (
 	PathStatus       = pathStatus
 	PathWake         = pathWake
 	OutcomeNotFound  = outcomeNotFound
+	OutcomeUnfurl    = outcomeUnfurl
 	SpanWake         = spanWake
 	WakeReady        = wakeReady
 	WakeWarmingPage  = wakeWarmingPage
@@ -23,3 +24,6 @@ var (
 	RequestsProxied        = requestsProxied
 	ReasonSentence         = reasonSentence
 )
+
+// CardImagesKept counts the og:images the gate kept.
+func CardImagesKept() int64 { return cardImagesKept.Load() }

@@ -48,6 +48,8 @@ type Handler struct {
 	// requests held for a wake are answered then.
 	exiting context.Context
 	exit    context.CancelFunc
+	// cardImages are og:images of sandboxes' own hosts, for unfurl bots.
+	cardImages cardImages
 }
 
 // New is a gate over the gateway gw returns (nil before it starts: the gate
@@ -111,7 +113,7 @@ func (g *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !rt.Declares(port) {
 		return g.notFound(w, r, id, port, fmt.Sprintf("Sandbox %s does not serve port %d.", id, port))
 	}
-	if rt.Access == lifecycle.AccessPrivate && !g.authorize(w, r, s, rt) {
+	if rt.Access == lifecycle.AccessPrivate && !g.authorize(w, r, s, e, rt, port) {
 		return nil
 	}
 	if strings.HasPrefix(r.URL.Path, reservedPrefix) {
@@ -139,7 +141,9 @@ func (g *Handler) serveRunning(w http.ResponseWriter, r *http.Request, next cadd
 		body = &unreadBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	err := g.proxy(w, r, next, s, rt, port)
+	cw, read := g.captureCard(w, r, e, rt, port)
+	err := g.proxy(cw, r, next, s, rt, port)
+	read()
 	if err == errAnswered {
 		return nil
 	}
@@ -231,6 +235,11 @@ func (g *Handler) refuseWake(w http.ResponseWriter, r *http.Request, e *gateway.
 		return true
 	}
 	if e.Guard.Crawler(r.UserAgent()) {
+		// A link pasted in a chat: its card, when the app's last page
+		// left one, else the asleep page.
+		if g.serveCard(w, r, e, rt, port) {
+			return true
+		}
 		countRequest(outcomeCrawler)
 		d := g.page(rt, port, pageAsleep, time.Time{})
 		d.RetryAfter = 3600
@@ -269,9 +278,15 @@ func (g *Handler) refuseWake(w http.ResponseWriter, r *http.Request, e *gateway.
 // becomes a cookie for this host and the browser is sent to the same URL
 // without it. sandwake's credentials are removed before the request reaches
 // the app. Nothing unauthorised ever wakes a sandbox.
-func (g *Handler) authorize(w http.ResponseWriter, r *http.Request, s *gateway.Settings, rt *gateway.Route) bool {
+func (g *Handler) authorize(w http.ResponseWriter, r *http.Request, s *gateway.Settings, e *gateway.Gateway, rt *gateway.Route, port int) bool {
 	token, fromQuery := presentedToken(r)
 	if err := gateway.VerifyToken(s.PreviewSecret, token, rt.ID, rt.Incarnation, rt.TokenGen, time.Now()); err != nil {
+		// Without a token, an unfurl bot gets the card of a private
+		// sandbox whose owner set public_card, asleep or running (a
+		// request with a token always reaches the app).
+		if rt.Cards && e.Guard.Crawler(r.UserAgent()) && g.serveCard(w, r, e, rt, port) {
+			return false
+		}
 		countRequest(outcomeUnauthorized)
 		if isPageLoad(r) {
 			renderPage(w, r, http.StatusUnauthorized, pageData{Kind: pageUnauthorized, SandboxID: rt.ID, Message: capitalize(err.Error()) + "."})
@@ -481,13 +496,19 @@ func (g *Handler) hold(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	if _, waking := e.Mgr.Waking(rt.ID); waking {
 		metricWaitersCollapsed.Inc()
 	}
+	start := time.Now()
+	var waited time.Duration
 	for attempt := range 10 {
 		held := tr.child(ctx, spanHold)
-		outcome, cause = g.wakeForHold(ctx, w, r, e, s, rt, port, joinOnly && attempt == 0)
+		t0 := time.Now()
+		var phases *lifecycle.WakePhases
+		outcome, phases, cause = g.wakeForHold(ctx, w, r, e, s, rt, port, joinOnly && attempt == 0)
+		waited += time.Since(t0)
 		held.end(cause)
 		if outcome != "" {
 			return nil // answered
 		}
+		w.Header().Set("Server-Timing", serverTiming(time.Since(start), waited, phases))
 		woke, err := e.Routes.Get(rt.ID)
 		if err != nil || woke.State != lifecycle.Running {
 			outcome, cause = wakeFailed, errStateChanged
@@ -525,11 +546,14 @@ var (
 // joins a wake in flight, never starts one). It returns an empty outcome
 // once the sandbox is running; when the wake fails (or the client left) it
 // answers the request and returns the outcome for the trace and its cause.
-func (g *Handler) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *gateway.Gateway, s *gateway.Settings, rt *gateway.Route, port int, joinOnly bool) (outcome string, cause error) {
-	var err error
+func (g *Handler) wakeForHold(ctx context.Context, w http.ResponseWriter, r *http.Request, e *gateway.Gateway, s *gateway.Settings, rt *gateway.Route, port int, joinOnly bool) (outcome string, phases *lifecycle.WakePhases, cause error) {
+	var (
+		err   error
+		woken lifecycle.Record
+	)
 	if joinOnly {
 		var joined bool
-		if _, joined, err = e.Mgr.JoinWake(ctx, rt.ID); !joined {
+		if woken, joined, err = e.Mgr.JoinWake(ctx, rt.ID); !joined {
 			// The wake ended between the check and the join: answer from
 			// the record it left.
 			fresh, ferr := e.Routes.Get(rt.ID)
@@ -538,33 +562,33 @@ func (g *Handler) wakeForHold(ctx context.Context, w http.ResponseWriter, r *htt
 					rt = fresh
 				}
 				g.writeAsleep(w, rt)
-				return wakeNotWoken, nil
+				return wakeNotWoken, nil, nil
 			}
 		}
 	} else {
-		_, err = e.Mgr.Wake(ctx, rt.ID)
+		woken, err = e.Mgr.Wake(ctx, rt.ID)
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
-			return wakeClientGone, err // the client left; the wake goes on for others
+			return wakeClientGone, nil, err // the client left; the wake goes on for others
 		}
 		if g.exiting.Err() != nil {
 			countRequest(outcomeUnavailable)
 			web.WriteError(w, http.StatusServiceUnavailable, "unavailable",
 				fmt.Sprintf("the gateway is stopping while sandbox %s wakes; retry", rt.ID), 1)
-			return wakeFailed, err
+			return wakeFailed, nil, err
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			countRequest(outcomeHoldTimeout)
 			web.WriteError(w, http.StatusServiceUnavailable, "waking",
 				fmt.Sprintf("sandbox %s is still waking after %s; retry", rt.ID, s.HoldTimeout), 1)
-			return wakeTimeout, err
+			return wakeTimeout, nil, err
 		}
 		status, code, retry := web.ErrorStatus(err)
 		switch code {
 		case "store_unavailable":
 			g.storeUnavailable(w, r, rt, port)
-			return wakeFailed, err
+			return wakeFailed, nil, err
 		case "capacity":
 			countRequest(outcomeCapacity)
 		case "unavailable":
@@ -577,9 +601,9 @@ func (g *Handler) wakeForHold(ctx context.Context, w http.ResponseWriter, r *htt
 			why = "circuit_open"
 		}
 		web.WriteError(w, status, code, fmt.Sprintf("sandbox %s could not be woken: %s", rt.ID, reasonSentence(why)), retry)
-		return wakeFailed, err
+		return wakeFailed, nil, err
 	}
-	return "", nil
+	return "", woken.Phases, nil
 }
 
 // serveReserved answers /.well-known/sandwake/*.
@@ -691,7 +715,16 @@ func (g *Handler) serveEvents(w http.ResponseWriter, r *http.Request, e *gateway
 			if ev.SandboxID != rt.ID {
 				continue
 			}
-			if stream.Event(ev) != nil || stream.Flush() != nil {
+			if stream.Event(ev) != nil {
+				return nil
+			}
+			if ev.To == lifecycle.Running {
+				// Where the wake went, for the page (and devtools).
+				if ph, ok := e.Mgr.LastWake(rt.ID); ok && stream.Data(newWakeTiming(rt.ID, ph)) != nil {
+					return nil
+				}
+			}
+			if stream.Flush() != nil {
 				return nil
 			}
 		case <-stream.Heartbeat:

@@ -26,6 +26,7 @@ const (
 	outcomeRobots          = "robots"       // /robots.txt answered by sandwake
 	outcomeUnauthorized    = "unauthorized" // private sandbox without a valid token
 	outcomeCrawler         = "crawler"      // a crawler or monitor, not woken
+	outcomeUnfurl          = "unfurl"       // an unfurl bot given a sleeping sandbox's card, not woken
 	outcomeBackoff         = "backoff"      // wakes of this sandbox keep failing
 	outcomeRateLimited     = "rate_limited" // past wake_rate
 	outcomeInterrupted     = "interrupted"  // sandwake stopped the sandbox mid-request (body partly sent): 503

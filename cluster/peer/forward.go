@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -137,6 +138,10 @@ func (cs *Node) ProxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what,
 	// the node) carries the call: before that nothing was sent, so
 	// sending it elsewhere cannot do it twice.
 	var connected atomic.Bool
+	// reused: the connection was a kept one, which a node that died (or
+	// closed it idle) leaves behind: a write into it that ends at once in
+	// EOF or a reset reached no process.
+	var reused atomic.Bool
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host, pr.Out.Host = "https", node.Advertise, APIHost
@@ -152,14 +157,18 @@ func (cs *Node) ProxyAPI(w http.ResponseWriter, r *http.Request, nodeName, what,
 			}
 			c.Sign(pr.Out)
 			pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(pr.Out.Context(), &httptrace.ClientTrace{
-				GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+				GotConn: func(info httptrace.GotConnInfo) {
+					reused.Store(info.Reused)
+					connected.Store(true)
+				},
 			}))
 		},
 		Transport:     cs.Transport(node.Name, node.Advertise),
 		FlushInterval: -1, // event streams pass through as they come
 		ErrorLog:      ForwardErrorLog,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			if onlyIfDialed && !connected.Load() {
+			deadKept := reused.Load() && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET))
+			if onlyIfDialed && (!connected.Load() || deadKept) {
 				notDialed = true
 				return
 			}

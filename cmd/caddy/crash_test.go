@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -64,6 +65,17 @@ func newGateway(t *testing.T, bin, extra string) *gateway {
 	g.configure(extra)
 	t.Cleanup(func() {
 		g.kill()
+		if t.Failed() && g.log != nil {
+			// What went wrong in the gateway is in its warnings and
+			// errors (a test's failure message cannot carry them all).
+			var lines []string
+			for l := range strings.SplitSeq(g.log.String(), "\n") {
+				if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) {
+					lines = append(lines, l)
+				}
+			}
+			t.Logf("gateway %s (API 127.0.0.1:%d): its last warnings and errors:\n%s", g.instance, g.apiPort, strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
 		// Each instance has a sandbox network of its own: removed with
 		// the gateway, not left for the end of the run.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -96,6 +108,9 @@ http://*.preview.localhost:%d {
 }
 http://127.0.0.1:%d {
 	bind 127.0.0.1
+	handle /metrics {
+		metrics
+	}
 	sandwake_api {
 		token %s
 		%s
@@ -111,7 +126,10 @@ http://127.0.0.1:%d {
 func (g *gateway) start() {
 	g.t.Helper()
 	g.launch()
-	testenv.Eventually(g.t, 30*time.Second, func() (bool, string) {
+	// A bound, not a timing goal: under the race detector with every
+	// package testing at once on two cores, a node joining its cluster
+	// has taken more than 30 s to listen.
+	testenv.Eventually(g.t, 90*time.Second, func() (bool, string) {
 		if g.cmd.ProcessState != nil {
 			return false, "caddy exited: " + g.log.String()
 		}
@@ -121,8 +139,12 @@ func (g *gateway) start() {
 		code, _ := g.api("GET", "/v1/readyz", nil, &ready)
 		if code == 200 {
 			g.instance = ready.Instance
+			return true, ""
 		}
-		return code == 200, fmt.Sprintf("readyz %d", code)
+		// The last message is the failure's: it carries the gateway's log,
+		// which tells where its start stood.
+		log := g.log.String()
+		return false, fmt.Sprintf("readyz %d; the gateway's log so far (tail):\n%s", code, log[max(0, len(log)-6000):])
 	})
 }
 
@@ -149,6 +171,31 @@ func (g *gateway) kill() {
 
 func (g *gateway) api(method, path string, body, out any) (int, string) {
 	return g.apiAs(crashToken, method, path, body, out)
+}
+
+// metric is the value of an unlabelled metric on the gateway's /metrics
+// (Caddy's metrics handler on its API site); the test fails when it is not
+// there.
+func (g *gateway) metric(name string) float64 {
+	g.t.Helper()
+	c := http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", g.apiPort))
+	if err != nil {
+		g.t.Fatalf("reading the metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				g.t.Fatalf("metric %s: %q", name, line)
+			}
+			return f
+		}
+	}
+	g.t.Fatalf("no metric %s on /metrics (%d, %d bytes)", name, resp.StatusCode, len(b))
+	return 0
 }
 
 // apiAs is api with another token.
@@ -252,6 +299,10 @@ func TestCrashRecovery(t *testing.T) {
 	t.Run("mid-wake", func(t *testing.T) {
 		g := newGateway(t, bin, "")
 		g.start()
+		// The start-up log says which upstream mode is in force and why.
+		if log := g.log.String(); !strings.Contains(log, `"msg":"upstream mode: direct"`) || !strings.Contains(log, "is on this host") {
+			t.Errorf("the start-up log does not say upstream mode direct and why:\n%s", log[max(0, len(log)-4000):])
+		}
 		slow := testenv.UniqueID("w")
 		g.create(cli, image, slow, map[string]string{"STARTUP_DELAY": "3s"})
 		if code, body := g.api("POST", "/v1/sandboxes/"+slow+"/stop", nil, nil); code != 200 {

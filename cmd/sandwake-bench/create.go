@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/moby/moby/api/types/container"
@@ -168,4 +169,125 @@ func rawCreate(ctx context.Context, cli *client.Client, image, name string) (tim
 		return 0, fmt.Errorf("raw create: %w", err)
 	}
 	return time.Since(t0), nil
+}
+
+// groupTemplates are the services scenario's templates: the same app
+// alone, and with a service (a second test app on 127.0.0.1:5432, ready
+// by a probe inside the group's namespace), each with a paused pool.
+const groupTemplates = `template single {
+			image %[1]s
+			ports 8080
+			memory_mb 64
+			pool {
+				min_idle 1
+				state paused
+			}
+		}
+		template group {
+			image %[1]s
+			ports 8080
+			memory_mb 64
+			service db {
+				image %[1]s
+				memory_mb 32
+				ready tcp:5432
+				env PORT 5432
+				env LISTEN_HOST 127.0.0.1
+			}
+			pool {
+				min_idle 1
+				state paused
+			}
+		}`
+
+// groupLatency puts a group (the app and one service) beside a single
+// container, alternated on one gateway: a pool claim → first byte, a
+// cold create → first byte, and a wake from stopped → first byte.
+func groupLatency(ctx context.Context, b *bench, iterations int) (*table, error) {
+	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "group"), false)
+	if err != nil {
+		return nil, err
+	}
+	g.extra = fmt.Sprintf(groupTemplates, b.image)
+	b.gateways = append(b.gateways, g)
+	if err := g.start(ctx, g.apiReady); err != nil {
+		return nil, err
+	}
+	defer g.stop()
+	c := loopbackClient(4)
+	var claims, colds, wakes [2][]time.Duration
+	names := [2]string{"single", "group"}
+	for i := -1; i < iterations; i++ {
+		for k := range 2 {
+			side := (k + i + 2) % 2
+			tmpl := names[side]
+			if err := g.awaitPool(ctx, tmpl); err != nil {
+				return nil, err
+			}
+			t0 := time.Now()
+			var rec record
+			code, body, err := g.api(ctx, "POST", "/v1/sandboxes", map[string]any{"template": tmpl, "pool": "require"}, &rec)
+			if err != nil || code != http.StatusCreated {
+				return nil, fmt.Errorf("%s: claim: %d %s %v", tmpl, code, body, err)
+			}
+			if _, err := firstByte(ctx, c, g.previewURL(rec.ID, "/healthz")); err != nil {
+				return nil, fmt.Errorf("%s: first byte after a claim: %w", tmpl, err)
+			}
+			dClaim := time.Since(t0)
+			id := fmt.Sprintf("g%s%d%d", testenv.RunID(), side, i+1)
+			t0 = time.Now()
+			code, body, err = g.api(ctx, "POST", "/v1/sandboxes", map[string]any{"id": id, "template": tmpl, "pool": "bypass"}, nil)
+			if err != nil || code != http.StatusCreated {
+				return nil, fmt.Errorf("%s: cold create: %d %s %v", tmpl, code, body, err)
+			}
+			if _, err := firstByte(ctx, c, g.previewURL(id, "/healthz")); err != nil {
+				return nil, fmt.Errorf("%s: first byte after a cold create: %w", tmpl, err)
+			}
+			dCold := time.Since(t0)
+			if err := g.act(ctx, id, "stop", "stopped"); err != nil {
+				return nil, err
+			}
+			dWake, err := firstByte(ctx, c, g.previewURL(id, "/healthz"))
+			if err != nil {
+				return nil, fmt.Errorf("%s: wake: %w", tmpl, err)
+			}
+			if i >= 0 {
+				claims[side] = append(claims[side], dClaim)
+				colds[side] = append(colds[side], dCold)
+				wakes[side] = append(wakes[side], dWake)
+			}
+			for _, sid := range []string{rec.ID, id} {
+				if code, body, err := g.api(ctx, "POST", "/v1/sandboxes/"+sid+"/purge", nil, nil); err != nil || code != 200 {
+					return nil, fmt.Errorf("%s: purge %s: %d %s %v", tmpl, sid, code, body, err)
+				}
+			}
+		}
+	}
+	t := &table{
+		title: "Services: a group (app + one service) vs a single container",
+		note:  fmt.Sprintf("%d of each, alternated on one gateway; the service is a second test app on 127.0.0.1:5432, ready by a tcp probe inside the group's namespace; pools paused", iterations),
+		sides: [2]string{"single", "group"},
+	}
+	for _, row := range []struct {
+		name string
+		v    [2][]time.Duration
+		g    goal
+	}{
+		{"pool claim → first byte, p50", claims, atMost(2.0)},
+		{"pool claim → first byte, mean", claims, info},
+		{"cold create → first byte, p50", colds, info},
+		{"wake from stopped → first byte, p50", wakes, info},
+		{"wake from stopped → first byte, mean", wakes, info},
+	} {
+		a, z := sortedCopy(row.v[0]), sortedCopy(row.v[1])
+		va, vz := percentile(a, 50), percentile(z, 50)
+		if strings.HasSuffix(row.name, "mean") {
+			va, vz = mean(a), mean(z)
+		}
+		t.add(ratioRow(row.name, va.Seconds(), vz.Seconds(), fmtSeconds, row.g))
+	}
+	progress("services: claim %s → %s, wake %s → %s (p50, single → group)",
+		fmtDuration(percentile(sortedCopy(claims[0]), 50)), fmtDuration(percentile(sortedCopy(claims[1]), 50)),
+		fmtDuration(percentile(sortedCopy(wakes[0]), 50)), fmtDuration(percentile(sortedCopy(wakes[1]), 50)))
+	return t, nil
 }

@@ -331,9 +331,18 @@ func (g *gateway) act(ctx context.Context, id, op, want string) error {
 
 // createSandbox creates a running sandbox of image through the API.
 func (g *gateway) createSandbox(ctx context.Context, id, image string, memoryMB int) error {
+	return g.createSandboxWith(ctx, id, image, memoryMB, nil)
+}
+
+// createSandboxWith is createSandbox with more fields of the create body
+// (an egress policy, say).
+func (g *gateway) createSandboxWith(ctx context.Context, id, image string, memoryMB int, extra map[string]any) error {
 	var rec record
-	code, body, err := g.api(ctx, "POST", "/v1/sandboxes",
-		map[string]any{"id": id, "image": image, "ports": []int{8080}, "memory_mb": memoryMB}, &rec)
+	req := map[string]any{"id": id, "image": image, "ports": []int{8080}, "memory_mb": memoryMB}
+	for k, v := range extra {
+		req[k] = v
+	}
+	code, body, err := g.api(ctx, "POST", "/v1/sandboxes", req, &rec)
 	if err != nil {
 		return fmt.Errorf("creating sandbox %s: %w", id, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -223,19 +225,98 @@ func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*ta
 	return t, nil
 }
 
-// profileHotPath loads the sandwake side (small GET at concurrency 16) for d
-// while taking a CPU profile of Caddy through its admin endpoint, saves it to
-// path and prints the top of it.
+// profileHotPath takes CPU profiles of Caddy through its admin endpoint
+// while it loads one side with a small GET for d: sandwake at concurrency 16
+// (path), then sandwake and the baseline (the plain reverse_proxy to the
+// same address) at concurrency 1 (path.c1, path.c1-baseline), the cell the
+// goals miss. It prints the top of the first and the difference of the two
+// c=1 profiles per request: where sandwake's extra CPU goes.
 func profileHotPath(ctx context.Context, g *gateway, id, path string, d time.Duration) error {
-	done := startProfile(ctx, g, path, d)
 	req := request{name: "GET /healthz", method: "GET", path: "/healthz", wantLen: 3}
-	load(ctx, loopbackClient(16), g.previewURL(id, ""), req, 16, d+time.Second)
-	if err := <-done; err != nil {
+	profile := func(url, file string, conc int) (loadResult, error) {
+		done := startProfile(ctx, g, file, d)
+		r := load(ctx, loopbackClient(conc), url, req, conc, d+time.Second)
+		return r, <-done
+	}
+	if _, err := profile(g.previewURL(id, ""), path, 16); err != nil {
 		return err
 	}
 	abs, _ := filepath.Abs(path)
 	fmt.Printf("\nCPU profile of Caddy under sandwake load (GET, c=16, %s): %s\n", d, abs)
-	return printProfile(ctx, g, path, "sandwake/caddymodule")
+	if err := printProfile(ctx, g, path, "sandwake/"); err != nil {
+		return err
+	}
+	sw, err := profile(g.previewURL(id, ""), path+".c1", 1)
+	if err != nil {
+		return err
+	}
+	base, err := profile(g.baseURL(""), path+".c1-baseline", 1)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nCPU profiles at c=1 (GET, %s each): sandwake %d requests (%s), baseline %d requests (%s)\n",
+		d, len(sw.durs), path+".c1", len(base.durs), path+".c1-baseline")
+	return printProfileDiff(ctx, g, path+".c1", len(sw.durs), path+".c1-baseline", len(base.durs))
+}
+
+// printProfileDiff prints where a profile of n requests spends more CPU per
+// request than a base profile of nBase requests: each function's flat CPU
+// divided by its side's request count, the 20 largest differences.
+func printProfileDiff(ctx context.Context, g *gateway, path string, n int, basePath string, nBase int) error {
+	if n == 0 || nBase == 0 {
+		return errors.New("profile: a side answered no request")
+	}
+	flat := func(file string) (map[string]time.Duration, time.Duration, error) {
+		out, err := pprofTop(ctx, g, file, "-nodecount=100000")
+		if err != nil {
+			return nil, 0, err
+		}
+		fns := map[string]time.Duration{}
+		var total time.Duration
+		for _, l := range strings.Split(string(out), "\n") {
+			// "     flat  flat%   sum%        cum   cum%  name"
+			f := strings.Fields(l)
+			if len(f) < 6 || !strings.HasSuffix(f[1], "%") {
+				continue
+			}
+			d, err := time.ParseDuration(f[0])
+			if err != nil {
+				continue
+			}
+			fns[strings.Join(f[5:], " ")] += d
+			total += d
+		}
+		return fns, total, nil
+	}
+	a, ta, err := flat(path)
+	if err != nil {
+		return err
+	}
+	b, tb, err := flat(basePath)
+	if err != nil {
+		return err
+	}
+	per := func(d time.Duration, count int) time.Duration { return d / time.Duration(count) }
+	fmt.Printf("Caddy CPU per request at c=1: sandwake %s, baseline %s (%.2f)\n", per(ta, n), per(tb, nBase), float64(per(ta, n))/float64(per(tb, nBase)))
+	type row struct {
+		name string
+		diff time.Duration
+	}
+	var rows []row
+	for name := range a {
+		rows = append(rows, row{name, per(a[name], n) - per(b[name], nBase)})
+	}
+	for name := range b {
+		if _, ok := a[name]; !ok {
+			rows = append(rows, row{name, -per(b[name], nBase)})
+		}
+	}
+	slices.SortFunc(rows, func(x, y row) int { return cmp.Compare(y.diff, x.diff) })
+	fmt.Println("more CPU per request than the baseline (flat, by function):")
+	for _, r := range rows[:min(20, len(rows))] {
+		fmt.Printf("  %+8.2fµs  %s\n", float64(r.diff)/float64(time.Microsecond), r.name)
+	}
+	return nil
 }
 
 // startProfile takes a CPU profile of g's Caddy for d through its admin
@@ -269,23 +350,34 @@ func startProfile(ctx context.Context, g *gateway, path string, d time.Duration)
 	return done
 }
 
+// pprofTop is `go tool pprof -top` of a CPU profile of g's Caddy, with
+// more flags.
+func pprofTop(ctx context.Context, g *gateway, file string, flags ...string) ([]byte, error) {
+	args := append([]string{"tool", "pprof", "-top"}, flags...)
+	out, err := exec.CommandContext(ctx, "go", append(args, g.bin, file)...).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("go tool pprof: %v\n%s", err, out)
+	}
+	return out, nil
+}
+
 // printProfile prints the top of a CPU profile of g's Caddy, then the
 // cumulative share of the frames under focus (a package path).
 func printProfile(ctx context.Context, g *gateway, path, focus string) error {
-	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=25", g.bin, path).CombinedOutput()
+	out, err := pprofTop(ctx, g, path, "-nodecount=25")
 	if err != nil {
-		return fmt.Errorf("go tool pprof: %v\n%s", err, out)
+		return err
 	}
 	fmt.Println(strings.TrimSpace(string(out)))
 	// sandwake's share: the gate's cumulative time minus what it hands on
 	// to reverse_proxy.
-	out, err = exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-cum", "-nodecount=400", "-focus="+focus, g.bin, path).CombinedOutput()
+	out, err = pprofTop(ctx, g, path, "-cum", "-nodecount=400", "-focus="+focus)
 	if err != nil {
-		return fmt.Errorf("go tool pprof: %v\n%s", err, out)
+		return err
 	}
 	fmt.Println("sandwake's frames (cumulative):")
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "Total samples") || strings.Contains(l, "sandwake/caddymodule.") || strings.Contains(l, "reverseproxy.(*Handler).ServeHTTP") {
+		if strings.Contains(l, "Total samples") || strings.Contains(l, "sandwake/sandwake/") || strings.Contains(l, "reverseproxy.(*Handler).ServeHTTP") {
 			fmt.Println(strings.TrimSpace(l))
 		}
 	}

@@ -250,6 +250,14 @@ func run(ctx context.Context, o options) (err error) {
 		if err := removeRunContainers(ctx, b.cli); err != nil {
 			return err
 		}
+		progress("services: a group beside a single container (claim, cold create, wake)")
+		if t, err = groupLatency(ctx, b, n); err != nil {
+			return err
+		}
+		b.show(t)
+		if err := removeRunContainers(ctx, b.cli); err != nil {
+			return err
+		}
 	}
 	if o.runs("egress") {
 		if err := b.ensureImage(ctx); err != nil {
@@ -262,6 +270,14 @@ func run(ctx context.Context, o options) (err error) {
 		progress("egress: firewall on vs off")
 		t, err := egressCost(ctx, b, n)
 		if err != nil {
+			return err
+		}
+		b.show(t)
+		if err := removeRunContainers(ctx, b.cli); err != nil {
+			return err
+		}
+		progress("egress: rules by name vs by address")
+		if t, err = egressNames(ctx, b, n); err != nil {
 			return err
 		}
 		b.show(t)
@@ -485,7 +501,7 @@ func (b *bench) cleanup() {
 		fmt.Fprintln(os.Stderr, "sandwake-bench: cleanup:", err)
 	}
 	if b.image != "" {
-		if _, err := b.cli.ImageRemove(ctx, b.image, client.ImageRemoveOptions{Force: true, PruneChildren: true}); err != nil {
+		if _, err := b.cli.ImageRemove(ctx, b.image, client.ImageRemoveOptions{Force: true, PruneChildren: true}); err != nil && !strings.Contains(err.Error(), "No such image") {
 			fmt.Fprintln(os.Stderr, "sandwake-bench: removing image:", err)
 		}
 	}

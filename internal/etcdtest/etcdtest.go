@@ -103,7 +103,7 @@ func start(t testing.TB, n int, withTLS bool) *Cluster {
 			t.Fatalf("etcd certificates: %v", err)
 		}
 	}
-	c, err := launchRetrying(n, certs, func(int) (string, error) { return t.TempDir(), nil })
+	c, err := launchRetrying(n, certs, func(int) (string, error) { return memDir(t), nil })
 	if err != nil {
 		t.Fatalf("starting a %d-member etcd cluster: %v", n, err)
 	}
@@ -118,6 +118,22 @@ func start(t testing.TB, n int, withTLS bool) *Cluster {
 		}
 	})
 	return c
+}
+
+// memDir is a new data directory for a member of a test's cluster, on
+// /dev/shm where it is a tmpfs: etcd fsyncs every write, and on a disk the
+// rest of the suite keeps busy (Docker, Badger, image imports) a leader
+// once missed its heartbeats for 30-40 s ("leader is overloaded likely
+// from slow disk"), which no node could start through. Elsewhere, the
+// test's own temporary directory. Removed after the cluster is closed.
+func memDir(t testing.TB) string {
+	if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() {
+		if dir, err := os.MkdirTemp("/dev/shm", "sandwake-etcd-"); err == nil {
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			return dir
+		}
+	}
+	return t.TempDir()
 }
 
 // Launch starts an n-member cluster outside a test, each member's data in

@@ -239,6 +239,26 @@ func (h *Harness) RemoveOnCleanup(id string) {
 		defer cancel()
 		h.Docker.ContainerRemove(ctx, docker.ContainerName(id), dockerclient.ContainerRemoveOptions{Force: true})
 		h.Docker.VolumeRemove(ctx, docker.VolumeName(id), dockerclient.VolumeRemoveOptions{Force: true})
+		// A sandbox with services: its members (s-<id>--<name>) and their
+		// volumes.
+		members := "s-" + id + "--"
+		if cs, err := h.Docker.ContainerList(ctx, dockerclient.ContainerListOptions{All: true, Filters: dockerclient.Filters{}.Add("name", members)}); err == nil {
+			for _, c := range cs.Items {
+				for _, n := range c.Names {
+					if strings.HasPrefix(strings.TrimPrefix(n, "/"), members) {
+						h.Docker.ContainerRemove(ctx, c.ID, dockerclient.ContainerRemoveOptions{Force: true})
+						break
+					}
+				}
+			}
+		}
+		if vs, err := h.Docker.VolumeList(ctx, dockerclient.VolumeListOptions{Filters: dockerclient.Filters{}.Add("name", members)}); err == nil {
+			for _, v := range vs.Items {
+				if strings.HasPrefix(v.Name, members) {
+					h.Docker.VolumeRemove(ctx, v.Name, dockerclient.VolumeRemoveOptions{Force: true})
+				}
+			}
+		}
 	})
 }
 

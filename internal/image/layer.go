@@ -94,7 +94,8 @@ func buildLayer(in layerInputs) ([]byte, error) {
 }
 
 // fileCapability is the security.capability extended attribute (struct
-// vfs_cap_data, revision 2) granting CAP_NET_ADMIN as permitted, not
+// vfs_cap_data, revision 2) granting CAP_NET_ADMIN and
+// CAP_NET_BIND_SERVICE (the egress forwarder's port 53) as permitted, not
 // effective. A non-root process of the binary holds the capability when
 // the container's bounding set has it (cap_add: NET_ADMIN) and the egress
 // package makes it effective before it writes nftables; without NET_ADMIN
@@ -104,6 +105,6 @@ func fileCapability() []byte {
 	const revision2 = 0x02000000 // VFS_CAP_REVISION_2, no VFS_CAP_FLAGS_EFFECTIVE
 	b := make([]byte, 20)        // magic_etc, then {permitted, inheritable} × 2
 	binary.LittleEndian.PutUint32(b[0:], revision2)
-	binary.LittleEndian.PutUint32(b[4:], 1<<unix.CAP_NET_ADMIN)
+	binary.LittleEndian.PutUint32(b[4:], 1<<unix.CAP_NET_ADMIN|1<<unix.CAP_NET_BIND_SERVICE)
 	return b
 }

@@ -79,14 +79,14 @@ func TestBuildLayer(t *testing.T) {
 		t.Errorf("etc/group names no sandwake group 65532:\n%s", group)
 	}
 
-	// struct vfs_cap_data: revision 2, not effective; permitted = NET_ADMIN (bit 12) alone.
+	// struct vfs_cap_data: revision 2, not effective; permitted = NET_ADMIN (bit 12) and NET_BIND_SERVICE (bit 10).
 	fcap := []byte(got["usr/bin/caddy"].hdr.PAXRecords["SCHILY.xattr.security.capability"])
 	if len(fcap) != 20 {
 		t.Fatalf("caddy's security.capability: %d bytes, want 20", len(fcap))
 	}
 	magic, permitted, inheritable := binary.LittleEndian.Uint32(fcap[0:]), binary.LittleEndian.Uint32(fcap[4:]), binary.LittleEndian.Uint32(fcap[8:])
-	if magic != 0x02000000 || permitted != 1<<12 || inheritable != 0 || binary.LittleEndian.Uint64(fcap[12:]) != 0 {
-		t.Errorf("caddy's security.capability: magic %#x permitted %#x inheritable %#x (high words %x), want 0x2000000 (revision 2, not effective), 0x1000, 0, 0",
+	if magic != 0x02000000 || permitted != 1<<12|1<<10 || inheritable != 0 || binary.LittleEndian.Uint64(fcap[12:]) != 0 {
+		t.Errorf("caddy's security.capability: magic %#x permitted %#x inheritable %#x (high words %x), want 0x2000000 (revision 2, not effective), 0x1400, 0, 0",
 			magic, permitted, inheritable, fcap[12:])
 	}
 }

@@ -31,6 +31,7 @@ func main() {
 		time.Sleep(d)
 	}
 	dialAtStart(os.Getenv("DIAL_AT_START"))
+	fetchAtStart(os.Getenv("FETCH_AT_START"))
 	ports := []string{envOr("PORT", "8080")}
 	if extra := os.Getenv("EXTRA_PORTS"); extra != "" {
 		ports = append(ports, strings.Split(extra, ",")...)
@@ -40,7 +41,9 @@ func main() {
 
 	servers := make([]*http.Server, 0, len(ports))
 	for _, p := range ports {
-		srv := &http.Server{Addr: ":" + strings.TrimSpace(p), Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+		// LISTEN_HOST 127.0.0.1 plays a service that listens on loopback
+		// only (a database in a group).
+		srv := &http.Server{Addr: os.Getenv("LISTEN_HOST") + ":" + strings.TrimSpace(p), Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 		servers = append(servers, srv)
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && err != http.ErrServerClosed {
@@ -192,6 +195,13 @@ func newMux(workspace string) *http.ServeMux {
 		}
 	})
 	mux.HandleFunc("/dial", dialHandler)
+	mux.HandleFunc("/lookup", lookupHandler)
+	mux.HandleFunc("/dials", dialsHandler)
+	mux.HandleFunc("/lookups", lookupsHandler)
+	mux.HandleFunc("/fetch", fetchHandler)
+	mux.HandleFunc("/card", cardHandler)
+	mux.HandleFunc("/og.png", ogHandler)
+	mux.HandleFunc("/startfetch", startFetchHandler)
 	mux.HandleFunc("/self", selfHandler)
 	mux.HandleFunc("/raw", rawHandler)
 	mux.HandleFunc("/garp", garpHandler)

@@ -186,6 +186,15 @@ func Cleanup(ctx context.Context, cli *client.Client) error {
 			errs = append(errs, err.Error())
 		}
 	}
+	// Images the run's gateways imported with its labels (a group's infra
+	// image).
+	if is, err := cli.ImageList(ctx, client.ImageListOptions{Filters: f}); err == nil {
+		for _, im := range is.Items {
+			if _, err := cli.ImageRemove(ctx, im.ID, client.ImageRemoveOptions{Force: true, PruneChildren: true}); err != nil && !strings.Contains(err.Error(), "No such image") {
+				errs = append(errs, err.Error())
+			}
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
 	}

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"github.com/moby/moby/client"
@@ -20,17 +21,35 @@ type diskDirs struct {
 	cid    string
 	upper  string
 	volume string
+	// members are a group's services' writable layers and volumes.
+	members []memberDirs
+}
+
+// memberDirs are the directories one service of a group writes to.
+type memberDirs struct {
+	name string
+	dirs []string
 }
 
 // DiskUsage implements lifecycle.DiskMeter: the bytes on disk (allocated
 // blocks, each hard-linked file once) under the sandbox's writable layer
-// and workspace volume, walked on the host. When those directories are not
-// reachable from here (a remote engine, a driver without an UpperDir) it
-// falls back to the engine's size of the writable layer alone.
+// and workspace volume, and its services', walked on the host. When those
+// directories are not reachable from here (a remote engine, a driver
+// without an UpperDir) it falls back to the engine's size of the writable
+// layer alone.
 func (r *Runtime) DiskUsage(ctx context.Context, id string) (int64, error) {
+	total, _, err := r.GroupDiskUsage(ctx, id)
+	return total, err
+}
+
+// GroupDiskUsage implements lifecycle.GroupDiskMeter: DiskUsage's total,
+// and the part of it each service of a group wrote (its writable layer and
+// volume), by name; services is nil for a single container, and when the
+// directories are not reachable from here.
+func (r *Runtime) GroupDiskUsage(ctx context.Context, id string) (total int64, services map[string]int64, err error) {
 	cid, err := r.resolve(ctx, id)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var dirs diskDirs
 	if v, ok := r.disk.Load(id); ok && v.(diskDirs).cid == cid {
@@ -38,7 +57,7 @@ func (r *Runtime) DiskUsage(ctx context.Context, id string) (int64, error) {
 	} else {
 		res, err := r.cli.ContainerInspect(ctx, cid, client.ContainerInspectOptions{})
 		if err != nil {
-			return 0, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+			return 0, nil, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
 		}
 		dirs = diskDirs{cid: cid}
 		if gd := res.Container.GraphDriver; gd != nil {
@@ -49,19 +68,72 @@ func (r *Runtime) DiskUsage(ctx context.Context, id string) (int64, error) {
 				dirs.volume = m.Source
 			}
 		}
+		if containerLabels(&res.Container)[LabelGroup] == "true" {
+			// Every service's writable layer and volume count too.
+			ms, err := r.members(ctx, id)
+			if err != nil {
+				return 0, nil, err
+			}
+			for _, m := range ms {
+				if m.name == infraMember {
+					continue
+				}
+				mi, err := r.cli.ContainerInspect(ctx, m.cid, client.ContainerInspectOptions{})
+				if err != nil {
+					return 0, nil, classify("inspecting container "+MemberName(id, m.name), err, lifecycle.ErrContainerNotFound)
+				}
+				md := memberDirs{name: m.name}
+				if gd := mi.Container.GraphDriver; gd != nil && gd.Data["UpperDir"] != "" {
+					md.dirs = append(md.dirs, gd.Data["UpperDir"])
+				}
+				for _, mt := range mi.Container.Mounts {
+					if mt.Name == MemberVolumeName(id, m.name) {
+						md.dirs = append(md.dirs, mt.Source)
+					}
+				}
+				dirs.members = append(dirs.members, md)
+			}
+		}
 		r.disk.Store(id, dirs)
 	}
-	if dirs.upper != "" && dirs.volume != "" && reachable(dirs.upper) && reachable(dirs.volume) {
-		return DirUsage(ctx, dirs.upper, dirs.volume)
+	if dirs.reachable() {
+		total, err := DirUsage(ctx, dirs.upper, dirs.volume)
+		if err != nil || len(dirs.members) == 0 {
+			return total, nil, err
+		}
+		services = make(map[string]int64, len(dirs.members))
+		for _, m := range dirs.members {
+			used, err := DirUsage(ctx, m.dirs...)
+			if err != nil {
+				return total, nil, err
+			}
+			services[m.name] = used
+			total += used
+		}
+		return total, services, nil
 	}
 	res, err := r.cli.ContainerInspect(ctx, cid, client.ContainerInspectOptions{Size: true})
 	if err != nil {
-		return 0, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
+		return 0, nil, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
 	}
 	if res.Container.SizeRw == nil {
-		return 0, errors.New("docker: the engine reported no size for container " + ContainerName(id))
+		return 0, nil, errors.New("docker: the engine reported no size for container " + ContainerName(id))
 	}
-	return *res.Container.SizeRw, nil
+	return *res.Container.SizeRw, nil, nil
+}
+
+// reachable reports whether every directory of the sandbox can be walked
+// from here.
+func (d diskDirs) reachable() bool {
+	if d.upper == "" || d.volume == "" || !reachable(d.upper) || !reachable(d.volume) {
+		return false
+	}
+	for _, m := range d.members {
+		if slices.ContainsFunc(m.dirs, func(dir string) bool { return !reachable(dir) }) {
+			return false
+		}
+	}
+	return true
 }
 
 func reachable(dir string) bool {
@@ -133,5 +205,6 @@ func (r *Runtime) WorkspaceEmpty(ctx context.Context, id string) (bool, error) {
 // Interface guards.
 var (
 	_ lifecycle.DiskMeter        = (*Runtime)(nil)
+	_ lifecycle.GroupDiskMeter   = (*Runtime)(nil)
 	_ lifecycle.WorkspaceChecker = (*Runtime)(nil)
 )

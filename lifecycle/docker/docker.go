@@ -107,6 +107,11 @@ type Options struct {
 	// SandboxSubnet is the sandbox network's subnet when sandwake creates
 	// it. Default: one the engine picks from its address pools.
 	SandboxSubnet netip.Prefix
+	// ForwardDNS makes every container given an address on the sandbox
+	// network resolve through the egress firewall's forwarder on the
+	// network's gateway (Docker's embedded resolver asks it from the
+	// container's own address). Set where the firewall is enforced.
+	ForwardDNS bool
 	// Pull is the image pull policy: PullMissing (default), PullNever or
 	// PullAlways.
 	Pull string
@@ -138,6 +143,9 @@ type Runtime struct {
 	// this instance's: operations address containers by those ids, so an
 	// object that merely took the name later is never acted on.
 	owned sync.Map
+	// groups maps sandbox ids to whether their container is a group's
+	// app (group.go), as created or first inspected.
+	groups sync.Map
 	// disk maps sandbox ids to their diskDirs (see DiskUsage).
 	disk sync.Map
 	// noQuota: the storage driver refused a size quota; creates no longer
@@ -313,7 +321,8 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	if err := r.ensureImage(ctx, spec.Image); err != nil {
 		return lifecycle.Container{}, err
 	}
-	if _, err := r.ensureNetwork(ctx); err != nil {
+	sn, err := r.ensureNetwork(ctx)
+	if err != nil {
 		return lifecycle.Container{}, err
 	}
 	// The old container of this sandbox (a recreate) goes; anyone else's
@@ -329,9 +338,20 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 	} else if !cerrdefs.IsNotFound(err) {
 		return lifecycle.Container{}, classify("inspecting container "+ContainerName(id), err, lifecycle.ErrContainerNotFound)
 	}
+	// The members of an earlier group of this id go (a recreate, maybe
+	// without services now), before anything of this create is made.
+	if err := r.removeMembers(ctx, id); err != nil {
+		return lifecycle.Container{}, err
+	}
 	labels := r.labels(id)
 	madeVolume := false
-	vol, err := r.cli.VolumeInspect(ctx, VolumeName(id), client.VolumeInspectOptions{})
+	// From the volume on, what this create makes is made whatever the
+	// caller does meanwhile (see the container create below): a caller
+	// giving up between the engine's making of the volume and its answer
+	// would otherwise leave the volume unrecorded and the create half done.
+	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+	defer vcancel()
+	vol, err := r.cli.VolumeInspect(vctx, VolumeName(id), client.VolumeInspectOptions{})
 	switch {
 	case err == nil:
 		if !r.owns(id, vol.Volume.Labels) {
@@ -341,7 +361,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		// Creating a volume under an existing name returns that volume, so
 		// its labels are checked again: another gateway may have made it
 		// between the inspect and the create.
-		made, err := r.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: VolumeName(id), Labels: volumeLabels(labels, spec)})
+		made, err := r.cli.VolumeCreate(vctx, client.VolumeCreateOptions{Name: VolumeName(id), Labels: volumeLabels(labels, spec)})
 		if err != nil {
 			return lifecycle.Container{}, classify("creating volume "+VolumeName(id), err, lifecycle.ErrNotFound)
 		}
@@ -426,6 +446,12 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		hc.NetworkMode = container.NetworkMode(r.opts.SandboxNetwork)
 	}
 	opts := client.ContainerCreateOptions{Name: ContainerName(id), Config: cfg, HostConfig: hc}
+	forwarded := r.opts.ForwardDNS && spec.Address.IsValid() && r.ownsNetwork() && sn.Gateway.IsValid()
+	if forwarded {
+		// Docker's embedded resolver (127.0.0.11 in the container) asks
+		// this server, from the container's network namespace.
+		hc.DNS = []netip.Addr{sn.Gateway}
+	}
 	if spec.Address.IsValid() && r.ownsNetwork() {
 		// The address the Manager chose, whose firewall entry already
 		// exists: the container's first packet meets its policy.
@@ -433,6 +459,33 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 			r.opts.SandboxNetwork: {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: spec.Address}},
 		}}
 	}
+	group := len(spec.Services) > 0
+	if group {
+		// The infra container takes what Docker keeps on a namespace's
+		// owner; the app joins its namespace. Made whatever the caller
+		// does meanwhile, as the app's container is (below).
+		gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
+		defer gcancel()
+		infraID, gerr := r.createGroup(gctx, id, spec, cfg.Labels, cfg.ExposedPorts, hc.PortBindings, hc.DNS)
+		if gerr != nil {
+			return lifecycle.Container{}, gerr
+		}
+		defer func() {
+			if err != nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				defer cancel()
+				r.removeMembers(rctx, id)
+			}
+		}()
+		cfg.Labels = maps.Clone(cfg.Labels)
+		cfg.Labels[LabelGroup] = "true"
+		cfg.Labels[LabelGroupServices] = strings.Join(slices.Sorted(maps.Keys(spec.Services)), ",")
+		cfg.ExposedPorts, cfg.Hostname = nil, ""
+		hc.PortBindings, hc.DNS = nil, nil
+		hc.NetworkMode = container.NetworkMode("container:" + infraID)
+		opts.NetworkingConfig = nil
+	}
+	r.groups.Store(id, group)
 	quota := spec.DiskMB > 0 && !r.noQuota.Load()
 	if quota {
 		// A hard quota on the writable layer where the storage driver has
@@ -467,8 +520,11 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		return lifecycle.Container{}, classify("creating container "+ContainerName(id), err, lifecycle.ErrImageNotFound)
 	}
 	r.owned.Store(id, res.ID)
-	return lifecycle.Container{ID: res.ID, SandboxID: id, State: lifecycle.ContainerCreated}, nil
+	return lifecycle.Container{ID: res.ID, SandboxID: id, State: lifecycle.ContainerCreated, DNSForwarded: forwarded}, nil
 }
+
+// ForwardsDNS implements lifecycle.DNSForwarding.
+func (r *Runtime) ForwardsDNS() bool { return r.opts.ForwardDNS && r.ownsNetwork() }
 
 // volumeLabels are the labels of a workspace volume a create makes: the
 // sandbox's, and the owner its record is (none for a pool container's,
@@ -596,6 +652,13 @@ func (r *Runtime) registryAllowed(image string) (string, bool) {
 
 // Start implements lifecycle.Runtime.
 func (r *Runtime) Start(ctx context.Context, id string) (lifecycle.Container, error) {
+	// (An engine that cannot say is reported by the start below.)
+	if g, err := r.isGroup(ctx, id); err == nil && g {
+		// The network's owner and every service, ready, before the app.
+		if err := r.startGroup(ctx, id); err != nil {
+			return lifecycle.Container{}, err
+		}
+	}
 	err := r.do(ctx, id, "starting container", func(cid string) error {
 		_, err := r.cli.ContainerStart(ctx, cid, client.ContainerStartOptions{})
 		return err
@@ -608,14 +671,37 @@ func (r *Runtime) Start(ctx context.Context, id string) (lifecycle.Container, er
 
 // Pause implements lifecycle.Runtime.
 func (r *Runtime) Pause(ctx context.Context, id string) error {
-	return r.do(ctx, id, "pausing container", func(cid string) error {
+	err := r.do(ctx, id, "pausing container", func(cid string) error {
 		_, err := r.cli.ContainerPause(ctx, cid, client.ContainerPauseOptions{})
 		return err
 	})
+	if g, gerr := r.isGroup(ctx, id); err == nil && gerr == nil && g {
+		// The services after the app (the network's owner runs nothing).
+		err = r.groupDo(ctx, id, true, true, "pausing container", func(cid string) error {
+			_, err := r.cli.ContainerPause(ctx, cid, client.ContainerPauseOptions{})
+			if err != nil && strings.Contains(err.Error(), "already paused") {
+				return nil
+			}
+			return err
+		})
+	}
+	return err
 }
 
 // Unpause implements lifecycle.Runtime.
 func (r *Runtime) Unpause(ctx context.Context, id string) error {
+	if g, err := r.isGroup(ctx, id); err == nil && g {
+		// The services before the app, which may call them at once.
+		if err := r.groupDo(ctx, id, false, true, "unpausing container", func(cid string) error {
+			_, err := r.cli.ContainerUnpause(ctx, cid, client.ContainerUnpauseOptions{})
+			if err != nil && strings.Contains(err.Error(), "is not paused") {
+				return nil
+			}
+			return err
+		}); err != nil {
+			return err
+		}
+	}
 	return r.do(ctx, id, "unpausing container", func(cid string) error {
 		_, err := r.cli.ContainerUnpause(ctx, cid, client.ContainerUnpauseOptions{})
 		return err
@@ -625,10 +711,20 @@ func (r *Runtime) Unpause(ctx context.Context, id string) error {
 // Stop implements lifecycle.Runtime.
 func (r *Runtime) Stop(ctx context.Context, id string) error {
 	secs := int(r.opts.StopTimeout / time.Second)
-	return r.do(ctx, id, "stopping container", func(cid string) error {
+	err := r.do(ctx, id, "stopping container", func(cid string) error {
 		_, err := r.cli.ContainerStop(ctx, cid, client.ContainerStopOptions{Timeout: &secs})
 		return err
 	})
+	if g, gerr := r.isGroup(ctx, id); gerr == nil && g {
+		// The services in reverse order, the network's owner last.
+		if gerr := r.groupDo(ctx, id, true, false, "stopping container", func(cid string) error {
+			_, err := r.cli.ContainerStop(ctx, cid, client.ContainerStopOptions{Timeout: &secs})
+			return err
+		}); err == nil {
+			err = gerr
+		}
+	}
+	return err
 }
 
 // Remove implements lifecycle.Runtime. A container that is missing, or that
@@ -639,17 +735,23 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		return err
 	})
 	if errors.Is(err, lifecycle.ErrContainerNotFound) {
-		return nil
+		err = nil
 	}
 	if err == nil {
 		r.owned.Delete(id)
+		r.groups.Delete(id)
+		err = r.removeMembers(ctx, id)
 	}
 	return err
 }
 
-// RemoveVolume implements lifecycle.Runtime. The size comes from the engine's
-// disk-usage report, read just before removal. A volume that is not this
-// instance's wraps ErrNotFound and is left alone.
+// RemoveVolume implements lifecycle.Runtime: the volumes of the sandbox's
+// services, then its app's. The size comes from the engine's disk-usage
+// report, read just before removal. A volume that is not this instance's
+// wraps ErrNotFound and is left alone. The app's volume goes last: it is
+// what a create asks whose the id's past is (lifecycle.VolumeOwner), so a
+// purge cut short leaves it, and the id stays its owner's until a purge
+// ends.
 func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	name := VolumeName(id)
 	vol, err := r.cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{})
@@ -659,14 +761,42 @@ func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	if !r.owns(id, vol.Volume.Labels) {
 		return 0, notOurs("volume", name, vol.Volume.Labels, lifecycle.ErrNotFound)
 	}
+	freed, err := r.removeMemberVolumes(ctx, id)
+	if err != nil {
+		return freed, err
+	}
 	size, err := r.volumeSize(ctx, name)
 	if err != nil {
-		return 0, err
+		return freed, err
 	}
 	if _, err := r.cli.VolumeRemove(ctx, name, client.VolumeRemoveOptions{Force: true}); err != nil {
-		return 0, classify("removing volume "+name, err, lifecycle.ErrNotFound)
+		return freed, classify("removing volume "+name, err, lifecycle.ErrNotFound)
 	}
-	return size, nil
+	return freed + size, nil
+}
+
+// removeMemberVolumes removes the volumes of sandbox id's services.
+func (r *Runtime) removeMemberVolumes(ctx context.Context, id string) (int64, error) {
+	f := client.Filters{}.Add("label", LabelID+"="+id).Add("name", "s-"+id+"--")
+	res, err := r.cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
+	if err != nil {
+		return 0, classify("listing volumes of "+ContainerName(id), err, lifecycle.ErrNotFound)
+	}
+	var freed int64
+	for _, v := range res.Items {
+		if !strings.HasPrefix(v.Name, "s-"+id+"--") || !r.owns(id, v.Labels) {
+			continue
+		}
+		size, err := r.volumeSize(ctx, v.Name)
+		if err != nil {
+			return freed, err
+		}
+		if _, err := r.cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			return freed, classify("removing volume "+v.Name, err, lifecycle.ErrNotFound)
+		}
+		freed += size
+	}
+	return freed, nil
 }
 
 // volumeSize reads the bytes volume name holds from the engine's disk-usage
@@ -709,7 +839,15 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (lifecycle.Container, 
 		return lifecycle.Container{}, notOurs("container", ContainerName(id), containerLabels(&res.Container), lifecycle.ErrContainerNotFound)
 	}
 	r.owned.Store(id, res.Container.ID)
-	return r.fromInspect(id, &res.Container), nil
+	c := r.fromInspect(id, &res.Container)
+	group := containerLabels(&res.Container)[LabelGroup] == "true"
+	r.groups.Store(id, group)
+	if group {
+		if err := r.memberStates(ctx, id, containerLabels(&res.Container), &c); err != nil {
+			return lifecycle.Container{}, err
+		}
+	}
+	return c, nil
 }
 
 func (r *Runtime) fromInspect(id string, ci *container.InspectResponse) lifecycle.Container {
@@ -729,6 +867,7 @@ func (r *Runtime) fromInspect(id string, ci *container.InspectResponse) lifecycl
 		for _, bs := range hc.PortBindings {
 			c.Published = c.Published || len(bs) > 0
 		}
+		c.DNSForwarded = r.opts.ForwardDNS && len(hc.DNS) > 0
 	}
 	if ns := ci.NetworkSettings; ns != nil {
 		if ep := ns.Networks[r.opts.SandboxNetwork]; ep != nil && len(ep.MacAddress) > 0 {
@@ -796,9 +935,27 @@ func (r *Runtime) List(ctx context.Context) ([]lifecycle.Container, error) {
 		return nil, classify("listing containers", err, lifecycle.ErrContainerNotFound)
 	}
 	out := make([]lifecycle.Container, 0, len(res.Items))
+	// A group's app running beside a member that is not, or without one
+	// it was made with, is listed exited, as Inspect reports it, so that
+	// reconcile looks closer.
+	broken := map[string]bool{}
+	present := map[string][]member{}
 	for _, s := range res.Items {
-		if !r.owns(s.Labels[LabelID], s.Labels) {
+		if s.Labels[LabelMember] == "" || !r.owns(s.Labels[LabelID], s.Labels) {
 			continue
+		}
+		present[s.Labels[LabelID]] = append(present[s.Labels[LabelID]], member{name: s.Labels[LabelMember]})
+		if s.State != container.StateRunning {
+			broken[s.Labels[LabelID]] = true
+		}
+	}
+	for _, s := range res.Items {
+		if !r.owns(s.Labels[LabelID], s.Labels) || s.Labels[LabelMember] != "" {
+			continue
+		}
+		id := s.Labels[LabelID]
+		if s.State == container.StateRunning && s.Labels[LabelGroup] == "true" && (broken[id] || missingService(s.Labels, present[id]) != "") {
+			s.State = container.StateExited
 		}
 		out = append(out, lifecycle.Container{
 			ID:        s.ID,

@@ -44,6 +44,11 @@ func (c *counting) DiskUsage(ctx context.Context, id string) (int64, error) {
 	return c.Runtime.(lifecycle.DiskMeter).DiskUsage(ctx, id)
 }
 
+// GroupDiskUsage passes the measures of a group's services through.
+func (c *counting) GroupDiskUsage(ctx context.Context, id string) (int64, map[string]int64, error) {
+	return c.Runtime.(lifecycle.GroupDiskMeter).GroupDiskUsage(ctx, id)
+}
+
 func (c *counting) Create(ctx context.Context, id string, spec lifecycle.Spec) (lifecycle.Container, error) {
 	c.creates.Add(1)
 	return c.Runtime.Create(ctx, id, spec)
@@ -268,6 +273,11 @@ func TestPauseStopAndWake(t *testing.T) {
 	if code, _ := get(t, upstream(t, woke), "/healthz"); code != 200 {
 		t.Fatalf("after unpause: %d", code)
 	}
+	// At its own address, an unpaused app is not probed by a connect (the
+	// kernel accepts on a frozen process's socket: it proved nothing).
+	if ph, ok := f.m.LastWake(rec.ID); !ok || (f.rt.Direct() && ph.Ready != 0) {
+		t.Fatalf("wake from paused: phases %+v (%v), want no readiness probe in direct mode", ph, ok)
+	}
 
 	if _, err := f.m.Stop(ctx, rec.ID, "api"); err != nil {
 		t.Fatal(err)
@@ -290,6 +300,9 @@ func TestPauseStopAndWake(t *testing.T) {
 	}
 	if code, _ := get(t, upstream(t, woke), "/healthz"); code != 200 {
 		t.Fatalf("after start: %d", code)
+	}
+	if ph, ok := f.m.LastWake(rec.ID); !ok || ph.Ready <= 0 {
+		t.Fatalf("wake from stopped: phases %+v (%v), want a readiness probe", ph, ok)
 	}
 	if f.rt.starts.Load() != 2 { // create + wake
 		t.Fatalf("starts = %d, want 2", f.rt.starts.Load())

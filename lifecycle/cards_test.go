@@ -1,0 +1,44 @@
+package lifecycle_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// TestCardsRideTheActivityFlush: a card is kept in memory (no store
+// write) until the activity flush writes it into the record, from which a
+// manager started afresh over the store reads it; an unchanged card is
+// not written again.
+func TestCardsRideTheActivityFlush(t *testing.T) {
+	env := newTestEnv(t, lifecycle.Config{})
+	rec, err := env.m.Create(context.Background(), lifecycle.CreateRequest{ID: "card", Spec: testSpec()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := lifecycle.Card{Title: "T", Meta: [][2]string{{"og:title", "O"}}}
+	env.m.SetCard(rec.ID, 8080, c)
+	stored, _ := env.st.Get(rec.ID)
+	if len(stored.Cards) != 0 {
+		t.Fatalf("a card was written on SetCard: %+v", stored.Cards)
+	}
+	if got, ok := env.m.Card(rec.ID, 8080); !ok || !got.Equal(c) {
+		t.Fatalf("pending card: %+v %v", got, ok)
+	}
+	if err := env.m.FlushActivity(); err != nil {
+		t.Fatal(err)
+	}
+	stored, _ = env.st.Get(rec.ID)
+	if got := stored.Cards[8080]; !got.Equal(c) {
+		t.Fatalf("after the flush the record holds %+v", stored.Cards)
+	}
+	fresh, err := lifecycle.NewManager(env.st, env.rt, lifecycle.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	if got, ok := fresh.Card(rec.ID, 8080); !ok || !got.Equal(c) {
+		t.Fatalf("a manager over the same store reads %+v %v", got, ok)
+	}
+}
