@@ -102,6 +102,16 @@ func TestServicesRunAsAGroup(t *testing.T) {
 		t.Errorf("record: service states %v, group memory %d MiB (want db running, 96)", rec.ServiceStates, rec.Spec.GroupMemoryMB())
 	}
 	ctx := context.Background()
+	// The infra container is locked down, with room for runc's init (at
+	// Docker's 6 MB floor a start on a loaded host died before the
+	// program ran).
+	infra, err := f.cli.ContainerInspect(ctx, docker.MemberName(rec.ID, "net"), client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hc := infra.Container.HostConfig; hc.Memory < 16<<20 || hc.MemorySwap != hc.Memory || !hc.ReadonlyRootfs || !slices.Equal(hc.CapDrop, []string{"ALL"}) || hc.PidsLimit == nil || *hc.PidsLimit > 8 {
+		t.Errorf("the infra container's limits: memory %d swap %d read-only %v cap_drop %v pids %v", hc.Memory, hc.MemorySwap, hc.ReadonlyRootfs, hc.CapDrop, hc.PidsLimit)
+	}
 	if _, err := f.m.Pause(ctx, rec.ID, "test"); err != nil {
 		t.Fatal(err)
 	}
