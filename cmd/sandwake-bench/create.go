@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -43,13 +42,8 @@ const createTemplates = `template warmpaused {
 // sandbox is destroyed and purged after it answered; a pool is refilled
 // before it is claimed again.
 func createLatency(ctx context.Context, b *bench, iterations int) (*table, error) {
-	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "create"), false)
+	g, err := b.startGateway(ctx, "create", fmt.Sprintf(createTemplates, b.image), false)
 	if err != nil {
-		return nil, err
-	}
-	g.extra = fmt.Sprintf(createTemplates, b.image)
-	b.gateways = append(b.gateways, g)
-	if err := g.start(ctx, g.apiReady); err != nil {
 		return nil, err
 	}
 	defer g.stop()
@@ -204,13 +198,8 @@ const groupTemplates = `template single {
 // container, alternated on one gateway: a pool claim → first byte, a
 // cold create → first byte, and a wake from stopped → first byte.
 func groupLatency(ctx context.Context, b *bench, iterations int) (*table, error) {
-	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "group"), false)
+	g, err := b.startGateway(ctx, "group", fmt.Sprintf(groupTemplates, b.image), false)
 	if err != nil {
-		return nil, err
-	}
-	g.extra = fmt.Sprintf(groupTemplates, b.image)
-	b.gateways = append(b.gateways, g)
-	if err := g.start(ctx, g.apiReady); err != nil {
 		return nil, err
 	}
 	defer g.stop()

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -18,13 +17,8 @@ import (
 func egressCost(ctx context.Context, b *bench, n int) (*table, error) {
 	var sides [2]*gateway
 	for i, extra := range []string{"egress unenforced", ""} {
-		g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, fmt.Sprintf("egress-%d", i)), false)
+		g, err := b.startGateway(ctx, fmt.Sprintf("egress-%d", i), extra, false)
 		if err != nil {
-			return nil, err
-		}
-		g.extra = extra
-		b.gateways = append(b.gateways, g)
-		if err := g.start(ctx, g.apiReady); err != nil {
 			return nil, err
 		}
 		sides[i] = g
@@ -104,12 +98,8 @@ func egressCost(ctx context.Context, b *bench, n int) (*table, error) {
 // two addresses, or of two names (which add the sandbox's name sets to the
 // batch), each woken from stopped, alternated.
 func egressNames(ctx context.Context, b *bench, n int) (*table, error) {
-	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "egress-names"), false)
+	g, err := b.startGateway(ctx, "egress-names", "", false)
 	if err != nil {
-		return nil, err
-	}
-	b.gateways = append(b.gateways, g)
-	if err := g.start(ctx, g.apiReady); err != nil {
 		return nil, err
 	}
 	defer g.stop()

@@ -47,6 +47,22 @@ type gateway struct {
 	exited chan struct{}
 }
 
+// startGateway starts a gateway of the bench's caddy in the bench's
+// directory name, with extra in its global options, and counts it among
+// the gateways the bench stops at its end (the caller may stop it first).
+func (b *bench) startGateway(ctx context.Context, name, extra string, admin bool) (*gateway, error) {
+	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, name), admin)
+	if err != nil {
+		return nil, err
+	}
+	g.extra = extra
+	b.gateways = append(b.gateways, g)
+	if err := g.start(ctx, g.apiReady); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
 func newGateway(bin, dir string, admin bool) (*gateway, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err

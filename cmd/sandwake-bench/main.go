@@ -324,12 +324,8 @@ func (b *bench) mainScenarios(ctx context.Context) error {
 		return err
 	}
 
-	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "gateway"), true)
+	g, err := b.startGateway(ctx, "gateway", "", true)
 	if err != nil {
-		return err
-	}
-	b.gateways = append(b.gateways, g)
-	if err := g.start(ctx, g.apiReady); err != nil {
 		return err
 	}
 	id := "h" + testenv.RunID()
