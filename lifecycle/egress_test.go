@@ -270,11 +270,14 @@ func TestLearned(t *testing.T) {
 			{Name: "b.example.com", Addrs: []netip.Addr{b}, Allowed: true},
 			{Name: "a.example.com", Addrs: []netip.Addr{a}, Allowed: true},
 			{Name: "nx.example.com"},
+			// Under learn a deny entry refused it: a lock must not open it.
+			{Name: "pastebin.com", Addrs: []netip.Addr{netip.MustParseAddr("198.51.100.3")}},
 		},
 		Decisions: []lifecycle.EgressDecision{
 			{Addr: a, Port: 443, Proto: "tcp", Allowed: true, Name: "a.example.com"},
 			{Addr: netip.MustParseAddr("203.0.113.9"), Port: 5432, Proto: "tcp", Allowed: true},
 			{Addr: netip.MustParseAddr("203.0.113.10"), Port: 22, Proto: "tcp"},
+			{Addr: netip.MustParseAddr("198.51.100.3"), Port: 443, Proto: "tcp", Name: "pastebin.com"},
 		},
 	}
 	want := []string{"a.example.com", "b.example.com", "203.0.113.9:5432/tcp"}

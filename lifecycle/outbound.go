@@ -76,8 +76,10 @@ func (m *Manager) EgressLog(id string) (EgressLog, error) {
 }
 
 // Learned is the allow list that what a sandbox did makes: every name it
-// looked up and got addresses for, sorted, then every address it
-// connected to that no lookup gave (as addr:port/proto), sorted.
+// looked up and was let reach (its addresses), sorted, then every address
+// it connected to and was let through that no lookup gave (as
+// addr:port/proto), sorted. What its deny list refused is left out: a lock
+// under none has no deny list to refuse it again.
 func Learned(l EgressLog) []string {
 	var names, addrs []string
 	add := func(s string) {
@@ -87,7 +89,7 @@ func Learned(l EgressLog) []string {
 	}
 	looked := map[netip.Addr]bool{}
 	for _, lk := range l.Lookups {
-		if len(lk.Addrs) == 0 || !ValidEgressName(lk.Name) {
+		if len(lk.Addrs) == 0 || !lk.Allowed || !ValidEgressName(lk.Name) {
 			continue
 		}
 		add(lk.Name)
