@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -272,11 +273,18 @@ func TestTenantOwnsItsServicesPast(t *testing.T) {
 	if _, err := h.Docker.VolumeRemove(ctx, docker.VolumeName(x), client.VolumeRemoveOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	code, body := h.call(tenantBToken, "POST", "/v1/sandboxes", spec)
+	// beta's spec adds a service aux, made (volume and all) before db's
+	// kept volume refuses the create: what the refused create made goes.
+	betaSpec := maps.Clone(spec)
+	betaSpec["services"] = map[string]any{"db": spec["services"].(map[string]any)["db"], "aux": map[string]any{"image": h.Image, "memory_mb": 32}}
+	code, body := h.call(tenantBToken, "POST", "/v1/sandboxes", betaSpec)
 	if code != http.StatusConflict {
 		t.Fatalf("beta creating %s over acme's service volume: %d %s, want 409", x, code, body)
 	}
-	for _, name := range []string{docker.ContainerName(x), docker.MemberName(x, "db")} {
+	if _, err := h.Docker.VolumeInspect(ctx, docker.MemberVolumeName(x, "aux"), client.VolumeInspectOptions{}); err == nil {
+		t.Errorf("beta's refused create left the volume it made for its service aux")
+	}
+	for _, name := range []string{docker.ContainerName(x), docker.MemberName(x, "db"), docker.MemberName(x, "aux"), docker.MemberName(x, "net")} {
 		if _, err := h.Docker.ContainerInspect(ctx, name, client.ContainerInspectOptions{}); err == nil {
 			t.Errorf("beta's refused create left container %s", name)
 		}
@@ -318,5 +326,26 @@ func TestTenantOwnsItsServicesPast(t *testing.T) {
 	}
 	if want := []string{dbVolume, docker.VolumeName(x)}; !slices.Equal(order, want) {
 		t.Errorf("a purge removed %v, want %v (the app's volume last)", order, want)
+	}
+
+	// A purge cut short after the app's volume left the service's: a
+	// purge still removes it.
+	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes", spec); code != 201 {
+		t.Fatalf("acme creates %s a third time: %d %s", x, code, body)
+	}
+	if code, body := h.call(tenantAToken, "DELETE", "/v1/sandboxes/"+x, nil); code != 204 {
+		t.Fatalf("acme destroys %s a third time: %d %s", x, code, body)
+	}
+	if _, err := h.Docker.VolumeRemove(ctx, docker.VolumeName(x), client.VolumeRemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes/"+x+"/purge", nil); code != 200 {
+		t.Fatalf("acme purges %s with only its service's volume left: %d %s", x, code, body)
+	}
+	if _, err := h.Docker.VolumeInspect(ctx, dbVolume, client.VolumeInspectOptions{}); err == nil {
+		t.Errorf("a purge left the service's volume %s", dbVolume)
+	}
+	if code, body := h.call(tenantAToken, "POST", "/v1/sandboxes/"+x+"/purge", nil); code != 404 {
+		t.Errorf("purging %s with nothing left: %d %s, want 404", x, code, body)
 	}
 }

@@ -344,33 +344,15 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		return lifecycle.Container{}, err
 	}
 	labels := r.labels(id)
-	madeVolume := false
 	// From the volume on, what this create makes is made whatever the
 	// caller does meanwhile (see the container create below): a caller
 	// giving up between the engine's making of the volume and its answer
 	// would otherwise leave the volume unrecorded and the create half done.
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 	defer vcancel()
-	vol, err := r.cli.VolumeInspect(vctx, VolumeName(id), client.VolumeInspectOptions{})
-	switch {
-	case err == nil:
-		if !r.owns(id, vol.Volume.Labels) {
-			return lifecycle.Container{}, notOurs("volume", VolumeName(id), vol.Volume.Labels, lifecycle.ErrIDTaken)
-		}
-	case cerrdefs.IsNotFound(err):
-		// Creating a volume under an existing name returns that volume, so
-		// its labels are checked again: another gateway may have made it
-		// between the inspect and the create.
-		made, err := r.cli.VolumeCreate(vctx, client.VolumeCreateOptions{Name: VolumeName(id), Labels: volumeLabels(labels, spec)})
-		if err != nil {
-			return lifecycle.Container{}, classify("creating volume "+VolumeName(id), err, lifecycle.ErrNotFound)
-		}
-		if !r.owns(id, made.Volume.Labels) {
-			return lifecycle.Container{}, notOurs("volume", VolumeName(id), made.Volume.Labels, lifecycle.ErrIDTaken)
-		}
-		madeVolume = true
-	default:
-		return lifecycle.Container{}, classify("inspecting volume "+VolumeName(id), err, lifecycle.ErrNotFound)
+	madeVolume, err := r.ensureVolume(vctx, id, VolumeName(id), labels, spec, false)
+	if err != nil {
+		return lifecycle.Container{}, err
 	}
 	defer func() {
 		if err != nil && madeVolume {
@@ -466,7 +448,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		// does meanwhile, as the app's container is (below).
 		gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), createTimeout)
 		defer gcancel()
-		infraID, gerr := r.createGroup(gctx, id, spec, cfg.Labels, cfg.ExposedPorts, hc.PortBindings, hc.DNS)
+		infraID, volumes, gerr := r.createGroup(gctx, id, spec, cfg.Labels, cfg.ExposedPorts, hc.PortBindings, hc.DNS)
 		if gerr != nil {
 			return lifecycle.Container{}, gerr
 		}
@@ -475,6 +457,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 				defer cancel()
 				r.removeMembers(rctx, id)
+				r.removeVolumes(rctx, volumes)
 			}
 		}()
 		cfg.Labels = maps.Clone(cfg.Labels)
@@ -755,13 +738,24 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	name := VolumeName(id)
 	vol, err := r.cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		// The app's volume gone (a purge cut short after it, a create
+		// that failed past its services' volumes in an earlier release):
+		// the services' volumes still go, or nothing could ever remove
+		// them.
+		freed, n, merr := r.removeMemberVolumes(ctx, id)
+		if merr == nil && n == 0 {
+			merr = classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
+		}
+		return freed, merr
+	}
 	if err != nil {
 		return 0, classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
 	}
 	if !r.owns(id, vol.Volume.Labels) {
 		return 0, notOurs("volume", name, vol.Volume.Labels, lifecycle.ErrNotFound)
 	}
-	freed, err := r.removeMemberVolumes(ctx, id)
+	freed, _, err := r.removeMemberVolumes(ctx, id)
 	if err != nil {
 		return freed, err
 	}
@@ -775,28 +769,29 @@ func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	return freed + size, nil
 }
 
-// removeMemberVolumes removes the volumes of sandbox id's services.
-func (r *Runtime) removeMemberVolumes(ctx context.Context, id string) (int64, error) {
+// removeMemberVolumes removes the volumes of sandbox id's services: the
+// bytes they held and how many.
+func (r *Runtime) removeMemberVolumes(ctx context.Context, id string) (freed int64, n int, err error) {
 	f := client.Filters{}.Add("label", LabelID+"="+id).Add("name", "s-"+id+"--")
 	res, err := r.cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
 	if err != nil {
-		return 0, classify("listing volumes of "+ContainerName(id), err, lifecycle.ErrNotFound)
+		return 0, 0, classify("listing volumes of "+ContainerName(id), err, lifecycle.ErrNotFound)
 	}
-	var freed int64
 	for _, v := range res.Items {
 		if !strings.HasPrefix(v.Name, "s-"+id+"--") || !r.owns(id, v.Labels) {
 			continue
 		}
 		size, err := r.volumeSize(ctx, v.Name)
 		if err != nil {
-			return freed, err
+			return freed, n, err
 		}
 		if _, err := r.cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			return freed, classify("removing volume "+v.Name, err, lifecycle.ErrNotFound)
+			return freed, n, classify("removing volume "+v.Name, err, lifecycle.ErrNotFound)
 		}
 		freed += size
+		n++
 	}
-	return freed, nil
+	return freed, n, nil
 }
 
 // volumeSize reads the bytes volume name holds from the engine's disk-usage

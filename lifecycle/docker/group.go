@@ -145,24 +145,25 @@ func (r *Runtime) removeMembers(ctx context.Context, id string) error {
 
 // createGroup makes the infra container (with the address, DNS, ports and
 // hostname an app container would have had) and the services, in start
-// order, each with a volume of its own. On failure what it made is removed.
-// It returns the infra container's engine id, whose namespace the app
-// joins.
-func (r *Runtime) createGroup(ctx context.Context, id string, spec lifecycle.Spec, labels map[string]string, ports network.PortSet, bindings network.PortMap, dns []netip.Addr) (infraID string, err error) {
+// order, each with a volume of its own. On failure what it made is removed,
+// the volumes it made with the containers. It returns the infra
+// container's engine id, whose namespace the app joins, and the volumes it
+// made (for the caller to remove if the app's create fails).
+func (r *Runtime) createGroup(ctx context.Context, id string, spec lifecycle.Spec, labels map[string]string, ports network.PortSet, bindings network.PortMap, dns []netip.Addr) (infraID string, madeVolumes []string, err error) {
 	order, err := lifecycle.ServiceOrder(spec.Services)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", lifecycle.ErrInvalid, err)
+		return "", nil, fmt.Errorf("%w: %v", lifecycle.ErrInvalid, err)
 	}
 	for _, name := range order {
 		if err := r.ensureImage(ctx, spec.Services[name].Image); err != nil {
-			return "", &lifecycle.ServiceError{Service: name, Err: err}
+			return "", nil, &lifecycle.ServiceError{Service: name, Err: err}
 		}
 	}
 	ref, err := r.ensureInfraImage(ctx)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	var made []string
+	var made, volumes []string // (the named results are nil on a failure's return)
 	defer func() {
 		if err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -170,6 +171,7 @@ func (r *Runtime) createGroup(ctx context.Context, id string, spec lifecycle.Spe
 			for _, cid := range slices.Backward(made) {
 				r.cli.ContainerRemove(rctx, cid, client.ContainerRemoveOptions{Force: true})
 			}
+			r.removeVolumes(rctx, volumes)
 		}
 	}()
 	memberLabels := func(name string, order int, ready string) map[string]string {
@@ -204,15 +206,19 @@ func (r *Runtime) createGroup(ctx context.Context, id string, spec lifecycle.Spe
 	}
 	res, err := r.cli.ContainerCreate(ctx, infra)
 	if err != nil {
-		return "", classify("creating container "+MemberName(id, infraMember), err, lifecycle.ErrImageNotFound)
+		return "", nil, classify("creating container "+MemberName(id, infraMember), err, lifecycle.ErrImageNotFound)
 	}
 	made = append(made, res.ID)
 	infraID = res.ID
 	for i, name := range order {
 		svc := spec.Services[name]
 		vol := MemberVolumeName(id, name)
-		if err := r.ensureMemberVolume(ctx, id, vol, labels, spec); err != nil {
-			return "", &lifecycle.ServiceError{Service: name, Err: err}
+		madeVol, err := r.ensureVolume(ctx, id, vol, labels, spec, true)
+		if err != nil {
+			return "", nil, &lifecycle.ServiceError{Service: name, Err: err}
+		}
+		if madeVol {
+			volumes = append(volumes, vol)
 		}
 		env := make([]string, 0, len(svc.Env))
 		for _, k := range slices.Sorted(maps.Keys(svc.Env)) {
@@ -249,11 +255,11 @@ func (r *Runtime) createGroup(ctx context.Context, id string, spec lifecycle.Spe
 			res, err = r.cli.ContainerCreate(ctx, opts)
 		}
 		if err != nil {
-			return "", &lifecycle.ServiceError{Service: name, Err: classify("creating container "+MemberName(id, name), err, lifecycle.ErrImageNotFound)}
+			return "", nil, &lifecycle.ServiceError{Service: name, Err: classify("creating container "+MemberName(id, name), err, lifecycle.ErrImageNotFound)}
 		}
 		made = append(made, res.ID)
 	}
-	return infraID, nil
+	return infraID, volumes, nil
 }
 
 // infraMemoryMB bounds the infra container's memory. Its program holds a
@@ -266,31 +272,43 @@ const infraMemoryMB = 32
 
 func ptr[T any](v T) *T { return &v }
 
-// ensureMemberVolume makes a service's volume, or checks that the one
-// under its name is this instance's (and, for a sandbox with an owner,
-// its owner's, as the app's volume: security III's re-create check).
-func (r *Runtime) ensureMemberVolume(ctx context.Context, id, name string, labels map[string]string, spec lifecycle.Spec) error {
+// removeVolumes removes the volumes a failed create made (its own, just
+// made: no label to check), as far as it can.
+func (r *Runtime) removeVolumes(ctx context.Context, names []string) {
+	for _, name := range names {
+		r.cli.VolumeRemove(ctx, name, client.VolumeRemoveOptions{})
+	}
+}
+
+// ensureVolume makes volume name of sandbox id, or checks that the one
+// under that name is this instance's; made says it made it. With owner (a
+// service's volume) a kept volume must also be the spec's owner's, as
+// the lifecycle checks the app's before a create (security III's
+// re-create check). Creating a volume under an existing name returns that
+// volume, so its labels are checked again: another gateway may have made
+// it between the inspect and the create.
+func (r *Runtime) ensureVolume(ctx context.Context, id, name string, labels map[string]string, spec lifecycle.Spec, owner bool) (made bool, err error) {
 	vol, err := r.cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{})
 	switch {
 	case err == nil:
 		if !r.owns(id, vol.Volume.Labels) {
-			return notOurs("volume", name, vol.Volume.Labels, lifecycle.ErrIDTaken)
+			return false, notOurs("volume", name, vol.Volume.Labels, lifecycle.ErrIDTaken)
 		}
-		if inc := vol.Volume.Labels[LabelOwnerIncarnation]; inc != "" && spec.Incarnation != "" && inc != spec.Incarnation && !sameOwner(vol.Volume.Labels, spec) {
-			return fmt.Errorf("%w: volume %s was kept for another owner", lifecycle.ErrIDTaken, name)
+		if inc := vol.Volume.Labels[LabelOwnerIncarnation]; owner && inc != "" && spec.Incarnation != "" && inc != spec.Incarnation && !sameOwner(vol.Volume.Labels, spec) {
+			return false, fmt.Errorf("%w: volume %s was kept for another owner", lifecycle.ErrIDTaken, name)
 		}
-		return nil
+		return false, nil
 	case cerrdefs.IsNotFound(err):
-		made, err := r.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: name, Labels: volumeLabels(labels, spec)})
+		res, err := r.cli.VolumeCreate(ctx, client.VolumeCreateOptions{Name: name, Labels: volumeLabels(labels, spec)})
 		if err != nil {
-			return classify("creating volume "+name, err, lifecycle.ErrNotFound)
+			return false, classify("creating volume "+name, err, lifecycle.ErrNotFound)
 		}
-		if !r.owns(id, made.Volume.Labels) {
-			return notOurs("volume", name, made.Volume.Labels, lifecycle.ErrIDTaken)
+		if !r.owns(id, res.Volume.Labels) {
+			return false, notOurs("volume", name, res.Volume.Labels, lifecycle.ErrIDTaken)
 		}
-		return nil
+		return true, nil
 	default:
-		return classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
+		return false, classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
 	}
 }
 
