@@ -47,10 +47,7 @@ func TestDashboardRowActionsFit(t *testing.T) {
 	ctx := gatewaytest.NewBrowser(t, chromedp.WindowSize(1280, 800))
 	gatewaytest.Browse(t, ctx, "signing in",
 		chromedp.EmulateViewport(1280, 800),
-		chromedp.Navigate(srv.URL+"/"),
-		chromedp.WaitVisible(chromedp.ID("token-form")),
-		chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		signIn(srv.URL+"/", gatewaytest.Token),
 		chromedp.WaitVisible(rowSel(id, `td.state[data-state="running"]`)),
 	)
 

@@ -151,6 +151,16 @@ func handleDialogs(t *testing.T, ctx context.Context) *dialogs {
 	return d
 }
 
+// signIn opens the dashboard at url and signs in with token.
+func signIn(url, token string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(
+		chromedp.Navigate(url),
+		chromedp.WaitVisible(chromedp.ID("token-form")),
+		chromedp.SendKeys(chromedp.ID("token-input"), token),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+	)
+}
+
 // rowSel is a CSS selector inside the dashboard row of sandbox id.
 func rowSel(id, inner string) chromedp.CSS {
 	return chromedp.CSS(fmt.Sprintf(`tr[data-id=%q] %s`, id, inner))
@@ -196,10 +206,7 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	gatewaytest.Browse(t, ctx, "signing in",
 		chromedp.EmulateViewport(1280, 800),
-		chromedp.Navigate(srv.URL+"/"),
-		chromedp.WaitVisible(chromedp.ID("token-form")),
-		chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		signIn(srv.URL+"/", gatewaytest.Token),
 		chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
 		chromedp.WaitVisible(rowSel(b.ID, `td.state[data-state="paused"]`)),
 	)
@@ -420,10 +427,7 @@ func TestDashboardWithoutEventsInBrowser(t *testing.T) {
 	ctx := gatewaytest.NewBrowser(t)
 	gatewaytest.Browse(t, ctx, "signing in",
 		chromedp.EmulateViewport(1280, 800),
-		chromedp.Navigate(srv.URL+"/index.html"),
-		chromedp.WaitVisible(chromedp.ID("token-form")),
-		chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		signIn(srv.URL+"/index.html", gatewaytest.Token),
 		chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#live[data-status="offline"]`)),
 	)

@@ -153,10 +153,7 @@ func TestDashboardShowsEgress(t *testing.T) {
 			srv := newDashboardServer(t, h, true)
 			ctx := gatewaytest.NewBrowser(t, chromedp.WindowSize(1280, 800))
 			gatewaytest.Browse(t, ctx, "signing in",
-				chromedp.Navigate(srv.URL+"/"),
-				chromedp.WaitVisible(chromedp.ID("token-form")),
-				chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-				chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+				signIn(srv.URL+"/", gatewaytest.Token),
 				chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
 			)
 			type facts struct {
@@ -359,10 +356,7 @@ func TestDashboardEgressLog(t *testing.T) {
 	dlg := handleDialogs(t, ctx)
 	gatewaytest.Browse(t, ctx, "opening the egress log",
 		chromedp.EmulateViewport(1280, 800),
-		chromedp.Navigate(srv.URL+"/"),
-		chromedp.WaitVisible(chromedp.ID("token-form")),
-		chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		signIn(srv.URL+"/", gatewaytest.Token),
 		chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
 		chromedp.Click(rowSel(a.ID, `.sub.egress button[data-egress]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#egress-lookups tr[data-name="pastebin.com"] button[data-allow]`)),

@@ -164,10 +164,7 @@ func TestDashboardShowsIsolation(t *testing.T) {
 			srv := newDashboardServer(t, h, true)
 			ctx := gatewaytest.NewBrowser(t, chromedp.WindowSize(1280, 800))
 			gatewaytest.Browse(t, ctx, "signing in",
-				chromedp.Navigate(srv.URL+"/"),
-				chromedp.WaitVisible(chromedp.ID("token-form")),
-				chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-				chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+				signIn(srv.URL+"/", gatewaytest.Token),
 				chromedp.WaitVisible(rowSel(a.ID, `td.state[data-state="running"]`)),
 			)
 			type banner struct {

@@ -127,10 +127,7 @@ func TestDashboardPagesInBrowser(t *testing.T) {
 		return gatewaytest.Evaluate[int](t, ctx, `document.querySelectorAll("#rows tr[data-id]").length`)
 	}
 	gatewaytest.Browse(t, ctx, "signing in",
-		chromedp.Navigate(srv.URL+"/"),
-		chromedp.WaitVisible(chromedp.ID("token-form")),
-		chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		signIn(srv.URL+"/", gatewaytest.Token),
 		chromedp.WaitVisible(chromedp.ID("more-button")),
 	)
 	if got := rowsShown(); got != 500 {

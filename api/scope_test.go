@@ -263,10 +263,7 @@ func TestDashboardScopes(t *testing.T) {
 		t.Run(tc.scope, func(t *testing.T) {
 			ctx := gatewaytest.NewBrowser(t, chromedp.WindowSize(1280, 800))
 			gatewaytest.Browse(t, ctx, "signing in",
-				chromedp.Navigate(srv.URL+"/"),
-				chromedp.WaitVisible(chromedp.ID("token-form")),
-				chromedp.SendKeys(chromedp.ID("token-input"), tc.token),
-				chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+				signIn(srv.URL+"/", tc.token),
 				chromedp.WaitVisible(rowSel(mine, `td.state[data-state="running"]`)),
 			)
 			var f facts

@@ -17,10 +17,9 @@ func serviceSpecs(in map[string]client.Service) map[string]lifecycle.Service {
 	}
 	out := make(map[string]lifecycle.Service, len(in))
 	for name, s := range in {
-		out[name] = lifecycle.Service{
-			Image: s.Image, Cmd: s.Cmd, Env: s.Env, MemoryMB: s.MemoryMB, CPUs: s.CPUs, DiskMB: s.DiskMB,
-			Ready: s.Ready, WorkspacePath: s.WorkspacePath, DependsOn: s.DependsOn,
-		}
+		// The wire type lists the engine's fields, in order: a field
+		// added to one and not the other stops this from compiling.
+		out[name] = lifecycle.Service(s)
 	}
 	return out
 }

@@ -32,10 +32,7 @@ func TestDashboardServicesInBrowser(t *testing.T) {
 	ctx := gatewaytest.NewBrowser(t, chromedp.WindowSize(1280, 800))
 	gatewaytest.Browse(t, ctx, "signing in and seeing the group",
 		chromedp.EmulateViewport(1280, 800),
-		chromedp.Navigate(srv.URL+"/"),
-		chromedp.WaitVisible(chromedp.ID("token-form")),
-		chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		signIn(srv.URL+"/", gatewaytest.Token),
 		chromedp.WaitVisible(rowSel(id, `.services .member[data-service="db"][data-state="running"]`)),
 		chromedp.WaitVisible(rowSel(id, `.services .member[data-service="cache"][data-state="running"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#live[data-status="live"]`)),

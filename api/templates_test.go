@@ -94,10 +94,7 @@ func TestDashboardTemplatesInBrowser(t *testing.T) {
 	srv := newDashboardServer(t, h, true)
 	ctx := gatewaytest.NewBrowser(t, chromedp.WindowSize(1280, 800))
 	gatewaytest.Browse(t, ctx, "signing in and seeing the templates",
-		chromedp.Navigate(srv.URL+"/"),
-		chromedp.WaitVisible(chromedp.ID("token-form")),
-		chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		signIn(srv.URL+"/", gatewaytest.Token),
 		chromedp.WaitVisible(chromedp.CSS(`#templates li[data-template="web"] .pool[data-idle="1"]`)),
 	)
 	text := gatewaytest.Evaluate[string](t, ctx, `document.querySelector('#templates li[data-template="web"]').textContent`)

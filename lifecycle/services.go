@@ -98,13 +98,7 @@ func ParseReady(s string) (mode string, port int, path string, err error) {
 // depends on, otherwise by name. It fails on an unknown dependency or a
 // cycle, naming them.
 func ServiceOrder(services map[string]Service) ([]string, error) {
-	names := slices.Sorted(func(yield func(string) bool) {
-		for n := range services {
-			if !yield(n) {
-				return
-			}
-		}
-	})
+	names := slices.Sorted(maps.Keys(services))
 	var order []string
 	state := map[string]int{} // 1 visiting, 2 done
 	var visit func(n string, path []string) error
