@@ -39,34 +39,62 @@ func (c Card) Equal(o Card) bool {
 	return true
 }
 
-// cards are the cards not yet written, by sandbox and port.
+// cards are the cards not yet written, and the last card each sandbox's
+// port showed: a page load whose card did not change costs a comparison,
+// not a store read.
 type cards struct {
 	mu      sync.Mutex
 	pending map[string]map[int]Card
+	seen    map[string]map[int]Card
 }
 
 // SetCard keeps the card of sandbox id's port, written at the next
 // activity flush when it changed.
 func (m *Manager) SetCard(id string, port int, c Card) {
-	if cur, ok := m.Card(id, port); ok && cur.Equal(c) {
-		return
+	m.cards.mu.Lock()
+	prev, known := m.cards.seen[id][port]
+	m.cards.mu.Unlock()
+	if !known {
+		// The first page load since this process started: the
+		// record's card, read once.
+		rec, err := m.store.Get(id)
+		if err != nil {
+			return // gone
+		}
+		prev, known = rec.Cards[port]
 	}
+	changed := !known || !prev.Equal(c)
 	m.cards.mu.Lock()
 	defer m.cards.mu.Unlock()
-	if m.cards.pending == nil {
-		m.cards.pending = map[string]map[int]Card{}
+	setCard(&m.cards.seen, id, port, c)
+	if changed {
+		setCard(&m.cards.pending, id, port, c)
 	}
-	if m.cards.pending[id] == nil {
-		m.cards.pending[id] = map[int]Card{}
-	}
-	m.cards.pending[id][port] = c
 }
 
-// Card returns the card of sandbox id's port: the one waiting for the
-// flush, else the record's.
+func setCard(in *map[string]map[int]Card, id string, port int, c Card) {
+	if *in == nil {
+		*in = map[string]map[int]Card{}
+	}
+	if (*in)[id] == nil {
+		(*in)[id] = map[int]Card{}
+	}
+	(*in)[id][port] = c
+}
+
+// forgetCards drops what is kept of a sandbox whose record went.
+func (m *Manager) forgetCards(id string) {
+	m.cards.mu.Lock()
+	defer m.cards.mu.Unlock()
+	delete(m.cards.seen, id)
+	delete(m.cards.pending, id)
+}
+
+// Card returns the card of sandbox id's port: the last one seen (written
+// or waiting for the flush), else the record's.
 func (m *Manager) Card(id string, port int) (Card, bool) {
 	m.cards.mu.Lock()
-	c, ok := m.cards.pending[id][port]
+	c, ok := m.cards.seen[id][port]
 	m.cards.mu.Unlock()
 	if ok {
 		return c, true

@@ -33,6 +33,10 @@ func TestCardsRideTheActivityFlush(t *testing.T) {
 	if got := stored.Cards[8080]; !got.Equal(c) {
 		t.Fatalf("after the flush the record holds %+v", stored.Cards)
 	}
+	env.m.SetCard(rec.ID, 8080, lifecycle.Card{Title: "T", Meta: [][2]string{{"og:title", "O"}}})
+	if n := env.m.PendingCards(); n != 0 {
+		t.Errorf("an unchanged card waits to be written again (%d pending)", n)
+	}
 	fresh, err := lifecycle.NewManager(env.st, env.rt, lifecycle.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -40,5 +44,24 @@ func TestCardsRideTheActivityFlush(t *testing.T) {
 	defer fresh.Close()
 	if got, ok := fresh.Card(rec.ID, 8080); !ok || !got.Equal(c) {
 		t.Fatalf("a manager over the same store reads %+v %v", got, ok)
+	}
+	// A manager started afresh compares a page's card with the record's.
+	fresh.SetCard(rec.ID, 8080, c)
+	if n := fresh.PendingCards(); n != 0 {
+		t.Errorf("a fresh manager would write the record's own card again (%d pending)", n)
+	}
+	fresh.SetCard(rec.ID, 8080, lifecycle.Card{Title: "T2"})
+	if n := fresh.PendingCards(); n != 1 {
+		t.Errorf("a changed card: %d pending, want 1", n)
+	}
+	// A destroyed sandbox's cards are forgotten.
+	if err := fresh.Destroy(context.Background(), rec.ID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if n := fresh.PendingCards(); n != 0 {
+		t.Errorf("a destroyed sandbox's card still waits (%d pending)", n)
+	}
+	if _, ok := fresh.Card(rec.ID, 8080); ok {
+		t.Errorf("a destroyed sandbox still has a card")
 	}
 }

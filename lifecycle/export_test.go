@@ -52,3 +52,14 @@ func (m *Manager) UnrecordedSettled() bool {
 	defer m.unrecorded.mu.Unlock()
 	return !m.unrecorded.looping && len(m.unrecorded.ids) == 0
 }
+
+// PendingCards is how many cards wait for the activity flush.
+func (m *Manager) PendingCards() int {
+	m.cards.mu.Lock()
+	defer m.cards.mu.Unlock()
+	n := 0
+	for _, byPort := range m.cards.pending {
+		n += len(byPort)
+	}
+	return n
+}

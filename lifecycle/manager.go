@@ -574,6 +574,7 @@ func (m *Manager) setState(id string, to State) {
 	}
 	if to == "" {
 		delete(m.states, id)
+		m.forgetCards(id)
 		return
 	}
 	m.states[id] = to

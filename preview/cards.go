@@ -52,6 +52,12 @@ type cardWriter struct {
 }
 
 func (c *cardWriter) WriteHeader(code int) {
+	if code < http.StatusOK {
+		// An informational answer (103 Early Hints) comes before the
+		// page's own.
+		c.ResponseWriterWrapper.WriteHeader(code)
+		return
+	}
 	if !c.wrote {
 		c.wrote = true
 		h := c.Header()
@@ -124,7 +130,7 @@ func (g *Handler) readCard(e *gateway.Gateway, id string, port int, host, upstre
 	if err != nil || (u.Host != "" && !strings.EqualFold(u.Host, host)) || !strings.HasPrefix(u.Path, "/") {
 		return // elsewhere: left as it is
 	}
-	if g.cardImages.has(id, port, u.RequestURI()) {
+	if !g.cardImages.claim(id, port, u.RequestURI(), time.Now()) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -272,9 +278,10 @@ var cardImagesKept atomic.Int64
 
 // cardImages keeps og:images of sandboxes' own hosts, bounded.
 type cardImages struct {
-	mu   sync.Mutex
-	by   map[string]cardImg
-	keys []string // oldest first
+	mu    sync.Mutex
+	by    map[string]cardImg
+	keys  []string             // oldest first
+	tried map[string]time.Time // fetches under way or failed, when
 }
 
 type cardImg struct {
@@ -286,11 +293,38 @@ func imgKey(id string, port int, path string) string {
 	return id + "\x00" + strconv.Itoa(port) + "\x00" + path
 }
 
-func (ci *cardImages) has(id string, port int, path string) bool {
+// cardImageRetry is how long an og:image whose fetch is under way or
+// failed (not found, not an image, too big) is not fetched again: a page
+// load does not cost its sandbox a fetch each time.
+const cardImageRetry = time.Minute
+
+// claim reports whether the og:image at path is to be fetched now: not
+// kept, and not tried in the last cardImageRetry. A true claims it.
+func (ci *cardImages) claim(id string, port int, path string, now time.Time) bool {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
-	_, ok := ci.by[imgKey(id, port, path)]
-	return ok
+	k := imgKey(id, port, path)
+	if _, ok := ci.by[k]; ok {
+		return false
+	}
+	if t, ok := ci.tried[k]; ok && now.Sub(t) < cardImageRetry {
+		return false
+	}
+	if len(ci.tried) >= 4*cardImagesMax {
+		for k, t := range ci.tried {
+			if now.Sub(t) >= cardImageRetry {
+				delete(ci.tried, k)
+			}
+		}
+		if len(ci.tried) >= 4*cardImagesMax {
+			return false // that many fetches under way or failed: later
+		}
+	}
+	if ci.tried == nil {
+		ci.tried = map[string]time.Time{}
+	}
+	ci.tried[k] = now
+	return true
 }
 
 func (ci *cardImages) put(id string, port int, path, ctype string, body []byte) {
@@ -300,6 +334,7 @@ func (ci *cardImages) put(id string, port int, path, ctype string, body []byte) 
 		ci.by = map[string]cardImg{}
 	}
 	k := imgKey(id, port, path)
+	delete(ci.tried, k)
 	if _, ok := ci.by[k]; !ok {
 		ci.keys = append(ci.keys, k)
 	}
