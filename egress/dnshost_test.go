@@ -22,7 +22,6 @@ type record struct {
 // server inside the test hosts' namespace, on the namespace's end of the
 // veth pair, answering its zone and counting the queries per name.
 type dnsHost struct {
-	addr netip.Addr
 	mu   sync.Mutex
 	zone map[string]record
 	asks map[string]int
@@ -33,17 +32,24 @@ type dnsHost struct {
 // serveDNS starts the server in h's namespace on h.private:53.
 func (h *testHosts) serveDNS(t testing.TB, zone map[string]record) *dnsHost {
 	t.Helper()
-	d := &dnsHost{addr: h.private, zone: map[string]record{}, asks: map[string]int{}}
+	return h.serveDNSAt(t, h.private, zone)
+}
+
+// serveDNSAt starts the server in h's namespace on at:53 (one of its
+// addresses).
+func (h *testHosts) serveDNSAt(t testing.TB, at netip.Addr, zone map[string]record) *dnsHost {
+	t.Helper()
+	d := &dnsHost{zone: map[string]record{}, asks: map[string]int{}}
 	for n, r := range zone {
 		d.zone[dns.Fqdn(n)] = r
 	}
 	var servers []*dns.Server
 	err := h.inNS(func() error {
-		pc, err := net.ListenPacket("udp", netip.AddrPortFrom(h.private, 53).String())
+		pc, err := net.ListenPacket("udp", netip.AddrPortFrom(at, 53).String())
 		if err != nil {
 			return err
 		}
-		ln, err := net.Listen("tcp", netip.AddrPortFrom(h.private, 53).String())
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(at, 53).String())
 		if err != nil {
 			pc.Close()
 			return err

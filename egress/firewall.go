@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -269,13 +270,14 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 // timeout when the element is added again with another (Linux 6.x does;
 // older kernels keep the first, and the forwarder then deletes and adds
 // an element it renews, at a cost of milliseconds per commit). The probe
-// uses a table of its own, removed after.
+// uses a table of its own, removed after, named apart from any other
+// gateway's probe (gateways in containers of their own are each pid 1).
 func probeTimeoutUpdates() bool {
 	c, err := newConn()
 	if err != nil {
 		return false
 	}
-	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: fmt.Sprintf("sandwake-probe-%d", os.Getpid())})
+	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: fmt.Sprintf("sandwake-probe-%d-%08x", os.Getpid(), rand.Uint32())})
 	defer func() {
 		c.DelTable(t)
 		c.Flush()
@@ -631,7 +633,7 @@ func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry, sb *sandbo
 			return err
 		}
 		if len(els) > 0 {
-			if err := c.SetAddElements(s, setElements(els, 0)); err != nil {
+			if err := c.SetAddElements(s, setElements(els)); err != nil {
 				return err
 			}
 		}

@@ -44,6 +44,8 @@ func newManyRig(t testing.TB) *nameRig {
 	r := newNameRig(t, nil)
 	p := manyHosts(t, r.hosts)
 	base := p.Addr().As4()
+	r.dns.mu.Lock() // ServeDNS reads it under the lock, in the server's goroutines
+	defer r.dns.mu.Unlock()
 	r.dns.dynamic = func(name string) (record, bool) {
 		var i int
 		if _, err := fmt.Sscanf(name, "h%d.many.test.", &i); err != nil || i < 0 || i >= 65000 {

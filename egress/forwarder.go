@@ -151,7 +151,7 @@ func (fw *forwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	addrs, ttl := dnswire.AnswerAddrs(resp, q.Name)
-	if len(addrs) > 0 || q.Qtype == dns.TypeA {
+	if len(addrs) > 0 {
 		if err := f.answered(sb, name, addrs, ttl, now); err != nil {
 			// The first connect would be refused: better no answer.
 			f.log.Warn("dns forwarder: opening an answer", zap.String("id", sb.id), zap.String("name", name), zap.Error(err))
@@ -178,9 +178,6 @@ func (f *Firewall) answered(sb *sandbox, name string, addrs []netip.Addr, ttl ui
 	keep := min(max(time.Duration(ttl)*time.Second, minTTL), maxTTL)
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
-	if len(addrs) == 0 {
-		return nil
-	}
 	sb.remember(name, addrs, now.Add(keep), now)
 	sets := map[string][]element{}
 	sb.fill(sets, name, addrs, keep, f.opensPrivate)
@@ -214,16 +211,16 @@ func (f *Firewall) answered(sb *sandbox, name string, addrs []netip.Addr, ttl ui
 			}
 			sb.written[key] = written{timeout: els[i].timeout, expires: now.Add(els[i].timeout)}
 		}
-		if err := c.SetAddElements(s, setElements(els, 0)); err != nil {
+		if err := c.SetAddElements(s, setElements(els)); err != nil {
 			return err
 		}
 		if len(renew) > 0 {
 			// A kernel that keeps the first timeout of an element added
 			// again: deleted and added anew in the same batch (slower).
-			if err := c.SetDeleteElements(s, setElements(renew, 0)); err != nil {
+			if err := c.SetDeleteElements(s, setElements(renew)); err != nil {
 				return err
 			}
-			if err := c.SetAddElements(s, setElements(renew, 0)); err != nil {
+			if err := c.SetAddElements(s, setElements(renew)); err != nil {
 				return err
 			}
 		}
@@ -231,15 +228,12 @@ func (f *Firewall) answered(sb *sandbox, name string, addrs []netip.Addr, ttl ui
 	return c.Flush()
 }
 
-// setElements are els as set elements; timeout overrides theirs when set.
-func setElements(els []element, timeout time.Duration) []nftables.SetElement {
+// setElements are els as set elements.
+func setElements(els []element) []nftables.SetElement {
 	out := make([]nftables.SetElement, len(els))
 	for i, e := range els {
 		k := e.addr.As4()
 		out[i] = nftables.SetElement{Key: k[:], Timeout: e.timeout}
-		if timeout != 0 {
-			out[i].Timeout = timeout
-		}
 	}
 	return out
 }

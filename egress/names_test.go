@@ -139,6 +139,21 @@ func TestNamesOpenWhatTheyName(t *testing.T) {
 		if n := r.dns.asked("direct.test") - before; n != 0 {
 			t.Errorf("the upstream got %d queries straight from the sandbox", n)
 		}
+		// Under public, a resolver at an address the policy lets
+		// through: only the DNS rules stand between them (ports 53 and
+		// 853 go to the forwarder alone).
+		other := h.serveDNSAt(t, h.internet, map[string]record{"direct.test": {addr: h.internet, ttl: 1}})
+		pub := r.create(testenv.UniqueID("namespub"), lifecycle.Egress{Policy: lifecycle.EgressPublic})
+		r.mustReach(pub, hp(h.internet, port), "tcp") // the address itself is open
+		for _, proto := range []string{"udp", "tcp"} {
+			code, body := r.get(pub, "/lookup", url.Values{"name": {"direct.test"}, "server": {hp(h.internet, 53)}, "proto": {proto}})
+			if code == 200 {
+				t.Errorf("a public sandbox asked a resolver of its own over %s: %s", proto, body)
+			}
+		}
+		if n := other.asked("direct.test"); n != 0 {
+			t.Errorf("the public sandbox's own resolver got %d queries", n)
+		}
 	})
 
 	b := r.create(testenv.UniqueID("namesb"), lifecycle.Egress{Policy: lifecycle.EgressNone, Allow: []string{"other.test"}})
@@ -155,13 +170,9 @@ func TestNamesOpenWhatTheyName(t *testing.T) {
 		if !r.setHolds(a.ID, "t0", h.internet) {
 			t.Fatalf("the answer is not in the set after the lookup")
 		}
-		deadline := time.Now().Add(15 * time.Second)
-		for r.setHolds(a.ID, "t0", h.internet) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the address is still in the set 15s after a 1s TTL (bounds 1s..2s)")
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		testenv.Eventually(t, 15*time.Second, func() (bool, string) {
+			return !r.setHolds(a.ID, "t0", h.internet), "the address is still in the set after a 1s TTL (bounds 1s..2s)"
+		})
 		r.mustNotReach(a, hp(h.internet, port), "tcp")
 		r.mustReach(a, fmt.Sprintf("allowed.test:%d", port), "tcp")
 	})
@@ -182,13 +193,9 @@ func TestNamesOpenWhatTheyName(t *testing.T) {
 			done <- body
 		}()
 		// The hold is up once the host accepted its connection.
-		deadline := time.Now().Add(5 * time.Second)
-		for h.accepted.Load() == accepted {
-			if time.Now().After(deadline) {
-				t.Fatal("the held connection never reached the host")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			return h.accepted.Load() != accepted, "the held connection never reached the host"
+		})
 		start := time.Now()
 		if _, err := r.mgr.Update(a.ID, lifecycle.Patch{Egress: &lifecycle.Egress{Policy: lifecycle.EgressNone, Allow: []string{"*.wild.test"}}}); err != nil {
 			t.Fatal(err)
@@ -324,12 +331,9 @@ func TestOutboundWorkCountsAsActivity(t *testing.T) {
 			holds[i] <- string(b)
 		}()
 	}
-	for h.accepted.Load() < accepted+2 {
-		if ctx.Err() != nil {
-			t.Fatal("the held connections never reached the host")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		return h.accepted.Load() >= accepted+2, "the held connections never reached the host"
+	})
 	state := func(id string) lifecycle.State {
 		rec, err := r.mgr.Get(id)
 		if err != nil {
@@ -337,16 +341,15 @@ func TestOutboundWorkCountsAsActivity(t *testing.T) {
 		}
 		return rec.State
 	}
-	deadline := time.Now().Add(7 * time.Second)
-	for state(plain.ID) == lifecycle.Running {
-		if time.Now().After(deadline) {
-			t.Fatalf("the inbound-only sandbox was not paused 7s after its last request (idle_pause 500ms)")
+	pausedByReaper := func(id, what string) func() (bool, string) {
+		return func() (bool, string) {
+			if _, err := r.mgr.ReapOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return state(id) != lifecycle.Running, what
 		}
-		if _, err := r.mgr.ReapOnce(ctx); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
+	testenv.Eventually(t, 7*time.Second, pausedByReaper(plain.ID, "the inbound-only sandbox was not paused after its last request (idle_pause 500ms)"))
 	if s := state(busy.ID); s != lifecycle.Running {
 		t.Fatalf("the sandbox under activity any holding an outbound connection is %s", s)
 	}
@@ -354,16 +357,7 @@ func TestOutboundWorkCountsAsActivity(t *testing.T) {
 		t.Errorf("the held connection of the busy sandbox: %s", body)
 	}
 	// Its work done, it sleeps like any other.
-	deadline = time.Now().Add(15 * time.Second)
-	for state(busy.ID) == lifecycle.Running {
-		if time.Now().After(deadline) {
-			t.Fatalf("the sandbox under activity any was not paused 15s after its outbound work ended")
-		}
-		if _, err := r.mgr.ReapOnce(ctx); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, 15*time.Second, pausedByReaper(busy.ID, "the sandbox under activity any was not paused after its outbound work ended"))
 }
 
 // TestActiveMaxBoundsOutboundWork: outbound work keeps a sandbox under
@@ -396,12 +390,9 @@ func TestActiveMaxBoundsOutboundWork(t *testing.T) {
 		resp.Body.Close()
 		held <- string(b)
 	}()
-	for h.accepted.Load() < accepted+1 {
-		if ctx.Err() != nil {
-			t.Fatal("the held connection never reached the host")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		return h.accepted.Load() >= accepted+1, "the held connection never reached the host"
+	})
 	// Its outbound work counts while its last request is less than
 	// active_max ago: past idle_pause (500ms) it still runs.
 	for time.Since(created) < 1200*time.Millisecond {
@@ -415,23 +406,16 @@ func TestActiveMaxBoundsOutboundWork(t *testing.T) {
 	}
 	// A bound, not a goal: paused once 2s have passed since the create,
 	// long before the 30s hold ends.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.Eventually(t, 15*time.Second, func() (bool, string) {
+		if _, err := r.mgr.ReapOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
 		rec, err := r.mgr.Get(busy.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if rec.State != lifecycle.Running {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the sandbox holding an outbound connection is still running 15s on (active_max 2s)")
-		}
-		if _, err := r.mgr.ReapOnce(ctx); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return rec.State != lifecycle.Running, "the sandbox holding an outbound connection is still running (active_max 2s)"
+	})
 	select {
 	case body := <-held:
 		t.Fatalf("the held connection ended before the pause: %s", body)

@@ -41,9 +41,10 @@ func Reply(w dns.ResponseWriter, req *dns.Msg, rcode int) {
 }
 
 // Forward writes resp as the answer to req: req's id and question, and,
-// over UDP, cut to the size req allows.
+// over UDP, cut to the size req allows. It changes resp, which is the
+// caller's (Exchange's answer to this query), rather than copy it.
 func Forward(w dns.ResponseWriter, req, resp *dns.Msg) {
-	out := resp.Copy()
+	out := resp
 	out.Id = req.Id
 	out.Question = req.Question
 	out.Response = true
