@@ -118,8 +118,10 @@ func (p *placements) add(n NodeInfo, memoryMB int64, template string) {
 
 // Place picks the node a new sandbox of memoryMB goes to: live, not
 // draining, resident below max_resident, free memory above its minimum
-// plus memoryMB; least loaded first (resident/max_resident, then free
-// memory, then name). ErrNoRoom names why each node was passed over.
+// plus memoryMB; least loaded first (resident/max_resident, then the
+// resident count, then free memory where it differs by more than 5%),
+// ties broken at random; past powerOfTwoFrom nodes, the better of two at
+// random. ErrNoRoom names why each node was passed over.
 //
 // A node without max_resident has no resident cap (load 0); a node that
 // reports neither free memory nor a minimum does not measure memory and
@@ -140,9 +142,17 @@ func (c *Cluster) PlaceFrom(template string, memoryMB int64, unreachable ...stri
 	defer c.placed.mu.Unlock()
 	var fit []NodeInfo
 	var why []string
-	reg := make(map[string]int, len(nodes))
+	// What is known now of each node's load: its registered resident
+	// count or the catalog's entries naming it, whichever is more (the
+	// registration is refreshed only every lease_ttl/3; the catalog as
+	// soon as a node publishes), plus the creates this node sent it that
+	// the catalog does not show yet. Every gateway reads the same catalog,
+	// so they agree on it where their registrations and own placements
+	// would not.
+	now := time.Now()
+	known := make(map[string]int, len(nodes))
 	for _, n := range nodes {
-		reg[n.Name] = n.Capacity.Resident
+		known[n.Name] = max(n.Capacity.Resident, n.Sandboxes) + c.placed.inflight(n.Name, now)
 		n = c.placed.adjust(n)
 		if slices.Contains(unreachable, n.Name) {
 			why = append(why, n.Name+": did not answer the create (connection failed)")
@@ -159,18 +169,6 @@ func (c *Cluster) PlaceFrom(template string, memoryMB int64, unreachable ...stri
 			why = append(why, "no node is registered")
 		}
 		return NodeInfo{}, fmt.Errorf("placing a sandbox of %d MB: %w: %s", memoryMB, ErrNoRoom, strings.Join(why, "; "))
-	}
-	// What is known now of each node's load: its registered resident
-	// count or the catalog's entries naming it, whichever is more (the
-	// registration is refreshed only every lease_ttl/3; the catalog as
-	// soon as a node publishes), plus the creates this node sent it that
-	// the catalog does not show yet. Every gateway reads the same catalog,
-	// so they agree on it where their registrations and own placements
-	// would not.
-	now := time.Now()
-	known := make(map[string]int, len(fit))
-	for _, n := range fit {
-		known[n.Name] = max(reg[n.Name], n.Sandboxes) + c.placed.inflight(n.Name, now)
 	}
 	load := func(n NodeInfo) float64 {
 		if n.Capacity.MaxResident <= 0 {
@@ -206,17 +204,19 @@ func (c *Cluster) PlaceFrom(template string, memoryMB int64, unreachable ...stri
 		// Many nodes: the better of two at random (the power of two
 		// choices), which spreads a burst through any number of gateways
 		// without every gateway sorting the same stale figures the same
-		// way. A node with an idle pool container of the template stays
-		// first.
-		a, b := fit[rand.IntN(len(fit))], fit[rand.IntN(len(fit))]
+		// way. Nodes with an idle pool container of the template come
+		// first: the two are drawn from them when there are any.
+		from := fit
+		if template != "" {
+			pooled := slices.DeleteFunc(slices.Clone(fit), func(n NodeInfo) bool { return n.Capacity.Pools[template] == 0 })
+			if len(pooled) > 0 {
+				from = pooled
+			}
+		}
+		a, b := from[rand.IntN(len(from))], from[rand.IntN(len(from))]
 		pick = a
 		if better(b, a) < 0 {
 			pick = b
-		}
-		if template != "" && pick.Capacity.Pools[template] == 0 {
-			if i := slices.IndexFunc(fit, func(n NodeInfo) bool { return n.Capacity.Pools[template] > 0 }); i >= 0 {
-				pick = fit[i]
-			}
 		}
 	} else {
 		// Few nodes: the least loaded, ties broken at random (two

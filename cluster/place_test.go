@@ -184,6 +184,37 @@ func TestPlaceByTwoChoicesPastManyNodes(t *testing.T) {
 	}
 }
 
+// TestPoolNodesShareABurstPastManyNodes: past powerOfTwoFrom nodes, a
+// burst of creates from a template goes to the nodes with its idle pool
+// containers, spread over them by load, not all to the first by name.
+func TestPoolNodesShareABurstPastManyNodes(t *testing.T) {
+	var nodes []NodeInfo
+	for i := range 60 {
+		n := capNode(fmt.Sprintf("n%02d", i), 0, 100, 8000, 0)
+		if i%15 == 1 {
+			n.Capacity.Pools = map[string]int{"t": 100}
+		}
+		nodes = append(nodes, n)
+	}
+	c := withNodes(t, nodes)
+	per := map[string]int{}
+	for range 40 {
+		n, err := c.PlaceFrom("t", 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		per[n.Name]++
+	}
+	for _, name := range []string{"n01", "n16", "n31", "n46"} {
+		if k := per[name]; k < 5 {
+			t.Errorf("pool node %s got %d of 40 creates from the template (want about 10): %v", name, k, per)
+		}
+	}
+	if len(per) != 4 {
+		t.Errorf("creates from the template went to nodes without its pool: %v", per)
+	}
+}
+
 // TestPlaceCountsTheCatalog: between two registrations of equal nodes, the
 // catalog's entries (another gateway's creates) say which has fewer.
 func TestPlaceCountsTheCatalog(t *testing.T) {

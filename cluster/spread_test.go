@@ -120,8 +120,10 @@ func TestBurstsSpreadOverNodes(t *testing.T) {
 	for _, n := range names {
 		got := len(mustList(t, srcs[n])) - before[n]
 		t.Logf("%s: %d of 300", n, got)
-		if got < 80 || got > 120 {
-			t.Errorf("%s got %d of 300 creates through 3 gateways, want 100 ± 20", n, got)
+		// Load-aware placement gives 99-101; placement at random (sd
+		// 8.2) would miss ±5 four times in five.
+		if got < 95 || got > 105 {
+			t.Errorf("%s got %d of 300 creates through 3 gateways, want 100 ± 5", n, got)
 		}
 	}
 }
