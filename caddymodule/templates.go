@@ -2,10 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -73,7 +70,7 @@ func (tc *TemplateConfig) template() (lifecycle.Template, error) {
 	if err != nil {
 		return lifecycle.Template{}, fmt.Errorf("template %s: %w", tc.Name, err)
 	}
-	if err := checkServices(spec.Services); err != nil {
+	if err := lifecycle.CheckServices(spec.Services); err != nil {
 		return lifecycle.Template{}, fmt.Errorf("template %s: %w", tc.Name, err)
 	}
 	t := lifecycle.Template{Name: tc.Name, Spec: spec}
@@ -84,30 +81,6 @@ func (tc *TemplateConfig) template() (lifecycle.Template, error) {
 		return lifecycle.Template{}, err
 	}
 	return t, nil
-}
-
-// checkServices refuses, when the config is loaded, what is wrong with a
-// template's services whatever the gateway's settings: a name, a missing
-// image, a ready probe, depends_on. The rest (memory, cpus against the
-// host) is checked by the lifecycle with its settings, at each fill and
-// create.
-func checkServices(services map[string]lifecycle.Service) error {
-	for _, name := range slices.Sorted(maps.Keys(services)) {
-		svc := services[name]
-		if !lifecycle.ValidServiceName(name) {
-			return fmt.Errorf("services: %q is not a service name (1-20 of a-z, 0-9 and '-', starting with a letter; not %s)", name, strings.Join(lifecycle.ReservedServiceNames, " or "))
-		}
-		if svc.Image == "" {
-			return fmt.Errorf("services.%s.image: required", name)
-		}
-		if _, _, _, err := lifecycle.ParseReady(svc.Ready); err != nil {
-			return fmt.Errorf("services.%s.ready: %w", name, err)
-		}
-	}
-	if _, err := lifecycle.ServiceOrder(services); err != nil {
-		return fmt.Errorf("services: %w", err)
-	}
-	return nil
 }
 
 // unmarshalService parses `service <name> { image …; cmd …; env K V;

@@ -142,23 +142,23 @@ func (s *Spec) GroupMemoryMB() int64 {
 	return n
 }
 
-// normalizeServices checks a spec's services and fills their defaults.
-func normalizeServices(spec *Spec, cfg *Config) error {
-	if len(spec.Services) > MaxServices {
-		return invalid("services: %d, at most %d", len(spec.Services), MaxServices)
+// CheckServices refuses what is wrong with services whatever the
+// gateway's settings: their count, a name, a missing image, a ready probe,
+// a negative or out-of-range limit, a workspace path, an env name,
+// depends_on. The config checks a template's with it when it is loaded;
+// every create checks them again with the settings (normalizeServices).
+// The error wraps ErrInvalid and names services.<name>.<field>.
+func CheckServices(services map[string]Service) error {
+	if len(services) > MaxServices {
+		return invalid("services: %d, at most %d", len(services), MaxServices)
 	}
-	// The map may be a template's, shared with its readers: defaults go
-	// into a copy.
-	spec.Services = maps.Clone(spec.Services)
-	for name, svc := range spec.Services {
+	for _, name := range slices.Sorted(maps.Keys(services)) {
+		svc := services[name]
 		if !ValidServiceName(name) {
-			return invalid("services: %q is not a service name (1-20 of a-z, 0-9 and '-', starting with a letter; not app or net)", name)
+			return invalid("services: %q is not a service name (1-20 of a-z, 0-9 and '-', starting with a letter; not %s)", name, strings.Join(ReservedServiceNames, " or "))
 		}
 		if svc.Image == "" {
 			return invalid("services.%s.image: required", name)
-		}
-		if len(cfg.AllowedImages) > 0 && !ImageAllowed(cfg.AllowedImages, svc.Image) {
-			return invalid("services.%s.image: %q is not allowed here (allowed_images: %s)", name, svc.Image, strings.Join(cfg.AllowedImages, " "))
 		}
 		if _, _, _, err := ParseReady(svc.Ready); err != nil {
 			return invalid("services.%s.ready: %v", name, err)
@@ -166,30 +166,50 @@ func normalizeServices(spec *Spec, cfg *Config) error {
 		if svc.MemoryMB < 0 || (svc.MemoryMB > 0 && svc.MemoryMB < MinMemoryMB) || svc.MemoryMB > MaxMemoryMB {
 			return invalid("services.%s.memory_mb: %d is outside %d..%d", name, svc.MemoryMB, MinMemoryMB, MaxMemoryMB)
 		}
-		if svc.MemoryMB == 0 {
-			svc.MemoryMB = cfg.DefaultMemoryMB
-		}
-		if svc.CPUs < 0 || (cfg.HostCPUs > 0 && svc.CPUs > float64(cfg.HostCPUs)) {
-			return invalid("services.%s.cpus: %g is outside 0..%d", name, svc.CPUs, cfg.HostCPUs)
+		if svc.CPUs < 0 {
+			return invalid("services.%s.cpus: %g is negative", name, svc.CPUs)
 		}
 		if svc.DiskMB < 0 {
 			return invalid("services.%s.disk_mb: %d is negative", name, svc.DiskMB)
 		}
-		if svc.WorkspacePath == "" {
-			svc.WorkspacePath = "/workspace"
-		}
-		if !strings.HasPrefix(svc.WorkspacePath, "/") || svc.WorkspacePath == "/" || strings.ContainsRune(svc.WorkspacePath, 0) {
-			return invalid("services.%s.workspace_path: %q must be an absolute directory of its own", name, svc.WorkspacePath)
+		if p := svc.WorkspacePath; p != "" && (!strings.HasPrefix(p, "/") || p == "/" || strings.ContainsRune(p, 0)) {
+			return invalid("services.%s.workspace_path: %q must be an absolute directory of its own", name, p)
 		}
 		for k := range svc.Env {
 			if k == "" || strings.ContainsAny(k, "=\x00") {
 				return invalid("services.%s.env: %q is not a variable name", name, k)
 			}
 		}
-		spec.Services[name] = svc
 	}
-	if _, err := ServiceOrder(spec.Services); err != nil {
+	if _, err := ServiceOrder(services); err != nil {
 		return invalid("services: %v", err)
+	}
+	return nil
+}
+
+// normalizeServices checks a spec's services against the gateway's
+// settings too and fills their defaults.
+func normalizeServices(spec *Spec, cfg *Config) error {
+	if err := CheckServices(spec.Services); err != nil {
+		return err
+	}
+	// The map may be a template's, shared with its readers: defaults go
+	// into a copy.
+	spec.Services = maps.Clone(spec.Services)
+	for name, svc := range spec.Services {
+		if len(cfg.AllowedImages) > 0 && !ImageAllowed(cfg.AllowedImages, svc.Image) {
+			return invalid("services.%s.image: %q is not allowed here (allowed_images: %s)", name, svc.Image, strings.Join(cfg.AllowedImages, " "))
+		}
+		if cfg.HostCPUs > 0 && svc.CPUs > float64(cfg.HostCPUs) {
+			return invalid("services.%s.cpus: %g is outside 0..%d", name, svc.CPUs, cfg.HostCPUs)
+		}
+		if svc.MemoryMB == 0 {
+			svc.MemoryMB = cfg.DefaultMemoryMB
+		}
+		if svc.WorkspacePath == "" {
+			svc.WorkspacePath = "/workspace"
+		}
+		spec.Services[name] = svc
 	}
 	if cfg.HostMemoryMB > 0 && spec.GroupMemoryMB() > cfg.HostMemoryMB {
 		return invalid("memory_mb: the group's %d MiB (app and services) is more than the host's %d MiB", spec.GroupMemoryMB(), cfg.HostMemoryMB)
