@@ -738,83 +738,84 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	name := VolumeName(id)
 	vol, err := r.cli.VolumeInspect(ctx, name, client.VolumeInspectOptions{})
-	if cerrdefs.IsNotFound(err) {
-		// The app's volume gone (a purge cut short after it, a create
-		// that failed past its services' volumes in an earlier release):
-		// the services' volumes still go, or nothing could ever remove
-		// them.
-		freed, n, merr := r.removeMemberVolumes(ctx, id)
-		if merr == nil && n == 0 {
-			merr = classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
-		}
-		return freed, merr
-	}
-	if err != nil {
+	// With the app's volume gone (a purge cut short after it, a create that
+	// failed past its services' volumes in an earlier release) the
+	// services' volumes still go, or nothing could ever remove them.
+	appGone := cerrdefs.IsNotFound(err)
+	if err != nil && !appGone {
 		return 0, classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
 	}
-	if !r.owns(id, vol.Volume.Labels) {
+	if !appGone && !r.owns(id, vol.Volume.Labels) {
 		return 0, notOurs("volume", name, vol.Volume.Labels, lifecycle.ErrNotFound)
 	}
-	freed, _, err := r.removeMemberVolumes(ctx, id)
-	if err != nil {
-		return freed, err
+	members, lerr := r.memberVolumes(ctx, id)
+	if lerr != nil {
+		return 0, lerr
 	}
-	size, err := r.volumeSize(ctx, name)
+	if appGone && len(members) == 0 {
+		return 0, classify("inspecting volume "+name, err, lifecycle.ErrNotFound)
+	}
+	sizes, err := r.volumeSizes(ctx)
 	if err != nil {
-		return freed, err
+		return 0, err
+	}
+	// The services' volumes first: the app's, which a create asks first
+	// for its owner, goes last.
+	var freed int64
+	for _, v := range members {
+		if _, err := r.cli.VolumeRemove(ctx, v, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
+			return freed, classify("removing volume "+v, err, lifecycle.ErrNotFound)
+		}
+		freed += sizes[v]
+	}
+	if appGone {
+		return freed, nil
 	}
 	if _, err := r.cli.VolumeRemove(ctx, name, client.VolumeRemoveOptions{Force: true}); err != nil {
 		return freed, classify("removing volume "+name, err, lifecycle.ErrNotFound)
 	}
-	return freed + size, nil
+	return freed + sizes[name], nil
 }
 
-// removeMemberVolumes removes the volumes of sandbox id's services: the
-// bytes they held and how many.
-func (r *Runtime) removeMemberVolumes(ctx context.Context, id string) (freed int64, n int, err error) {
+// memberVolumes names this instance's volumes of sandbox id's services.
+func (r *Runtime) memberVolumes(ctx context.Context, id string) ([]string, error) {
 	f := client.Filters{}.Add("label", LabelID+"="+id).Add("name", "s-"+id+"--")
 	res, err := r.cli.VolumeList(ctx, client.VolumeListOptions{Filters: f})
 	if err != nil {
-		return 0, 0, classify("listing volumes of "+ContainerName(id), err, lifecycle.ErrNotFound)
+		return nil, classify("listing volumes of "+ContainerName(id), err, lifecycle.ErrNotFound)
 	}
+	var out []string
 	for _, v := range res.Items {
-		if !strings.HasPrefix(v.Name, "s-"+id+"--") || !r.owns(id, v.Labels) {
-			continue
+		if strings.HasPrefix(v.Name, "s-"+id+"--") && r.owns(id, v.Labels) {
+			out = append(out, v.Name)
 		}
-		size, err := r.volumeSize(ctx, v.Name)
-		if err != nil {
-			return freed, n, err
-		}
-		if _, err := r.cli.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true}); err != nil && !cerrdefs.IsNotFound(err) {
-			return freed, n, classify("removing volume "+v.Name, err, lifecycle.ErrNotFound)
-		}
-		freed += size
-		n++
 	}
-	return freed, n, nil
+	return out, nil
 }
 
-// volumeSize reads the bytes volume name holds from the engine's disk-usage
-// report. The engine runs one such report at a time and refuses another
-// meanwhile ("a disk usage operation is already running": another purge,
-// `docker system df`), so a refusal is retried for a few seconds.
-func (r *Runtime) volumeSize(ctx context.Context, name string) (int64, error) {
+// volumeSizes reads the bytes each volume holds from the engine's
+// disk-usage report, once for a whole purge. The engine runs one such
+// report at a time and refuses another meanwhile ("a disk usage operation
+// is already running": another purge, `docker system df`), so a refusal is
+// retried for a few seconds.
+func (r *Runtime) volumeSizes(ctx context.Context) (map[string]int64, error) {
 	for attempt := 0; ; attempt++ {
 		du, err := r.cli.DiskUsage(ctx, client.DiskUsageOptions{Volumes: true, Verbose: true})
 		if err == nil {
+			sizes := make(map[string]int64, len(du.Volumes.Items))
 			for _, v := range du.Volumes.Items {
-				if v.Name == name && v.UsageData != nil && v.UsageData.Size > 0 {
-					return v.UsageData.Size, nil
+				if v.UsageData != nil && v.UsageData.Size > 0 {
+					sizes[v.Name] = v.UsageData.Size
 				}
 			}
-			return 0, nil
+			return sizes, nil
 		}
 		if !strings.Contains(err.Error(), "already running") || attempt == 30 {
-			return 0, classify("reading volume sizes", err, lifecycle.ErrNotFound)
+			return nil, classify("reading volume sizes", err, lifecycle.ErrNotFound)
 		}
 		select {
 		case <-ctx.Done():
-			return 0, classify("reading volume sizes", ctx.Err(), lifecycle.ErrNotFound)
+			return nil, classify("reading volume sizes", ctx.Err(), lifecycle.ErrNotFound)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

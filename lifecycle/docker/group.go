@@ -347,14 +347,15 @@ func (r *Runtime) startGroup(ctx context.Context, id string) error {
 	}
 	var pid int
 	for _, m := range ms {
-		if m.state != string(container.StateRunning) {
-			if _, err := r.cli.ContainerUnpause(ctx, m.cid, client.ContainerUnpauseOptions{}); err != nil && m.state == string(container.StatePaused) {
+		switch m.state {
+		case string(container.StateRunning):
+		case string(container.StatePaused):
+			if _, err := r.cli.ContainerUnpause(ctx, m.cid, client.ContainerUnpauseOptions{}); err != nil {
 				return wrapMember(m, classify("unpausing container "+MemberName(id, m.name), err, lifecycle.ErrContainerNotFound))
 			}
-			if m.state != string(container.StatePaused) {
-				if _, err := r.cli.ContainerStart(ctx, m.cid, client.ContainerStartOptions{}); err != nil {
-					return wrapMember(m, classify("starting container "+MemberName(id, m.name), err, lifecycle.ErrContainerNotFound))
-				}
+		default:
+			if _, err := r.cli.ContainerStart(ctx, m.cid, client.ContainerStartOptions{}); err != nil {
+				return wrapMember(m, classify("starting container "+MemberName(id, m.name), err, lifecycle.ErrContainerNotFound))
 			}
 		}
 		if m.name == infraMember {
@@ -508,21 +509,9 @@ func (r *Runtime) memberStates(ctx context.Context, id string, appLabels map[str
 			if err != nil {
 				return classify("inspecting container "+MemberName(id, m.name), err, lifecycle.ErrContainerNotFound)
 			}
-			if s := ci.Container.State; s != nil {
-				c.Pid = s.Pid
-			}
-			if ns := ci.Container.NetworkSettings; ns != nil {
-				if ep := ns.Networks[r.opts.SandboxNetwork]; ep != nil && len(ep.MacAddress) > 0 {
-					c.MAC = ep.MacAddress.String()
-				}
-			}
-			if ci.Container.Config != nil {
-				c.Upstreams = r.upstreams(id, &ci.Container)
-			}
-			for _, bs := range ci.Container.HostConfig.PortBindings {
-				c.Published = c.Published || len(bs) > 0
-			}
-			c.DNSForwarded = r.opts.ForwardDNS && len(ci.Container.HostConfig.DNS) > 0
+			// What the namespace's owner holds is the group's.
+			infra := r.fromInspect(id, &ci.Container)
+			c.Pid, c.MAC, c.Upstreams, c.Published, c.DNSForwarded = infra.Pid, infra.MAC, infra.Upstreams, infra.Published, infra.DNSForwarded
 		} else {
 			c.Members[m.name] = lifecycle.ContainerState(m.state)
 		}

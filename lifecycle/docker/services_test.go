@@ -220,8 +220,8 @@ func TestAKilledServiceIsTheGroupsProblem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !f.allIn(rec.ID, "running") {
-		t.Errorf("after the wake: %v", f.states(rec.ID))
+	if !f.allIn(rec.ID, "running") { // db "missing" fails it
+		t.Errorf("after the wake the service was not made again: %v", f.states(rec.ID))
 	}
 	if code, body := get(t, upstream(t, woken), "/fetch?url=http://127.0.0.1:5432/healthz"); code != 200 {
 		t.Errorf("the app reaching its service after the repair: %d %q", code, body)
@@ -260,11 +260,8 @@ func TestARemovedServiceIsTheGroupsProblem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !f.allIn(rec.ID, "running") {
-		t.Errorf("after the wake: %v", f.states(rec.ID))
-	}
-	if _, ok := f.states(rec.ID)[docker.MemberName(rec.ID, "db")]; !ok {
-		t.Errorf("the wake did not make the service again: %v", f.states(rec.ID))
+	if !f.allIn(rec.ID, "running") { // db "missing" fails it
+		t.Errorf("after the wake the service was not made again: %v", f.states(rec.ID))
 	}
 	if code, body := get(t, upstream(t, woken), "/fetch?url=http://127.0.0.1:5432/healthz"); code != 200 {
 		t.Errorf("the app reaching its service after the repair: %d %q", code, body)
