@@ -120,10 +120,7 @@ func (fw *forwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	now := time.Now()
 	sb.lastLookup.Store(now.UnixNano())
-	sb.mu.Lock()
-	policy := sb.egress.Policy
-	allowed, denied := sb.allowed(name), sb.denied(name)
-	sb.mu.Unlock()
+	policy, allowed, denied := sb.judge(name)
 	if policy == lifecycle.EgressNone && !allowed {
 		// Under none a name the sandbox may not reach is not asked
 		// anywhere: no query leaves the host (no tunnelling through the

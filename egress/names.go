@@ -63,8 +63,12 @@ type sandbox struct {
 	hostDNS bool
 
 	// mu orders the writes of this sandbox's sets: the forwarder's
-	// answers and the firewall's rewrites.
+	// answers and the firewall's rewrites. It is held across their
+	// netlink commits, so what only reads takes the two below: rmu for
+	// the rules (written under both), amu for the answers.
 	mu      sync.Mutex
+	rmu     sync.RWMutex
+	amu     sync.Mutex
 	answers map[string]answer
 	// written is what the forwarder last wrote of each set element
 	// ("set|addr"), pruned with the answers.
@@ -89,6 +93,8 @@ type written struct {
 
 // setRules takes e's name rules; the caller holds sb.mu.
 func (sb *sandbox) setRules(e lifecycle.FirewallEntry) {
+	sb.rmu.Lock()
+	defer sb.rmu.Unlock()
 	sb.addr, sb.egress, sb.hostDNS = e.Address, e.Egress, e.HostDNS
 	sb.allow, sb.deny = nil, nil
 	for _, r := range e.Egress.Rules() {
@@ -169,6 +175,8 @@ func (sb *sandbox) contents(now time.Time, private func(netip.Addr, lifecycle.Al
 	for _, n := range sb.setNames() {
 		out[n] = nil
 	}
+	sb.amu.Lock()
+	defer sb.amu.Unlock()
 	for name, a := range sb.answers {
 		left := a.expires.Sub(now).Truncate(time.Millisecond)
 		if left < time.Second {
@@ -217,6 +225,14 @@ func appendElement(l []element, e element) []element {
 	return append(l, e)
 }
 
+// judge reads the policy and whether its name rules allow or deny name,
+// under rmu: not mu, which an answer's commit for another query holds.
+func (sb *sandbox) judge(name string) (policy string, allowed, denied bool) {
+	sb.rmu.RLock()
+	defer sb.rmu.RUnlock()
+	return sb.egress.Policy, sb.allowed(name), sb.denied(name)
+}
+
 // allowed reports whether a name entry allows name; denied whether one
 // denies it.
 func (sb *sandbox) allowed(name string) bool {
@@ -228,8 +244,10 @@ func (sb *sandbox) denied(name string) bool {
 }
 
 // remember keeps an answer (bounded: the one expiring first goes). The
-// caller holds sb.mu.
+// caller holds sb.mu (written is its).
 func (sb *sandbox) remember(name string, addrs []netip.Addr, expires time.Time, now time.Time) {
+	sb.amu.Lock()
+	defer sb.amu.Unlock()
 	for n, a := range sb.answers {
 		if !a.expires.After(now) {
 			delete(sb.answers, n)
@@ -254,8 +272,8 @@ func (sb *sandbox) remember(name string, addrs []netip.Addr, expires time.Time, 
 
 // nameOf is the name an address was last looked up as, "" when none.
 func (sb *sandbox) nameOf(a netip.Addr) string {
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
+	sb.amu.Lock()
+	defer sb.amu.Unlock()
 	best, bestExp := "", time.Time{}
 	for n, ans := range sb.answers {
 		if slices.Contains(ans.addrs, a) && ans.expires.After(bestExp) {

@@ -158,9 +158,9 @@ func (f *Firewall) TakeLearning() map[string]lifecycle.EgressLog {
 	f.smu.RUnlock()
 	var out map[string]lifecycle.EgressLog
 	for _, sb := range sbs {
-		sb.mu.Lock()
+		sb.rmu.RLock()
 		learning := sb.egress.Policy == lifecycle.EgressLearn
-		sb.mu.Unlock()
+		sb.rmu.RUnlock()
 		if !learning {
 			continue
 		}
