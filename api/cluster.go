@@ -80,6 +80,7 @@ func isDestroyOrPurge(r *http.Request) bool {
 // placed on the least loaded node with room. A create forwarded by another
 // node was placed there already: it is created here.
 func (api *Handler) createInCluster(w http.ResponseWriter, r *http.Request, e *gateway.Gateway, body *createBody, spec lifecycle.Spec) {
+	began := time.Now()
 	c := e.Cluster.Cluster
 	// A create from a template without an id takes the id of the pool
 	// container it claims (or draws one on the node it is placed on), and
@@ -188,11 +189,7 @@ func (api *Handler) createInCluster(w http.ResponseWriter, r *http.Request, e *g
 		web.WriteEngineError(w, err)
 		return
 	}
-	v := view(e, &rec)
-	if body.Template != "" {
-		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
-	}
-	web.WriteJSON(w, http.StatusCreated, v)
+	writeCreated(w, e, &rec, body.Template, pool, began)
 }
 
 // listInCluster serves GET /v1/sandboxes in cluster mode: this node's

@@ -349,10 +349,17 @@ func (api *Handler) create(w http.ResponseWriter, r *http.Request, e *gateway.Ga
 		web.WriteEngineError(w, err)
 		return
 	}
-	v := view(e, &rec)
-	// Where the create went, as a wake's held request is told.
+	writeCreated(w, e, &rec, body.Template, pool, began)
+}
+
+// writeCreated answers a create that began at began: 201 with the
+// record, the pool outcome of a create from a template, and where the
+// time went in Server-Timing (create;dur, pool;desc), as a wake's held
+// request is told.
+func writeCreated(w http.ResponseWriter, e *gateway.Gateway, rec *lifecycle.Record, template string, pool lifecycle.PoolOutcome, began time.Time) {
+	v := view(e, rec)
 	timing := "create;dur=" + strconv.FormatFloat(float64(time.Since(began).Microseconds())/1000, 'f', 1, 64)
-	if body.Template != "" {
+	if template != "" {
 		v.Pool = &client.PoolOutcome{Hit: pool.Hit, Reason: pool.Reason}
 		if pool.Hit {
 			timing += `, pool;desc="hit"`

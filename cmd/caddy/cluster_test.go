@@ -207,9 +207,13 @@ func (tc *testCluster) createViaWith(i int, id string, labels map[string]string)
 	tc.t.Helper()
 	tc.removeSandbox(id)
 	var out clusterSandbox
-	code, body := tc.nodes[i].api("POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32, "labels": labels}, &out)
+	code, body, h := tc.nodes[i].apiDo(crashToken, "POST", "/v1/sandboxes", map[string]any{"id": id, "image": tc.image, "ports": []int{8080}, "memory_mb": 32, "labels": labels}, &out)
 	if code != 201 {
 		tc.t.Fatalf("create %s via node %d: %d %s", id, i+1, code, body)
+	}
+	// Where the create's time went, whichever node made it.
+	if st := h.Get("Server-Timing"); !strings.HasPrefix(st, "create;dur=") {
+		tc.t.Errorf("create %s via node %d (made on %s): Server-Timing %q, want create;dur=…", id, i+1, out.Node, st)
 	}
 	if !slices.Contains(tc.names, out.Node) {
 		tc.t.Fatalf("create %s: node %q is not one of %v", id, out.Node, tc.names)

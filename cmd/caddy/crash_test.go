@@ -200,6 +200,12 @@ func (g *gateway) metric(name string) float64 {
 
 // apiAs is api with another token.
 func (g *gateway) apiAs(token, method, path string, body, out any) (int, string) {
+	code, text, _ := g.apiDo(token, method, path, body, out)
+	return code, text
+}
+
+// apiDo is apiAs that also returns the answer's header.
+func (g *gateway) apiDo(token, method, path string, body, out any) (int, string, http.Header) {
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -210,14 +216,14 @@ func (g *gateway) apiAs(token, method, path string, body, out any) (int, string)
 	c := http.Client{Timeout: 90 * time.Second}
 	resp, err := c.Do(req)
 	if err != nil {
-		return 0, err.Error()
+		return 0, err.Error(), nil
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if out != nil {
 		json.Unmarshal(b, out)
 	}
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp.Header
 }
 
 type sandboxView struct {
