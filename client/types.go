@@ -351,7 +351,8 @@ type Service struct {
 	MemoryMB int64 `json:"memory_mb,omitempty"`
 	// CPUs is its CPU limit, in cores (0: none).
 	CPUs float64 `json:"cpus,omitempty"`
-	// DiskMB is its disk quota in MiB (0: the gateway's default_disk).
+	// DiskMB is its disk quota in MiB (0: none of its own; the engine's
+	// storage bounds it).
 	DiskMB int64 `json:"disk_mb,omitempty"`
 	// Ready is its readiness probe, run inside the group's network
 	// namespace (a service listening on 127.0.0.1 only is found):

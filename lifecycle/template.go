@@ -127,7 +127,7 @@ var shapingFields = []struct {
 }
 
 // fromTemplate makes the spec of a create from template t and the caller's
-// fields: labels, access (and public_card when true), egress, idle tiers and lifetime are the
+// fields: labels, access (and public_card when true), egress, activity, idle tiers and lifetime are the
 // caller's when given; env is added to the template's; a container-shaping
 // field is refused (ErrInvalid naming it) unless mode is PoolBypass, which
 // takes it.
