@@ -20,7 +20,6 @@ import (
 	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
 
 	swclient "github.com/sandwake/sandwake/client"
@@ -28,7 +27,6 @@ import (
 	"github.com/sandwake/sandwake/internal/gatewaytest"
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/internal/web"
-	"github.com/sandwake/sandwake/lifecycle/docker"
 )
 
 // cliBuffer is a bytes.Buffer safe for a command writing while the test
@@ -158,17 +156,6 @@ func parseRecordLines(out string) map[string]string {
 	return m
 }
 
-// removeSandboxOnCleanup removes what a sandbox made by the CLI leaves on
-// the engine, whatever the test did.
-func removeSandboxOnCleanup(t *testing.T, h *harness, id string) {
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		h.Docker.ContainerRemove(ctx, docker.ContainerName(id), client.ContainerRemoveOptions{Force: true})
-		h.Docker.VolumeRemove(ctx, docker.VolumeName(id), client.VolumeRemoveOptions{Force: true})
-	})
-}
-
 // cliEventsServed reports whether the API serves GET /v1/events (it may be
 // missing from a build in progress: a 404).
 func cliEventsServed(t *testing.T, h *harness) bool {
@@ -191,7 +178,7 @@ func cliEventsServed(t *testing.T, h *harness) bool {
 func TestCommandLife(t *testing.T) {
 	h := newHarness(t, "")
 	id := testenv.UniqueID("cli")
-	removeSandboxOnCleanup(t, h, id)
+	h.RemoveOnCleanup(id)
 	ctx := context.Background()
 	sw := func(args ...string) cliResult {
 		r := runCLI(t, ctx, append(args, "--api", h.APIURL(""), "--token", gatewaytest.Token)...)
@@ -363,7 +350,7 @@ func sameDocument(t *testing.T, what string, got, want map[string]any) {
 func TestCommandOutput(t *testing.T) {
 	h := newHarness(t, "")
 	id := testenv.UniqueID("cli")
-	removeSandboxOnCleanup(t, h, id)
+	h.RemoveOnCleanup(id)
 	ctx := context.Background()
 	sw := func(args ...string) cliResult {
 		r := runCLI(t, ctx, append(args, "--api", h.APIURL(""), "--token", gatewaytest.Token)...)

@@ -123,7 +123,7 @@ func TestEgressUsageErrors(t *testing.T) {
 func TestEgressCLI(t *testing.T) {
 	h := newHarness(t, "")
 	id := testenv.UniqueID("cli")
-	removeSandboxOnCleanup(t, h, id)
+	h.RemoveOnCleanup(id)
 	ctx := context.Background()
 	sw := func(args ...string) cliResult {
 		r := runCLI(t, ctx, append(args, "--api", h.APIURL(""), "--token", gatewaytest.Token)...)

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,18 +116,13 @@ func errorCode(b []byte) string {
 
 // soak runs the churn scenario on its own gateway and tabulates it.
 func (b *bench) soak(ctx context.Context, cfg soakConfig) (*table, error) {
-	g, err := newGateway(b.o.caddy, filepath.Join(b.tmp, "soak"), true)
+	// Created with the idle tiers off and room for all; the churn settings
+	// come with a reload once every sandbox exists.
+	g, err := b.startGateway(ctx, "soak", fmt.Sprintf("max_resident %d", cfg.sandboxes), true)
 	if err != nil {
 		return nil, err
 	}
-	b.gateways = append(b.gateways, g)
 	defer g.stop()
-	// Created with the idle tiers off and room for all; the churn settings
-	// come with a reload once every sandbox exists.
-	g.extra = fmt.Sprintf("max_resident %d", cfg.sandboxes)
-	if err := g.start(ctx, g.apiReady); err != nil {
-		return nil, err
-	}
 	ids := make([]string, cfg.sandboxes)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("soak%s%02d", testenv.RunID(), i)
