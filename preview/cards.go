@@ -44,7 +44,7 @@ const (
 // cardWriter passes a page load's answer through, keeping the first
 // cardPrefix bytes of a 200 text/html body.
 type cardWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper
 	wrote  bool
 	keep   bool
 	encode string
@@ -85,33 +85,32 @@ func (c *cardWriter) ReadFrom(r io.Reader) (int64, error) {
 
 type writerOnly struct{ io.Writer }
 
-func noRead() {}
-
 // captureCard wraps w for a page load of a sandbox with a card (public, or
-// private with public_card); done reads the
-// card from what passed, in the background.
-func (g *Handler) captureCard(w http.ResponseWriter, r *http.Request, e *gateway.Gateway, rt *gateway.Route, port int) (http.ResponseWriter, func()) {
+// private with public_card); nil when it does not (then w goes as it is).
+// finishCard reads the card from what passed, in the background.
+func captureCard(w http.ResponseWriter, r *http.Request, rt *gateway.Route) *cardWriter {
 	// The cheap tests first: this runs on every request to a running
 	// sandbox, and only page loads (Accept: text/html) go further.
 	if r.Method != http.MethodGet || !rt.Cards {
-		return w, noRead
+		return nil
 	}
 	if a := r.Header["Accept"]; len(a) == 0 || !strings.Contains(a[0], "text/html") || !isPageLoad(r) {
-		return w, noRead
+		return nil
 	}
-	cw := &cardWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
-	host := r.Host
-	return cw, func() {
-		if !cw.keep || len(cw.buf) == 0 {
-			return
-		}
-		body, enc := cw.buf, cw.encode
-		up := ""
-		if u := rt.Upstreams[port]; u != nil {
-			up = u.Dial
-		}
-		go g.readCard(e, rt.ID, port, host, up, body, enc)
+	return &cardWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+}
+
+// finishCard hands what cw kept of a page load to readCard, off the
+// request's clock.
+func (g *Handler) finishCard(cw *cardWriter, r *http.Request, e *gateway.Gateway, rt *gateway.Route, port int) {
+	if !cw.keep || len(cw.buf) == 0 {
+		return
 	}
+	up := ""
+	if u := rt.Upstreams[port]; u != nil {
+		up = u.Dial
+	}
+	go g.readCard(e, rt.ID, port, r.Host, up, cw.buf, cw.encode)
 }
 
 // readCard parses a page's tags and keeps them; an og:image on the

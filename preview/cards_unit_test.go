@@ -47,7 +47,7 @@ func TestCardFromCompressedPrefixes(t *testing.T) {
 // client gets both answers.
 func TestCardWriterKeepsThePageAfterEarlyHints(t *testing.T) {
 	rec := &codesWriter{h: http.Header{}}
-	cw := &cardWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}}
+	cw := &cardWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: rec}}
 	cw.Header().Set("Link", "</style.css>; rel=preload")
 	cw.WriteHeader(http.StatusEarlyHints)
 	cw.Header().Set("Content-Type", "text/html; charset=utf-8")

@@ -141,9 +141,13 @@ func (g *Handler) serveRunning(w http.ResponseWriter, r *http.Request, next cadd
 		body = &unreadBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	cw, read := g.captureCard(w, r, e, rt, port)
-	err := g.proxy(cw, r, next, s, rt, port)
-	read()
+	var err error
+	if cw := captureCard(w, r, rt); cw != nil {
+		err = g.proxy(cw, r, next, s, rt, port)
+		g.finishCard(cw, r, e, rt, port)
+	} else {
+		err = g.proxy(w, r, next, s, rt, port)
+	}
 	if err == errAnswered {
 		return nil
 	}

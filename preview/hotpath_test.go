@@ -124,6 +124,28 @@ func TestHotPathAllocations(t *testing.T) {
 	}
 }
 
+// TestPageLoadAllocations: a browser's page load of a running public
+// sandbox costs the card reader one allocation (its writer); other
+// requests none (TestHotPathAllocations).
+func TestPageLoadAllocations(t *testing.T) {
+	g, _ := hotPathGate(t)
+	r := hotRequest()
+	r.Header.Set("Accept", "text/html,application/xhtml+xml")
+	r.Header.Set("Sec-Fetch-Mode", "navigate")
+	r.Header.Set("Sec-Fetch-Dest", "document")
+	w := httptest.NewRecorder()
+	var next caddyhttp.Handler = proxyStub{t}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := g.ServeHTTP(w, r, next); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("%v allocations per page load", allocs)
+	if allocs > 1 {
+		t.Fatalf("gate allocates %v times per page load, want at most 1 (the card writer)", allocs)
+	}
+}
+
 // BenchmarkGateHotPath measures the gate's own cost for a running sandbox.
 //
 //	go test -run '^$' -bench GateHotPath -benchmem ./preview/
