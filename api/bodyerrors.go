@@ -118,7 +118,7 @@ func fieldType(t reflect.Type, path string) reflect.Type {
 		if t.Kind() != reflect.Struct {
 			return nil
 		}
-		f, ok := fieldByJSON(t, name)
+		f, ok := fieldByJSON(t, name, false)
 		if !ok {
 			return nil
 		}
@@ -127,30 +127,38 @@ func fieldType(t reflect.Type, path string) reflect.Type {
 	return t
 }
 
+// jsonName is the name encoding/json gives struct field f; false for a
+// field it leaves out.
+func jsonName(f reflect.StructField) (string, bool) {
+	if !f.IsExported() {
+		return "", false
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	switch name {
+	case "-":
+		return "", false
+	case "":
+		return f.Name, true
+	}
+	return name, true
+}
+
 // jsonFields are the JSON names of struct type t's fields, in order.
 func jsonFields(t reflect.Type) []string {
 	var names []string
 	for f := range t.Fields() {
-		if !f.IsExported() {
-			continue
+		if name, ok := jsonName(f); ok {
+			names = append(names, name)
 		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		names = append(names, name)
 	}
 	return names
 }
 
-// fieldByJSON finds the field of struct type t named name in JSON.
-func fieldByJSON(t reflect.Type, name string) (reflect.StructField, bool) {
+// fieldByJSON finds the field of struct type t named name in JSON; with
+// fold, in any case (the field encoding/json decodes name into).
+func fieldByJSON(t reflect.Type, name string, fold bool) (reflect.StructField, bool) {
 	for f := range t.Fields() {
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if f.IsExported() && (tag == name || (tag == "" && f.Name == name)) {
+		if n, ok := jsonName(f); ok && (n == name || (fold && strings.EqualFold(n, name))) {
 			return f, true
 		}
 	}
@@ -290,7 +298,7 @@ func findUnknown(raw []byte, t reflect.Type, path string, out *[]unknownField) {
 		}
 		for _, k := range slices.Sorted(maps.Keys(obj)) {
 			// encoding/json matches names case-insensitively.
-			f, ok := fieldByJSONFold(t, k)
+			f, ok := fieldByJSON(t, k, true)
 			if !ok {
 				*out = append(*out, unknownField{name: k, path: path, in: t})
 				continue
@@ -314,25 +322,4 @@ func findUnknown(raw []byte, t reflect.Type, path string, out *[]unknownField) {
 			findUnknown(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out)
 		}
 	}
-}
-
-// fieldByJSONFold finds the field of struct type t that encoding/json
-// decodes name into: its JSON name, in any case.
-func fieldByJSONFold(t reflect.Type, name string) (reflect.StructField, bool) {
-	for f := range t.Fields() {
-		if !f.IsExported() {
-			continue
-		}
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if tag == "-" {
-			continue
-		}
-		if tag == "" {
-			tag = f.Name
-		}
-		if strings.EqualFold(tag, name) {
-			return f, true
-		}
-	}
-	return reflect.StructField{}, false
 }
