@@ -74,35 +74,46 @@ func benchApply(b *testing.B, e lifecycle.Egress) {
 
 // BenchmarkSyncAfterRestart measures a gateway's first firewall sync after
 // a restart with 2,000 sandboxes installed: it does not know what the
-// chains hold, so it rewrites every entry, in one batch.
+// chains hold, so it rewrites every entry, in one batch. Under names, each
+// sandbox allows two names (two name sets each).
 //
 //	go test -run '^$' -bench SyncAfterRestart -benchtime 5x ./egress/
 func BenchmarkSyncAfterRestart(b *testing.B) {
-	const n = 2000
-	sn := benchBridge(b, "swbench1", "10.78.0.0/16")
-	entries := make([]lifecycle.FirewallEntry, n)
-	addr := sn.First
-	for i := range entries {
-		entries[i] = lifecycle.FirewallEntry{ID: fmt.Sprintf("s%d", i), Address: addr, Egress: lifecycle.Egress{Policy: lifecycle.EgressPublic}}
-		addr = addr.Next()
-	}
-	fw := egress.New(egress.Options{Resolvers: []netip.Addr{}})
-	if err := fw.Setup(context.Background(), sn); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := fw.Sync(entries); err != nil {
-		b.Fatal(err)
-	}
-	fw.Close()
-	for b.Loop() {
-		restarted := egress.New(egress.Options{Resolvers: []netip.Addr{}})
-		if err := restarted.Setup(context.Background(), sn); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := restarted.Sync(entries); err != nil {
-			b.Fatal(err)
-		}
-		restarted.Close()
+	for _, c := range []struct {
+		name   string
+		egress lifecycle.Egress
+	}{
+		{"addresses", lifecycle.Egress{Policy: lifecycle.EgressPublic}},
+		{"names", lifecycle.Egress{Policy: lifecycle.EgressNone, Allow: []string{"registry.npmjs.org", "*.githubusercontent.com:443"}}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			const n = 2000
+			sn := benchBridge(b, "swbench1", "10.78.0.0/16")
+			entries := make([]lifecycle.FirewallEntry, n)
+			addr := sn.First
+			for i := range entries {
+				entries[i] = lifecycle.FirewallEntry{ID: fmt.Sprintf("s%d", i), Address: addr, Egress: c.egress}
+				addr = addr.Next()
+			}
+			fw := egress.New(egress.Options{Resolvers: []netip.Addr{}})
+			if err := fw.Setup(context.Background(), sn); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := fw.Sync(entries); err != nil {
+				b.Fatal(err)
+			}
+			fw.Close()
+			for b.Loop() {
+				restarted := egress.New(egress.Options{Resolvers: []netip.Addr{}})
+				if err := restarted.Setup(context.Background(), sn); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := restarted.Sync(entries); err != nil {
+					b.Fatal(err)
+				}
+				restarted.Close()
+			}
+		})
 	}
 }
 

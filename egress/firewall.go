@@ -102,8 +102,9 @@ type Firewall struct {
 	// bindings what its sets hold, by address.
 	btable   *nftables.Table
 	bindings map[netip.Addr]binding
-	// sets are the name sets the kernel holds (names.go).
-	sets map[string]bool
+	// sets are the name sets the kernel holds (names.go), by the
+	// sandbox they belong to: a sync touches one sandbox's, not all.
+	sets setIndex
 	// group is the table's log group (nflog.go); fwd the DNS forwarder
 	// (forwarder.go) and stopLog the log reader's stop, once started.
 	group   uint16
@@ -134,7 +135,7 @@ func New(opts Options) *Firewall {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Firewall{opts: opts, log: log, byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, sets: map[string]bool{}}
+	return &Firewall{opts: opts, log: log, byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, sets: setIndex{}}
 }
 
 func (f *Firewall) upstreams() []netip.Addr {
@@ -241,7 +242,7 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 		if err := f.install(c); err != nil {
 			return f.privilege(err)
 		}
-		f.elems, f.chains, f.counters, f.sets = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}, map[string]bool{}
+		f.elems, f.chains, f.counters, f.sets = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}, setIndex{}
 		return nil
 	}
 	// Installed: the host's addresses may have changed since, and the
@@ -482,15 +483,13 @@ func (f *Firewall) install(c *nftables.Conn) error {
 // load reads which sandbox entries the kernel holds (after a restart of
 // the gateway, or when a batch failed on a stale view).
 func (f *Firewall) load(c *nftables.Conn) error {
-	f.elems, f.chains, f.counters, f.sets = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}, map[string]bool{}
+	f.elems, f.chains, f.counters, f.sets = map[netip.Addr]string{}, map[string]string{}, map[string]bool{}, setIndex{}
 	sets, err := c.GetSets(f.table)
 	if err != nil {
 		return fmt.Errorf("egress firewall: listing sets: %w", err)
 	}
 	for _, s := range sets {
-		if setOwner(s.Name) != "" {
-			f.sets[s.Name] = true
-		}
+		f.sets.add(s.Name)
 	}
 	objs, err := c.GetObjects(f.table)
 	if err != nil {
@@ -627,7 +626,7 @@ func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry, sb *sandbo
 	}
 	for set, els := range contents {
 		s := &nftables.Set{Table: f.table, Name: set, KeyType: nftables.TypeIPAddr, HasTimeout: true, Dynamic: true}
-		if f.sets[set] {
+		if f.sets.has(set) {
 			c.FlushSet(s)
 		} else if err := c.AddSet(s, nil); err != nil {
 			return err
@@ -649,8 +648,8 @@ func (f *Firewall) stage(c *nftables.Conn, e lifecycle.FirewallEntry, sb *sandbo
 		c.AddRule(rule)
 	}
 	// Sets the rules no longer use go after the rules that used them.
-	for set := range f.sets {
-		if _, used := contents[set]; !used && setOwner(set) == e.ID {
+	for set := range f.sets[e.ID] {
+		if _, used := contents[set]; !used {
 			c.DelSet(&nftables.Set{Table: f.table, Name: set})
 		}
 	}
@@ -676,13 +675,9 @@ func (f *Firewall) committed(e lifecycle.FirewallEntry, sb *sandbox) {
 	f.chains[name] = f.policyKey(e)
 	f.counters[name] = true
 	f.elems[e.Address] = name
-	for set := range f.sets {
-		if setOwner(set) == e.ID {
-			delete(f.sets, set)
-		}
-	}
+	delete(f.sets, e.ID)
 	for _, set := range sb.setNames() {
-		f.sets[set] = true
+		f.sets.add(set)
 	}
 	f.publish(e, sb)
 }
@@ -776,12 +771,10 @@ func (f *Firewall) remove(c *nftables.Conn, name string, addr netip.Addr) {
 		delete(f.counters, name)
 	}
 	id := strings.TrimPrefix(name, sandboxPrefix)
-	for set := range f.sets {
-		if setOwner(set) == id {
-			c.DelSet(&nftables.Set{Table: f.table, Name: set})
-			delete(f.sets, set)
-		}
+	for set := range f.sets[id] {
+		c.DelSet(&nftables.Set{Table: f.table, Name: set})
 	}
+	delete(f.sets, id)
 	f.forget(id)
 }
 

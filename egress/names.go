@@ -148,6 +148,23 @@ func (sb *sandbox) setNames() []string {
 	return out
 }
 
+// setIndex holds name sets by the sandbox they belong to (setOwner).
+type setIndex map[string]map[string]bool
+
+// add records set under its owner; a set of no sandbox is left out.
+func (x setIndex) add(set string) {
+	id := setOwner(set)
+	if id == "" {
+		return
+	}
+	if x[id] == nil {
+		x[id] = map[string]bool{}
+	}
+	x[id][set] = true
+}
+
+func (x setIndex) has(set string) bool { return x[setOwner(set)][set] }
+
 // setOwner is the sandbox id a name set belongs to ("" for another set).
 func setOwner(name string) string {
 	for _, p := range []string{setPrefixAllow, setPrefixDeny} {
