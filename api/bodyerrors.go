@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -322,4 +323,91 @@ func findUnknown(raw []byte, t reflect.Type, path string, out *[]unknownField) {
 			findUnknown(v, t.Elem(), fmt.Sprintf("%s[%d]", path, i), out)
 		}
 	}
+}
+
+// duplicateKey finds the first object key given twice in body, a JSON
+// value read as type t: encoding/json would keep the last silently
+// (`{"id":"x1","id":"x2"}` made x2). In a struct's object two keys are
+// the same when they fill the same field (encoding/json matches names in
+// any case, so "id" and "ID" are one); in a map's, when they are equal.
+// It answers the path of the object holding it ("" for the body,
+// "services.db") and the key as given the second time; ok is false when
+// there is none, or the JSON breaks first (the decoder reports that).
+func duplicateKey(body []byte, t reflect.Type) (path, key string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	path, key, ok, _ = walkDuplicates(dec, t, "")
+	return path, key, ok
+}
+
+// walkDuplicates reads one JSON value from dec, as type t (nil: any),
+// and looks for a key given twice in its objects; err is dec's.
+func walkDuplicates(dec *json.Decoder, t reflect.Type, path string) (dupPath, key string, found bool, err error) {
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return "", "", false, err
+	}
+	delim, ok := tok.(json.Delim)
+	if !ok || (delim != '{' && delim != '[') {
+		return "", "", false, nil
+	}
+	join := func(k string) string {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	if delim == '[' {
+		var elem reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			elem = t.Elem()
+		}
+		for i := 0; dec.More(); i++ {
+			if dupPath, key, found, err = walkDuplicates(dec, elem, fmt.Sprintf("%s[%d]", path, i)); found || err != nil {
+				return dupPath, key, found, err
+			}
+		}
+		_, err = dec.Token()
+		return "", "", false, err
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", "", false, err
+		}
+		k, _ := tok.(string)
+		// The name the key fills: a struct's field (in any case), else
+		// the key itself.
+		name, elem := "key "+k, reflect.Type(nil)
+		switch {
+		case t != nil && t.Kind() == reflect.Struct:
+			if f, ok := fieldByJSON(t, k, true); ok {
+				name, elem = "field "+f.Name, f.Type
+			}
+		case t != nil && t.Kind() == reflect.Map:
+			elem = t.Elem()
+		}
+		if seen[name] {
+			return path, k, true, nil
+		}
+		seen[name] = true
+		if dupPath, key, found, err = walkDuplicates(dec, elem, join(k)); found || err != nil {
+			return dupPath, key, found, err
+		}
+	}
+	_, err = dec.Token()
+	return "", "", false, err
+}
+
+// duplicateKeyWords says which key was given twice, and where:
+// `services.db: duplicate key "image" (each key once)`.
+func duplicateKeyWords(path, key string) string {
+	s := fmt.Sprintf("duplicate key %q (give each field once)", key)
+	if path != "" {
+		s = path + ": " + s
+	}
+	return s
 }

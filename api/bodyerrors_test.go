@@ -96,3 +96,50 @@ func TestDecodeBodyMessages(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeBodyDuplicateKeys: a key given twice, at any depth, is a 400
+// naming it and the object holding it (encoding/json would keep the last
+// one silently); two keys that fill the same field in different case are
+// the same key; keys of a map are the same only when equal.
+func TestDecodeBodyDuplicateKeys(t *testing.T) {
+	patch := func() any { return new(patchBody) }
+	for _, tc := range []struct {
+		name, body string
+		into       func() any
+		want       string // "": accepted
+	}{
+		{"id twice", `{"id":"x1","image":"a","ports":[1],"id":"x2"}`, nil, `duplicate key "id"`},
+		{"in another case", `{"id":"x1","image":"a","ports":[1],"ID":"x2"}`, nil, `duplicate key "ID"`},
+		{"an unknown field twice", `{"image":"a","port":1,"port":2}`, nil, `duplicate key "port"`},
+		{"a label twice", `{"image":"a","ports":[1],"labels":{"tenant":"acme","tenant":"globex"}}`, nil, `labels: duplicate key "tenant"`},
+		{"labels in two cases are two", `{"image":"a","ports":[1],"labels":{"tenant":"acme","Tenant":"globex"}}`, nil, ""},
+		{"env twice", `{"image":"a","ports":[1],"env":{"A":"1","A":"2"}}`, nil, `env: duplicate key "A"`},
+		{"a service twice", `{"image":"a","ports":[1],"services":{"db":{"image":"pg"},"db":{"image":"mysql"}}}`, nil, `services: duplicate key "db"`},
+		{"a service's field twice", `{"image":"a","ports":[1],"services":{"db":{"image":"pg","workspace_path":"/w","image":"x"}}}`, nil, `services.db: duplicate key "image"`},
+		{"egress policy twice", `{"image":"a","ports":[1],"egress":{"policy":"none","policy":"open"}}`, nil, `egress: duplicate key "policy"`},
+		{"inside an array of objects", `{"image":"a","ports":[1],"cmd":[{"a":1,"a":2}]}`, nil, `cmd[0]: duplicate key "a"`},
+		{"the same key in sibling objects", `{"image":"a","ports":[1],"services":{"db":{"image":"pg"},"cache":{"image":"redis"}}}`, nil, ""},
+		{"patch: access twice", `{"access":"private","access":"public"}`, patch, `duplicate key "access"`},
+		{"patch: egress allow twice", `{"egress":{"policy":"none","allow":["a.example"],"allow":["b.example"]}}`, patch, `egress: duplicate key "allow"`},
+		{"template twice", `{"template":"web","template":"admin"}`, nil, `duplicate key "template"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := any(new(createBody))
+			if tc.into != nil {
+				v = tc.into()
+			}
+			w := httptest.NewRecorder()
+			ok := decodeBody(w, httptest.NewRequest(http.MethodPost, "/v1/sandboxes", strings.NewReader(tc.body)), v)
+			if tc.want == "" {
+				if !ok {
+					t.Fatalf("refused: %d %s", w.Code, w.Body.String())
+				}
+				return
+			}
+			var e client.ErrorResponse
+			if ok || json.Unmarshal(w.Body.Bytes(), &e) != nil || w.Code != 400 || e.Error.Code != "invalid" || !strings.HasPrefix(e.Error.Message, tc.want) {
+				t.Fatalf("got ok=%v %d %s, want 400 invalid %q", ok, w.Code, w.Body.String(), tc.want)
+			}
+		})
+	}
+}

@@ -66,6 +66,14 @@ func FuzzDecodeCreateBody(f *testing.F) {
 		`{"image":"a","ports":[1.5]}`,
 		`{"image":"a","ports":["80"]}`,
 		`{"image":"a","ports":null}`,
+		`{"id":"x1","image":"a","ports":[1],"id":"x2"}`,
+		`{"id":"x1","image":"a","ports":[1],"ID":"x2"}`,
+		`{"image":"a","ports":[1],"labels":{"k":"v","k":"w"}}`,
+		`{"image":"a","ports":[1],"labels":{"k":"v","K":"w"}}`,
+		`{"image":"a","ports":[1],"services":{"db":{"image":"pg","image":"x"}}}`,
+		`{"image":"a","ports":[1],"egress":{"policy":"none","policy":"open"}}`,
+		`{"image":"a","ports":[1],"cmd":[{"a":1,"a":2}],"cmd":[]}`,
+		`{"image":"a","image":"b",`,
 	} {
 		f.Add([]byte(s))
 	}

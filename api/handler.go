@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -245,8 +246,8 @@ func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 // decodeBody decodes a JSON object body into v strictly: unknown fields,
-// trailing data and bodies over maxBodyBytes are errors with a clear message
-// (see bodyErrorMessage).
+// keys given twice (see duplicateKey), trailing data and bodies over
+// maxBodyBytes are errors with a clear message (see bodyErrorMessage).
 func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if tooBig, ok := errors.AsType[*http.MaxBytesError](err); ok {
@@ -255,6 +256,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	if err != nil {
 		web.WriteError(w, http.StatusBadRequest, "invalid", "reading the request body: "+err.Error(), 0)
+		return false
+	}
+	if path, key, dup := duplicateKey(body, reflect.TypeOf(v)); dup {
+		web.WriteError(w, http.StatusBadRequest, "invalid", duplicateKeyWords(path, key), 0)
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -631,6 +636,11 @@ func (api *Handler) history(w http.ResponseWriter, r *http.Request, e *gateway.G
 	if !ok {
 		return
 	}
+	q, err := parseHistoryQuery(r)
+	if err != nil {
+		web.WriteEngineError(w, err)
+		return
+	}
 	evs, err := e.Mgr.History(id)
 	if err != nil {
 		web.WriteEngineError(w, err)
@@ -644,7 +654,62 @@ func (api *Handler) history(w http.ResponseWriter, r *http.Request, e *gateway.G
 		web.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("sandbox %s: no history", id), 0)
 		return
 	}
-	web.WriteJSON(w, http.StatusOK, map[string]any{"events": evs})
+	if !q.paged {
+		web.WriteJSON(w, http.StatusOK, historyPage{Events: evs})
+		return
+	}
+	// Event ids only grow, so a page after an id never repeats an event
+	// or skips one logged since the page before.
+	first := slices.IndexFunc(evs, func(ev lifecycle.Event) bool { return ev.ID > q.after })
+	if first < 0 {
+		first = len(evs)
+	}
+	evs = evs[first:]
+	page := historyPage{Events: evs[:min(len(evs), q.limit)]}
+	if len(evs) > q.limit {
+		page.Next = page.Events[q.limit-1].ID
+	}
+	web.WriteJSON(w, http.StatusOK, page)
+}
+
+// historyPage is the answer of GET /v1/sandboxes/{id}/history
+// (client.History).
+type historyPage struct {
+	Events []lifecycle.Event `json:"events"`
+	Next   uint64            `json:"next,omitempty"`
+}
+
+// historyQuery is what GET /v1/sandboxes/{id}/history asks: every event,
+// or (paged) a page of limit events after the event id after.
+type historyQuery struct {
+	paged bool
+	limit int
+	after uint64
+}
+
+// parseHistoryQuery reads ?limit=&after=; either asks for a page, of
+// defaultPageLimit events when only after is given.
+func parseHistoryQuery(r *http.Request) (historyQuery, error) {
+	v := r.URL.Query()
+	var q historyQuery
+	if l := v.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > lifecycle.MaxPageLimit {
+			return q, fmt.Errorf("%w: limit %q is not a whole number from 1 to %d", lifecycle.ErrInvalid, l, lifecycle.MaxPageLimit)
+		}
+		q.limit, q.paged = n, true
+	}
+	if a := v.Get("after"); a != "" {
+		n, err := strconv.ParseUint(a, 10, 64)
+		if err != nil {
+			return q, fmt.Errorf("%w: after %q is not an event id (the next of an earlier page)", lifecycle.ErrInvalid, a)
+		}
+		q.after, q.paged = n, true
+		if q.limit == 0 {
+			q.limit = defaultPageLimit
+		}
+	}
+	return q, nil
 }
 
 // eventsReplayPage is how many logged events one replay read returns.

@@ -480,7 +480,10 @@ func parsePreview(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 		return nil, err
 	}
 	// The rest (directive name and block, matcher removed) is
-	// reverse_proxy's to parse.
+	// reverse_proxy's to parse. ExtractMatcherSet rewound the dispenser
+	// before the directive's name: step onto it, or the segment starts
+	// with an empty token and reverse_proxy never sees the block.
+	h.Next()
 	rest := h.NewFromNextSegment()
 	proxy := &reverseproxy.Handler{}
 	if err := proxy.UnmarshalCaddyfile(rest); err != nil {
@@ -501,8 +504,11 @@ func parsePreview(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 		// container in turn). The site's handler is built before the app's
 		// settings are known: it keeps the default's number.
 		proxy.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
-			KeepAlive: &reverseproxy.KeepAlive{MaxIdleConnsPerHost: DefaultMaxOpenPerSandbox},
+			KeepAlive:   &reverseproxy.KeepAlive{MaxIdleConnsPerHost: DefaultMaxOpenPerSandbox},
+			Compression: &noCompression,
 		}, "protocol", "http", nil)
+	} else {
+		proxy.TransportRaw = withoutCompression(proxy.TransportRaw)
 	}
 
 	route := caddyhttp.Route{
@@ -515,6 +521,33 @@ func parsePreview(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
 		route.MatcherSetsRaw = []caddy.ModuleMap{userMatcher}
 	}
 	return []httpcaddyfile.ConfigValue{{Class: "route", Value: caddyhttp.Subroute{Routes: caddyhttp.RouteList{route}}}}, nil
+}
+
+// noCompression is the preview transport's compression setting: off.
+// Go's transport, left to itself, asks the sandbox for gzip on behalf of
+// a client that asked for no encoding and inflates the answer on the
+// gateway's CPU (a 1 MB answer can inflate to 1 GB). Off, the client's
+// own Accept-Encoding goes to the app and the app's answer to the client
+// as the app encoded it.
+var noCompression = false
+
+// withoutCompression sets compression off in an http transport's JSON
+// that does not set it (a sandwake_preview block with its own transport);
+// other transports, and one that sets it, are left as they are.
+func withoutCompression(raw json.RawMessage) json.RawMessage {
+	var t map[string]json.RawMessage
+	if json.Unmarshal(raw, &t) != nil || string(t["protocol"]) != `"http"` {
+		return raw
+	}
+	if _, set := t["compression"]; set {
+		return raw
+	}
+	t["compression"] = json.RawMessage("false")
+	out, err := json.Marshal(t)
+	if err != nil {
+		return raw
+	}
+	return out
 }
 
 // parseAPI parses the sandwake_api directive:

@@ -188,6 +188,7 @@ func FuzzPreviewCaddyfile(f *testing.F) {
 		"{\n\ttransport fastcgi\n}",
 		"{\n\tunknown_subdirective\n}",
 		"{\n\tfail_duration 30s\n\tmax_fails 3\n\thealth_uri /healthz\n}",
+		"{\n\ttransport http {\n\t\tcompression off\n\t\tkeepalive 30s\n\t}\n}",
 	} {
 		f.Add(s)
 	}
@@ -228,6 +229,11 @@ func FuzzPreviewCaddyfile(f *testing.F) {
 						du, _ := rp["dynamic_upstreams"].(map[string]any)
 						if du == nil || du["source"] != "sandwake" {
 							t.Fatalf("input %q: reverse_proxy after the gate has dynamic upstreams %v, want sandwake's", input, rp["dynamic_upstreams"])
+						}
+						// The gateway never asks a sandbox for an encoding
+						// on a client's behalf, nor inflates its answer.
+						if tr, _ := rp["transport"].(map[string]any); tr["protocol"] == "http" && tr["compression"] != false {
+							t.Fatalf("input %q: the http transport after the gate has compression %v, want false: %s", input, tr["compression"], cfg)
 						}
 					}
 				}

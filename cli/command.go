@@ -48,7 +48,8 @@ const sandwakeExamples = `  caddy sandwake ls [--state running]
   caddy sandwake get myapp -o json
   caddy sandwake events --sandbox myapp
   caddy sandwake node drain node-b [--undo]
-  caddy sandwake cluster ca --out /etc/sandwake/cluster-ca`
+  caddy sandwake cluster ca --out /etc/sandwake/cluster-ca
+  caddy sandwake uninstall --instance staging [--volumes]`
 
 // defaultAPI is where the management API is looked for when neither --api
 // nor $SANDWAKE_API says.
@@ -108,6 +109,7 @@ func sandwakeCommand(cmd *cobra.Command) {
 		c.actionCommand("stop", "Stops a sandbox (it keeps its disk)", (*client.Client).Stop),
 		c.keepaliveCommand(), c.egressCommand(), c.destroyCommand(), c.purgeCommand(), c.eventsCommand(),
 		c.whoamiCommand(), c.templatesCommand(), c.nodesCommand(), c.nodeCommand(), c.clusterCommand(),
+		c.uninstallCommand(),
 	} {
 		sub.SilenceErrors, sub.SilenceUsage = true, true
 		cmd.AddCommand(sub)

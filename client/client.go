@@ -324,9 +324,27 @@ func (c *Client) Purge(ctx context.Context, id string, co ...CallOption) (int64,
 
 // History answers the events the log keeps of a sandbox, oldest first.
 func (c *Client) History(ctx context.Context, id string, co ...CallOption) ([]Event, error) {
-	var out History
-	err := c.call(ctx, http.MethodGet, sandboxPath(id)+"/history", nil, &out, co)
+	out, err := c.HistoryPage(ctx, id, HistoryOptions{}, co...)
 	return out.Events, err
+}
+
+// HistoryPage answers one page of a sandbox's events (every one when
+// opts.Limit and opts.After are unset) with the After of the next page.
+func (c *Client) HistoryPage(ctx context.Context, id string, opts HistoryOptions, co ...CallOption) (History, error) {
+	q := url.Values{}
+	if opts.Limit > 0 {
+		q.Set("limit", strconv.Itoa(opts.Limit))
+	}
+	if opts.After > 0 {
+		q.Set("after", strconv.FormatUint(opts.After, 10))
+	}
+	path := sandboxPath(id) + "/history"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out History
+	err := c.call(ctx, http.MethodGet, path, nil, &out, co)
+	return out, err
 }
 
 // CreateToken issues a preview token for a private sandbox.

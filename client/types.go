@@ -437,11 +437,59 @@ type Event struct {
 	// Node is the node of another node's sandbox (a cluster's merged
 	// stream).
 	Node string `json:"node,omitempty"`
+	// Denials, on sandbox.egress_denied_summary, counts one window of
+	// the sandbox's refused egress past what was logged event by event.
+	Denials *DenialSummary `json:"denials,omitempty"`
+}
+
+// Event types of refused egress: at most 60 sandbox.egress_denied a
+// minute per sandbox (one per destination), then one
+// sandbox.egress_denied_summary for the minute.
+const (
+	EventEgressDenied        = "sandbox.egress_denied"
+	EventEgressDeniedSummary = "sandbox.egress_denied_summary"
+)
+
+// DenialSummary is the Denials of a sandbox.egress_denied_summary event.
+type DenialSummary struct {
+	// From and Until bound the window (a minute).
+	From  time.Time `json:"from"`
+	Until time.Time `json:"until"`
+	// Logged is how many sandbox.egress_denied events the window made.
+	Logged int `json:"logged"`
+	// Suppressed is how many denials were not logged as events.
+	Suppressed uint64 `json:"suppressed"`
+	// Destinations is how many distinct destinations those were of
+	// (estimated past 256: DestinationsEstimated).
+	Destinations          int  `json:"destinations"`
+	DestinationsEstimated bool `json:"destinations_estimated,omitempty"`
+	// Top are the suppressed destinations denied most, at most five.
+	Top []DeniedCount `json:"top,omitempty"`
+}
+
+// DeniedCount is a destination ("addr:port/proto [name]") and how often
+// it was denied.
+type DeniedCount struct {
+	Destination string `json:"destination"`
+	Count       uint64 `json:"count"`
 }
 
 // History is the answer of GET /v1/sandboxes/{id}/history.
 type History struct {
 	Events []Event `json:"events"`
+	// Next, in a paged history (limit or after given), is the id of the
+	// page's last event, to pass as After for the next page; 0 on the
+	// last page and for an unpaged history.
+	Next uint64 `json:"next,omitempty"`
+}
+
+// HistoryOptions page GET /v1/sandboxes/{id}/history.
+type HistoryOptions struct {
+	// Limit, when above 0, asks for a page of at most Limit events (up
+	// to 1000; 100 when only After is given) after the event id After
+	// (the Next of the page before).
+	Limit int
+	After uint64
 }
 
 // Readiness is the answer of GET /v1/readyz, with status 200 when Ready and

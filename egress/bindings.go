@@ -2,6 +2,7 @@ package egress
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -17,42 +18,48 @@ import (
 // bridge. The inet table judges packets by source address alone, so a
 // sandbox given NET_RAW could send with another's address (and leave under
 // its policy) or answer ARP for it (and receive its traffic). A table of
-// the bridge family, which sees frames as they enter the bridge from a
-// port, ties each running sandbox's address to its port (the host end of
-// its veth) and its MAC:
+// the bridge family, which sees frames as they enter a bridge from a port,
+// ties each running sandbox's address to its port (the host end of its
+// veth) and its MAC:
 //
 //	table bridge sandwake-<br> {
+//	  set ports    { type iface_index }                       # every port of <br>, bound or not (ports_watch.go)
 //	  set bound    { type ifname . ether_addr . ipv4_addr }
-//	  set ports    { type ifname }
 //	  set portmacs { type ifname . ether_addr }
-//	  set macs     { type ether_addr }
 //	  chain prerouting { type filter hook prerouting priority -300;
-//	    iifname @ports ip: iifname . ether saddr . ip saddr != @bound drop
-//	    ip saddr <subnet>: iifname . ether saddr . ip saddr != @bound drop
-//	    iifname @ports arp: iifname . arp saddr ether . arp saddr ip != @bound drop
-//	    arp saddr ip <subnet>: iifname . arp saddr ether . arp saddr ip != @bound drop
-//	    iifname @ports iifname . ether saddr != @portmacs drop
-//	    ether saddr @macs iifname . ether saddr != @portmacs drop
+//	    iif @ports ip:  iifname . ether saddr . ip saddr != @bound drop
+//	    iif @ports arp: iifname . arp saddr ether . arp saddr ip != @bound drop
+//	    iif @ports iifname . ether saddr != @portmacs drop
 //	  }
 //	}
 //
-// (each drop counted in the counter "spoofed"). An address of the subnet
-// that no running sandbox holds is spoken for by nobody: its frames are
-// dropped, so a sandbox's own frames pass only once its start bound it.
-// This kernel has no "meta ibrname", so the bridge's ports are matched by
-// name, and frames of other bridges with addresses outside the subnet are
-// never touched. The drops happen before the bridge learns the frame's
-// source MAC, so a borrowed MAC does not move another sandbox's entry in
-// its forwarding table either.
+// (each drop counted in the counter "spoofed"). A port of the bridge that
+// no running sandbox is bound to speaks for nobody: its frames are all
+// dropped, so a sandbox's own frames pass only once its start bound it,
+// and a port that joined the bridge since cannot claim an address either.
+//
+// The hook sees the frames of every bridge of the host, and this kernel
+// has no "meta ibrname" to ask which bridge a frame entered: every rule
+// starts with "iif @ports", which holds only the ports of sandwake's
+// bridge, so no rule touches a frame of another bridge, whatever its
+// addresses (a Docker network, a plain bridge, CNI or libvirt on a subnet
+// that overlaps the sandbox network's), while the gateway runs or after it
+// stopped. The drops happen before the bridge learns the frame's source
+// MAC, so a borrowed MAC does not move another sandbox's entry in its
+// forwarding table either.
 
 // Names inside the bridge table.
 const (
 	setBound       = "bound"
 	setPorts       = "ports"
 	setPortMACs    = "portmacs"
-	setMACs        = "macs"
 	counterSpoofed = "spoofed"
 )
+
+// bridgeLayout marks the chain's first rule with the table's layout: a
+// table an older gateway wrote (its rules not scoped to the bridge's
+// ports) is installed again, its bindings kept.
+const bridgeLayout = "sandwake-bridge/ports-v2"
 
 // Offsets in the frames the bridge table reads.
 const (
@@ -82,12 +89,10 @@ type binding struct {
 	mac  net.HardwareAddr
 }
 
-func (f *Firewall) bridgeSets() (bound, ports, portmacs, macs *nftables.Set) {
+func (f *Firewall) bridgeSets() (bound, portmacs *nftables.Set) {
 	t := f.btable
 	return &nftables.Set{Table: t, Name: setBound, KeyType: typeBound, Concatenation: true},
-		&nftables.Set{Table: t, Name: setPorts, KeyType: nftables.TypeIFName},
-		&nftables.Set{Table: t, Name: setPortMACs, KeyType: typePortMACs, Concatenation: true},
-		&nftables.Set{Table: t, Name: setMACs, KeyType: nftables.TypeEtherAddr}
+		&nftables.Set{Table: t, Name: setPortMACs, KeyType: typePortMACs, Concatenation: true}
 }
 
 // etherType: ether type <t>.
@@ -103,9 +108,9 @@ func inSet(set string, invert bool) expr.Any {
 	return &expr.Lookup{SourceRegister: reg1, SetName: set, Invert: invert}
 }
 
-// iifInPorts: iifname @ports.
+// iifInPorts: iif @ports.
 func iifInPorts() []expr.Any {
-	return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1}, inSet(setPorts, false)}
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIF, Register: reg1}, inSet(setPorts, false)}
 }
 
 // notBound: iifname . <mac at macOff of base> [. <addr at addrOff of the
@@ -121,16 +126,14 @@ func notBound(set string, macBase expr.PayloadBase, macOff uint32, addrOff int) 
 	return append(out, inSet(set, true))
 }
 
-// subnetAt: <4 bytes at off of the network header> in prefix p.
-func subnetAt(off uint32, p netip.Prefix) []expr.Any { return ipPrefix(off, p) }
-
 func spoofDrop() []expr.Any {
 	return []expr.Any{counterRef(counterSpoofed), verdict(expr.VerdictDrop)}
 }
 
-// installBridge (re)creates the bridge table in one batch; its bindings
-// are then none.
-func (f *Firewall) installBridge(c *nftables.Conn) error {
+// installBridge (re)creates the bridge table in one batch, its ports set
+// holding ports (the bridge's, listed under f.ports.mu) and its bindings
+// carry (none when nil).
+func (f *Firewall) installBridge(c *nftables.Conn, ports map[uint32]bool, carry map[netip.Addr]binding) error {
 	tables, err := c.ListTablesOfFamily(nftables.TableFamilyBridge)
 	if err != nil {
 		return err
@@ -139,64 +142,86 @@ func (f *Firewall) installBridge(c *nftables.Conn) error {
 		c.DelTable(f.btable)
 	}
 	t := c.AddTable(f.btable)
-	bound, ports, portmacs, macs := f.bridgeSets()
-	for _, s := range []*nftables.Set{bound, ports, portmacs, macs} {
-		if err := c.AddSet(s, nil); err != nil {
+	bound, portmacs := f.bridgeSets()
+	var boundEls, macEls []nftables.SetElement
+	macs := map[string]bool{}
+	for a, b := range carry {
+		boundEls = append(boundEls, nftables.SetElement{Key: boundKey(b, a)})
+		if k := portMACKey(b); !macs[string(k)] {
+			macs[string(k)] = true
+			macEls = append(macEls, nftables.SetElement{Key: k})
+		}
+	}
+	for _, s := range []struct {
+		set *nftables.Set
+		els []nftables.SetElement
+	}{{portsSet(t), indexElements(slices.Collect(maps.Keys(ports)))}, {bound, boundEls}, {portmacs, macEls}} {
+		if err := c.AddSet(s.set, s.els); err != nil {
 			return err
 		}
 	}
 	c.AddObj(&nftables.CounterObj{Table: t, Name: counterSpoofed})
 	pre := c.AddChain(&nftables.Chain{Table: t, Name: chainPrerouting, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-300)})
-	sub := f.net.Subnet
 	rules := [][]expr.Any{
 		cat(iifInPorts(), etherType(unix.ETH_P_IP), notBound(setBound, expr.PayloadBaseLLHeader, offEtherSrc, offSaddr), spoofDrop()),
-		cat(etherType(unix.ETH_P_IP), subnetAt(offSaddr, sub), notBound(setBound, expr.PayloadBaseLLHeader, offEtherSrc, offSaddr), spoofDrop()),
 		cat(iifInPorts(), etherType(unix.ETH_P_ARP), notBound(setBound, expr.PayloadBaseNetworkHeader, offARPSha, offARPSpa), spoofDrop()),
-		cat(etherType(unix.ETH_P_ARP), subnetAt(offARPSpa, sub), notBound(setBound, expr.PayloadBaseNetworkHeader, offARPSha, offARPSpa), spoofDrop()),
 		cat(iifInPorts(), notBound(setPortMACs, expr.PayloadBaseLLHeader, offEtherSrc, -1), spoofDrop()),
-		cat([]expr.Any{&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseLLHeader, Offset: offEtherSrc, Len: 6}, inSet(setMACs, false)},
-			notBound(setPortMACs, expr.PayloadBaseLLHeader, offEtherSrc, -1), spoofDrop()),
 	}
-	for _, r := range rules {
-		c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: r})
+	for i, r := range rules {
+		rule := &nftables.Rule{Table: t, Chain: pre, Exprs: r}
+		if i == 0 {
+			rule.UserData = []byte(bridgeLayout)
+		}
+		c.AddRule(rule)
 	}
-	f.bindings = map[netip.Addr]binding{}
+	f.bindings = maps.Clone(carry)
+	if f.bindings == nil {
+		f.bindings = map[netip.Addr]binding{}
+	}
 	return nil
 }
 
 // bridgeComplete reports whether the bridge table exists with its chain
-// and sets.
-func (f *Firewall) bridgeComplete(c *nftables.Conn) (bool, error) {
+// and sets, and whether its rules are of this layout (bridgeLayout).
+func (f *Firewall) bridgeComplete(c *nftables.Conn) (complete, current bool, err error) {
 	tables, err := c.ListTablesOfFamily(nftables.TableFamilyBridge)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == f.btable.Name }) {
-		return false, nil
+		return false, false, nil
 	}
 	sets, err := c.GetSets(f.btable)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
-	for _, want := range []string{setBound, setPorts, setPortMACs, setMACs} {
+	for _, want := range []string{setBound, setPorts, setPortMACs} {
 		if !slices.ContainsFunc(sets, func(s *nftables.Set) bool { return s.Name == want }) {
-			return false, nil
+			return false, false, nil
 		}
 	}
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyBridge)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
-	return slices.ContainsFunc(chains, func(ch *nftables.Chain) bool {
+	i := slices.IndexFunc(chains, func(ch *nftables.Chain) bool {
 		return ch.Table != nil && ch.Table.Name == f.btable.Name && ch.Name == chainPrerouting
-	}), nil
+	})
+	if i < 0 {
+		return false, false, nil
+	}
+	rules, err := c.GetRules(f.btable, chains[i])
+	if err != nil {
+		return false, false, err
+	}
+	return true, len(rules) == 3 && string(rules[0].UserData) == bridgeLayout, nil
 }
 
 // loadBindings reads the bindings the kernel holds (after a restart of
 // the gateway).
 func (f *Firewall) loadBindings(c *nftables.Conn) error {
-	bound, _, _, _ := f.bridgeSets()
+	bound, _ := f.bridgeSets()
 	els, err := c.GetSetElements(bound)
 	if err != nil {
 		return fmt.Errorf("egress firewall: reading the port bindings: %w", err)
@@ -246,18 +271,20 @@ func (f *Firewall) runningElements() []nftables.SetElement {
 	return els
 }
 
-// stageUnbind batches the removal of addr's binding.
+// stageUnbind batches the removal of addr's binding. Its port stays in
+// the ports set while it is the bridge's: a port bound to nothing speaks
+// for nothing.
 func (f *Firewall) stageUnbind(c *nftables.Conn, addr netip.Addr) error {
 	b, ok := f.bindings[addr]
 	if !ok {
 		return nil
 	}
-	bound, ports, portmacs, macs := f.bridgeSets()
+	bound, portmacs := f.bridgeSets()
 	a := addr.As4()
 	for _, d := range []struct {
 		s   *nftables.Set
 		key []byte
-	}{{bound, boundKey(b, addr)}, {ports, ifname(b.port)}, {portmacs, portMACKey(b)}, {macs, b.mac}, {f.runningSet(), a[:]}} {
+	}{{bound, boundKey(b, addr)}, {portmacs, portMACKey(b)}, {f.runningSet(), a[:]}} {
 		if err := c.SetDeleteElements(d.s, []nftables.SetElement{{Key: d.key}}); err != nil {
 			return err
 		}
@@ -298,15 +325,25 @@ func (f *Firewall) Bind(pb lifecycle.PortBinding) error {
 			}
 		}
 	}
-	bound, ports, portmacs, macs := f.bridgeSets()
+	bound, portmacs := f.bridgeSets()
 	a := pb.Address.As4()
 	for _, d := range []struct {
 		s   *nftables.Set
 		key []byte
-	}{{bound, boundKey(want, pb.Address)}, {ports, ifname(port)}, {portmacs, portMACKey(want)}, {macs, mac}, {f.runningSet(), a[:]}} {
+	}{{bound, boundKey(want, pb.Address)}, {portmacs, portMACKey(want)}, {f.runningSet(), a[:]}} {
 		if err := c.SetAddElements(d.s, []nftables.SetElement{{Key: d.key}}); err != nil {
 			return err
 		}
+	}
+	// The port is in the ports set since it joined the bridge (the
+	// watcher's notification); ensured again here, in the same batch,
+	// under the watcher's lock so that a notification read meanwhile is
+	// applied after.
+	f.ports.mu.Lock()
+	defer f.ports.mu.Unlock()
+	ensured, err := f.ports.stageEnsure(c, port)
+	if err != nil {
+		return fmt.Errorf("egress firewall: binding sandbox %s: %w", pb.ID, err)
 	}
 	if err := c.Flush(); err != nil {
 		// A stale view (the table changed by hand): read it again; the
@@ -316,6 +353,7 @@ func (f *Firewall) Bind(pb lifecycle.PortBinding) error {
 		}
 		return fmt.Errorf("egress firewall: binding sandbox %s: %w", pb.ID, err)
 	}
+	f.ports.ensured(ensured)
 	for a, b := range f.bindings {
 		if a == pb.Address || b.port == port || slices.Equal(b.mac, mac) {
 			delete(f.bindings, a)

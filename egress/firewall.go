@@ -102,6 +102,9 @@ type Firewall struct {
 	// bindings what its sets hold, by address.
 	btable   *nftables.Table
 	bindings map[netip.Addr]binding
+	// ports keeps the bridge table's set of the bridge's ports
+	// (ports_watch.go); its lock comes after f.mu.
+	ports portWatch
 	// sets are the name sets the kernel holds (names.go), by the
 	// sandbox they belong to: a sync touches one sandbox's, not all.
 	sets setIndex
@@ -170,8 +173,9 @@ func (f *Firewall) opensPrivate(a netip.Addr, r lifecycle.AllowRule) bool {
 	return true
 }
 
-// Close stops the forwarder and the log reader; the kernel's rules stay
-// (sandboxes keep their policies while the gateway restarts).
+// Close stops the forwarder, the log reader and the watch of the bridge's
+// ports; the kernel's rules stay (sandboxes keep their policies and
+// bindings while the gateway restarts).
 func (f *Firewall) Close() error {
 	f.mu.Lock()
 	fwd, stop := f.fwd, f.stopLog
@@ -183,6 +187,7 @@ func (f *Firewall) Close() error {
 	if stop != nil {
 		stop()
 	}
+	f.ports.close()
 	return nil
 }
 
@@ -227,6 +232,10 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	if err != nil {
 		return f.privilege(err)
 	}
+	// Tables of networks removed since (cleanup.go); this bridge exists.
+	if _, err := f.removeStale(); err != nil {
+		f.log.Warn("removing the firewall tables of sandbox networks that are gone", zap.Error(err))
+	}
 	if err := f.setupBridge(c, n); err != nil {
 		return err
 	}
@@ -257,6 +266,9 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	c.FlushSet(running)
 	if err := c.SetAddElements(running, f.runningElements()); err != nil {
 		return fmt.Errorf("egress firewall: %w", err)
+	}
+	if err := f.stageLoopbackRule(c); err != nil {
+		return err
 	}
 	if err := c.Flush(); err != nil {
 		return f.privilege(err)
@@ -297,9 +309,14 @@ func probeTimeoutUpdates() bool {
 	return err == nil && len(els) == 1 && els[0].Timeout == 20*time.Second
 }
 
-// startServices starts the forwarder on the network's gateway and the log
-// reader, unless they run (for this network).
+// startServices starts the forwarder on the network's gateway, the log
+// reader and the watch of the bridge's ports, unless they run (for this
+// network).
 func (f *Firewall) startServices(n lifecycle.SandboxNet) error {
+	// Subscribed before setupBridge lists the ports: no change is missed.
+	if err := f.ports.start(f.log); err != nil {
+		return err
+	}
 	if f.fwd != nil && f.fwdAddr != n.Gateway {
 		f.fwd.stop()
 		f.fwd = nil
@@ -328,26 +345,46 @@ func (f *Firewall) setupBridge(c *nftables.Conn, n lifecycle.SandboxNet) error {
 		f.bindings = nil
 	}
 	f.btable = t
-	complete, err := f.bridgeComplete(c)
+	// The ports are listed and written under the watcher's lock: a
+	// notification it reads meanwhile is applied after, on top.
+	f.ports.mu.Lock()
+	defer f.ports.mu.Unlock()
+	ports, err := f.ports.list(n.Bridge)
+	if err != nil {
+		return fmt.Errorf("egress firewall: listing the ports of bridge %s: %w", n.Bridge, err)
+	}
+	complete, current, err := f.bridgeComplete(c)
 	if err != nil {
 		return f.privilege(err)
 	}
-	if complete {
-		if f.bindings == nil {
-			return f.loadBindings(c)
+	if complete && f.bindings == nil {
+		if err := f.loadBindings(c); err != nil {
+			return err
+		}
+	}
+	if complete && current {
+		if err := f.ports.sync(c, t, ports); err != nil {
+			return f.privilege(err)
 		}
 		return nil
 	}
-	if f.bindings != nil {
+	var carry map[netip.Addr]binding
+	switch {
+	case complete:
+		// An older gateway's layout: written again, its bindings kept
+		// (the sandboxes run).
+		carry = f.bindings
+	case f.bindings != nil:
 		f.repaired = true
 		f.log.Warn("port binding table missing or incomplete: installing it again", zap.String("table", t.Name))
 	}
-	if err := f.installBridge(c); err != nil {
+	if err := f.installBridge(c, ports, carry); err != nil {
 		return f.privilege(err)
 	}
 	if err := c.Flush(); err != nil {
 		return f.privilege(err)
 	}
+	f.ports.installed(t, ports)
 	return nil
 }
 
@@ -453,9 +490,16 @@ func (f *Firewall) install(c *nftables.Conn) error {
 		ctDirection(dirOriginal), ctNew(), []expr.Any{counterRef(counterInbound), verdict(expr.VerdictDrop)})})
 	in := c.AddChain(&nftables.Chain{Table: t, Name: chainInput, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookInput, Priority: prio})
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIf(expr.MetaKeyIIFNAME, br, expr.CmpOpEq), []expr.Any{jump(chainFrom)})})
-	// Packets for 127.0.0.0/8 that did not come from loopback: other hosts
-	// of the local network reaching ports published on 127.0.0.1
-	// (moby#45610). Before DNAT (priority -100) rewrites them.
+	// The forwarder knows its asker by source address: port 53 of the
+	// gateway hears only the bridge, where the bindings make that address
+	// true (forwarder.go checks the arrival interface as well). An
+	// interface that holds the same address itself (another bridge on an
+	// overlapping subnet) keeps its own port 53: not sandwake's to judge.
+	for _, p := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIf(expr.MetaKeyIIFNAME, br, expr.CmpOpNeq), nfproto(unix.NFPROTO_IPV4),
+			ipPrefix(offDaddr, netip.PrefixFrom(f.net.Gateway, 32)), l4proto(p), dport(portDNS), fibDaddrNotOnIif(),
+			[]expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)})})
+	}
 	// The host's own connections to an address of the subnet that no
 	// running sandbox holds (stopped, or gone behind sandwake's back) are
 	// refused at once, not left to time out on ARP: the gateway's dial
@@ -474,10 +518,38 @@ func (f *Firewall) install(c *nftables.Conn) error {
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: cat(notRunning, notGateway, l4proto(unix.IPPROTO_TCP), []expr.Any{rejectTCP()})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: cat(notRunning, notGateway, []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_HOST_UNREACH}})})
 	pre := c.AddChain(&nftables.Chain{Table: t, Name: chainPrerouting, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityMangle})
-	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(
-		matchIf(expr.MetaKeyIIFNAME, "lo", expr.CmpOpNeq), nfproto(unix.NFPROTO_IPV4),
-		ipPrefix(offDaddr, netip.MustParsePrefix("127.0.0.0/8")), []expr.Any{counterRef(counterLoopback), verdict(expr.VerdictDrop)})})
+	c.AddRule(f.loopbackRule(pre))
 	return c.Flush()
+}
+
+// loopbackLayout marks the prerouting rule scoped to the bridge: an older
+// gateway's, which dropped such packets on every interface, is replaced.
+const loopbackLayout = "loopback/bridge-v2"
+
+// loopbackRule drops packets for 127.0.0.0/8 coming from the sandbox
+// bridge: a sandbox reaching ports published on the host's 127.0.0.1
+// (moby#45610), before DNAT (priority -100) rewrites them. Only the
+// bridge's: another interface's traffic is not sandwake's to judge.
+func (f *Firewall) loopbackRule(pre *nftables.Chain) *nftables.Rule {
+	return &nftables.Rule{Table: pre.Table, Chain: pre, UserData: []byte(loopbackLayout), Exprs: cat(
+		matchIf(expr.MetaKeyIIFNAME, f.net.Bridge, expr.CmpOpEq), nfproto(unix.NFPROTO_IPV4),
+		ipPrefix(offDaddr, netip.MustParsePrefix("127.0.0.0/8")), []expr.Any{counterRef(counterLoopback), verdict(expr.VerdictDrop)})}
+}
+
+// stageLoopbackRule batches the replacement of an installed table's
+// prerouting rule unless it is loopbackRule.
+func (f *Firewall) stageLoopbackRule(c *nftables.Conn) error {
+	pre := &nftables.Chain{Table: f.table, Name: chainPrerouting}
+	rules, err := c.GetRules(f.table, pre)
+	if err != nil {
+		return fmt.Errorf("egress firewall: reading the prerouting chain: %w", err)
+	}
+	if len(rules) == 1 && string(rules[0].UserData) == loopbackLayout {
+		return nil
+	}
+	c.FlushChain(pre)
+	c.AddRule(f.loopbackRule(pre))
+	return nil
 }
 
 // load reads which sandbox entries the kernel holds (after a restart of

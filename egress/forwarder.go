@@ -1,7 +1,9 @@
 package egress
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +16,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandwake/sandwake/egress/dnswire"
 	"github.com/sandwake/sandwake/lifecycle"
@@ -22,19 +25,29 @@ import (
 // This file is the DNS forwarder sandboxes resolve through: a server on
 // the sandbox network's gateway address, port 53, which Docker's embedded
 // resolver asks from each container's own address (the container's DNS
-// option, lifecycle/docker). It knows who asks by that address (bound to
-// the container's port, bindings.go, so it cannot be forged), asks the
-// operator's resolvers, and for an answer to a name the sandbox may reach
-// puts the answer's addresses into the sandbox's sets before it answers,
-// so that the first connect never races the rule (Cilium's toFQDNs).
+// option, lifecycle/docker). It knows who asks by that address, which
+// is true only on the sandbox bridge (bound to the container's port there,
+// bindings.go): it hears only what arrived on the bridge, so a datagram
+// with a sandbox's source address routed in on another interface (eth0, a
+// VPN) is not taken for the sandbox. It asks the operator's resolvers, and
+// for an answer to a name the sandbox may reach puts the answer's
+// addresses into the sandbox's sets before it answers, so that the first
+// connect never races the rule (Cilium's toFQDNs).
 
 // Bounds of the forwarder's work.
 const (
-	// maxInflightPerSandbox and maxInflight bound the queries being
-	// forwarded, for one sandbox and in all: past them the answer is
-	// SERVFAIL at once.
+	// maxInflightPerSandbox bounds one sandbox's queries being forwarded.
+	// The first reservedPerSandbox of them are its own; each one past
+	// those takes a slot of the maxInflight shared by all. Past either
+	// bound the answer is SERVFAIL at once, so no sandbox, nor many
+	// together holding queries to a stalled upstream, fails another's
+	// lookups: a sandbox with fewer than reservedPerSandbox in flight
+	// always gets its query asked. At most maxInflight plus
+	// reservedPerSandbox per sandbox are in flight.
 	maxInflightPerSandbox = 64
+	reservedPerSandbox    = 8
 	maxInflight           = 1024
+	portDNS               = dnswire.Port
 	portDoT               = 853 // DNS over TLS
 )
 
@@ -42,15 +55,50 @@ const (
 type forwarder struct {
 	f        *Firewall
 	udp, tcp *dns.Server
+	// inflight counts the shared slots taken (queries past their
+	// sandbox's reserved few).
 	inflight atomic.Int32
+	// exchange asks the upstream resolvers (dnswire.Exchange).
+	exchange func([]netip.Addr, dns.Question) (*dns.Msg, error)
+	// bridge is the sandbox bridge's interface index, which every query
+	// must have arrived on; looked is when it was last looked up (unix
+	// nanoseconds). foreign counts the datagrams dropped for arriving
+	// elsewhere.
+	bridge  atomic.Int32
+	looked  atomic.Int64
+	foreign atomic.Uint64
+	tcpLn   *net.TCPListener
 }
 
 // startForwarder starts the forwarder on addr:53 (UDP and TCP); it returns
 // once both listen.
 func (f *Firewall) startForwarder(addr netip.Addr) (*forwarder, error) {
-	fw := &forwarder{f: f}
+	fw := &forwarder{f: f, exchange: dnswire.Exchange}
+	br := f.bridgeIndex()
+	if br == 0 {
+		return nil, fmt.Errorf("%w: the DNS forwarder cannot find the sandbox bridge %q", lifecycle.ErrEgressUnenforced, f.bridgeName())
+	}
+	fw.bridge.Store(br)
+	fw.looked.Store(time.Now().UnixNano())
 	ap := netip.AddrPortFrom(addr, dnswire.Port).String()
-	pc, err := net.ListenPacket("udp4", ap)
+	// UDP: each datagram's arrival interface (IP_PKTINFO) is checked
+	// against the bridge's current index (bridgeConn). TCP: the listener
+	// is bound to the bridge (SO_BINDTOIFINDEX), so the kernel matches no
+	// connection arriving elsewhere to it. Both hold without the input
+	// chain's rule for port 53 (a table installed by an older release has
+	// none).
+	lc := net.ListenConfig{Control: func(network, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			if strings.HasPrefix(network, "udp") {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX, int(br))
+			}
+		})
+		return cmp.Or(err, serr)
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", ap)
 	if errors.Is(err, syscall.EACCES) {
 		return nil, fmt.Errorf("%w: the DNS forwarder sandboxes resolve through cannot listen on %s: %v; the gateway needs CAP_NET_BIND_SERVICE "+
 			"(root has it; under systemd AmbientCapabilities=CAP_NET_ADMIN CAP_NET_BIND_SERVICE; the image's binary holds it as a file capability), "+
@@ -61,13 +109,14 @@ func (f *Firewall) startForwarder(addr netip.Addr) (*forwarder, error) {
 			"another DNS server listening on port 53 of every address (dnsmasq, a resolver bound to 0.0.0.0) must be bound to its own addresses instead",
 			lifecycle.ErrEgressUnenforced, ap, err)
 	}
-	ln, err := net.Listen("tcp4", ap)
+	ln, err := lc.Listen(context.Background(), "tcp4", ap)
 	if err != nil {
 		pc.Close()
 		return nil, fmt.Errorf("%w: the DNS forwarder cannot listen on %s (tcp): %v", lifecycle.ErrEgressUnenforced, ap, err)
 	}
+	fw.tcpLn = ln.(*net.TCPListener)
 	h := dns.HandlerFunc(fw.serve)
-	fw.udp = &dns.Server{PacketConn: pc, Handler: h, MsgAcceptFunc: dnswire.AcceptQuery, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+	fw.udp = &dns.Server{PacketConn: &bridgeConn{UDPConn: pc.(*net.UDPConn), fw: fw, oob: make([]byte, 128)}, Handler: h, MsgAcceptFunc: dnswire.AcceptQuery, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
 	fw.tcp = &dns.Server{Listener: ln, Handler: h, MsgAcceptFunc: dnswire.AcceptQuery, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second,
 		IdleTimeout: func() time.Duration { return 8 * time.Second }, MaxTCPQueries: 128}
 	for _, s := range []*dns.Server{fw.udp, fw.tcp} {
@@ -129,19 +178,22 @@ func (fw *forwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 		dnswire.Reply(w, req, dns.RcodeNameError)
 		return
 	}
-	if n := fw.inflight.Add(1); n > maxInflight {
-		fw.inflight.Add(-1)
-		dnswire.Reply(w, req, dns.RcodeServerFailure)
-		return
-	}
-	defer fw.inflight.Add(-1)
-	if n := sb.inflight.Add(1); n > maxInflightPerSandbox {
-		sb.inflight.Add(-1)
-		dnswire.Reply(w, req, dns.RcodeServerFailure)
-		return
-	}
+	n := sb.inflight.Add(1)
 	defer sb.inflight.Add(-1)
-	resp, err := dnswire.Exchange(f.upstreams(), q)
+	if n > maxInflightPerSandbox {
+		dnswire.Reply(w, req, dns.RcodeServerFailure)
+		return
+	}
+	if n > reservedPerSandbox {
+		// Past its reserved few: a slot of the shared pool, released by
+		// this query whatever its sandbox's count is by then.
+		defer fw.inflight.Add(-1)
+		if fw.inflight.Add(1) > maxInflight {
+			dnswire.Reply(w, req, dns.RcodeServerFailure)
+			return
+		}
+	}
+	resp, err := fw.exchange(f.upstreams(), q)
 	if err != nil {
 		f.log.Debug("dns forwarder: upstream", zap.String("name", name), zap.Error(err))
 		dnswire.Reply(w, req, dns.RcodeServerFailure)
@@ -166,6 +218,93 @@ func (fw *forwarder) serve(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	dnswire.Forward(w, req, resp)
+}
+
+// bridgeConn is the forwarder's UDP socket, reading only the datagrams
+// that arrived on the sandbox bridge: a source address is a sandbox's
+// only there. One goroutine reads (the server's loop), so oob is its.
+type bridgeConn struct {
+	*net.UDPConn
+	fw  *forwarder
+	oob []byte
+}
+
+// ReadFrom implements net.PacketConn: the next datagram that arrived on
+// the bridge; others are dropped unanswered and counted.
+func (c *bridgeConn) ReadFrom(b []byte) (int, net.Addr, error) {
+	for {
+		n, oobn, _, from, err := c.ReadMsgUDP(b, c.oob)
+		if err != nil {
+			return n, nil, err
+		}
+		if c.fw.fromBridge(arrival(c.oob[:oobn])) {
+			return n, from, nil
+		}
+		c.fw.foreign.Add(1)
+	}
+}
+
+// arrival is the interface index IP_PKTINFO gives in oob (0: none).
+func arrival(oob []byte) int32 {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_PKTINFO && len(m.Data) >= unix.SizeofInet4Pktinfo {
+			return int32(binary.NativeEndian.Uint32(m.Data))
+		}
+	}
+	return 0
+}
+
+// fromBridge reports whether interface index idx is the sandbox bridge's.
+// Another index looks the bridge up again, at most once a second: a
+// bridge made again (or a new network with the same gateway) gets a new
+// index, and the forwarder follows it; a flood from elsewhere costs one
+// lookup a second.
+func (fw *forwarder) fromBridge(idx int32) bool {
+	if idx > 0 && idx == fw.bridge.Load() {
+		return true
+	}
+	now, last := time.Now().UnixNano(), fw.looked.Load()
+	if now-last < int64(time.Second) || !fw.looked.CompareAndSwap(last, now) {
+		return false
+	}
+	br := fw.f.bridgeIndex()
+	if br == 0 {
+		return false
+	}
+	if fw.bridge.Swap(br) != br && fw.tcpLn != nil {
+		// The listener follows (binding it anew needs CAP_NET_RAW;
+		// without it TCP stays on the old index, UDP still works).
+		if rc, err := fw.tcpLn.SyscallConn(); err == nil {
+			var serr error
+			rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX, int(br)) })
+			if serr != nil {
+				fw.f.log.Warn("dns forwarder: binding the tcp listener to the new sandbox bridge", zap.Error(serr))
+			}
+		}
+	}
+	return idx == br
+}
+
+// bridgeName is the bridge the table guards, read without f.mu (Setup
+// stores the table before it starts the forwarder).
+func (f *Firewall) bridgeName() string {
+	if t := f.tableRef.Load(); t != nil {
+		return strings.TrimPrefix(t.Name, TableName(""))
+	}
+	return ""
+}
+
+// bridgeIndex is the bridge's interface index (0 when there is none).
+func (f *Firewall) bridgeIndex() int32 {
+	ifc, err := net.InterfaceByName(f.bridgeName())
+	if err != nil {
+		return 0
+	}
+	return int32(ifc.Index)
 }
 
 // answered keeps the answer a sandbox got for name and writes what it
@@ -234,3 +373,7 @@ func setElements(els []element) []nftables.SetElement {
 	}
 	return out
 }
+
+// Interface guard: the server reads the bridge-only socket as a generic
+// net.PacketConn.
+var _ net.PacketConn = (*bridgeConn)(nil)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandwake/sandwake/egress"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -69,6 +70,10 @@ var (
 		"Warm pool containers made, by template (since the gateway started).", []string{"template"}, nil)
 	metricServices = prometheus.NewDesc("caddy_sandwake_services",
 		"Service containers of running and paused groups (sandboxes with services), by their sandbox's state: what they hold beside the apps max_resident counts.", []string{"state"}, nil)
+	metricEgressTablesRemoved = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sandwake", Name: "egress_tables_removed_total",
+		Help: "Egress firewall tables (inet and bridge) of sandbox networks that are gone, removed by this process.",
+	}, func() float64 { return float64(egress.TablesRemoved()) })
 	metricPoolRemoved = prometheus.NewDesc("caddy_sandwake_pool_removed_total",
 		"Warm pool containers removed unclaimed, by reason: stale, max_age, surplus, pressure, died, leftover, failed (since the gateway started).", []string{"reason"}, nil)
 
@@ -206,7 +211,7 @@ func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		metricWakes, metricWakeDuration, statesCollector{},
 		metricReaperActions, metricCorrections, metricDeliveries, metricDiskQuotaStops,
-		metricPoolClaims, metricPoolClaimSeconds,
+		metricPoolClaims, metricPoolClaimSeconds, metricEgressTablesRemoved,
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // Circuit breaker settings: after breakerThreshold consecutive transient
@@ -22,6 +24,9 @@ const (
 type breaker struct {
 	rt  Runtime
 	now func() time.Time
+	// log gets the engine's own words of every failure (see EngineError),
+	// which API callers are not told.
+	log *zap.Logger
 
 	mu        sync.Mutex
 	failures  int
@@ -36,7 +41,9 @@ func (m *Manager) BreakerOpen() (bool, time.Time) {
 	return b.now().Before(b.openUntil), b.openUntil
 }
 
-func (b *breaker) do(fn func() error) error {
+// do calls fn, the runtime's op on sandbox id ("" for none), unless the
+// circuit is open.
+func (b *breaker) do(op, id string, fn func() error) error {
 	b.mu.Lock()
 	if until := b.openUntil; b.now().Before(until) {
 		b.mu.Unlock()
@@ -45,6 +52,14 @@ func (b *breaker) do(fn func() error) error {
 	}
 	b.mu.Unlock()
 	err := fn()
+	if ee, ok := errors.AsType[*EngineError](err); ok && b.log != nil {
+		// Where the reference an answer gives leads: the engine's words.
+		level := zap.WarnLevel
+		if errors.Is(err, ErrContainerNotFound) || errors.Is(err, ErrNotFound) || errors.Is(err, context.Canceled) {
+			level = zap.DebugLevel
+		}
+		b.log.Log(level, "engine error", zap.String("op", op), zap.String("id", id), zap.String("ref", ee.Ref), zap.Error(err))
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
@@ -64,43 +79,43 @@ func (b *breaker) do(fn func() error) error {
 }
 
 func (b *breaker) Create(ctx context.Context, id string, spec Spec) (c Container, err error) {
-	err = b.do(func() error { c, err = b.rt.Create(ctx, id, spec); return err })
+	err = b.do("create", id, func() error { c, err = b.rt.Create(ctx, id, spec); return err })
 	return c, err
 }
 
 func (b *breaker) Start(ctx context.Context, id string) (c Container, err error) {
-	err = b.do(func() error { c, err = b.rt.Start(ctx, id); return err })
+	err = b.do("start", id, func() error { c, err = b.rt.Start(ctx, id); return err })
 	return c, err
 }
 
 func (b *breaker) Pause(ctx context.Context, id string) error {
-	return b.do(func() error { return b.rt.Pause(ctx, id) })
+	return b.do("pause", id, func() error { return b.rt.Pause(ctx, id) })
 }
 
 func (b *breaker) Unpause(ctx context.Context, id string) error {
-	return b.do(func() error { return b.rt.Unpause(ctx, id) })
+	return b.do("unpause", id, func() error { return b.rt.Unpause(ctx, id) })
 }
 
 func (b *breaker) Stop(ctx context.Context, id string) error {
-	return b.do(func() error { return b.rt.Stop(ctx, id) })
+	return b.do("stop", id, func() error { return b.rt.Stop(ctx, id) })
 }
 
 func (b *breaker) Remove(ctx context.Context, id string) error {
-	return b.do(func() error { return b.rt.Remove(ctx, id) })
+	return b.do("remove", id, func() error { return b.rt.Remove(ctx, id) })
 }
 
 func (b *breaker) RemoveVolume(ctx context.Context, id string) (n int64, err error) {
-	err = b.do(func() error { n, err = b.rt.RemoveVolume(ctx, id); return err })
+	err = b.do("remove volume", id, func() error { n, err = b.rt.RemoveVolume(ctx, id); return err })
 	return n, err
 }
 
 func (b *breaker) Inspect(ctx context.Context, id string) (c Container, err error) {
-	err = b.do(func() error { c, err = b.rt.Inspect(ctx, id); return err })
+	err = b.do("inspect", id, func() error { c, err = b.rt.Inspect(ctx, id); return err })
 	return c, err
 }
 
 func (b *breaker) List(ctx context.Context) (cs []Container, err error) {
-	err = b.do(func() error { cs, err = b.rt.List(ctx); return err })
+	err = b.do("list", "", func() error { cs, err = b.rt.List(ctx); return err })
 	return cs, err
 }
 

@@ -386,7 +386,11 @@ func (m *Manager) fail(id string, cause error, creating bool) {
 	if !creating && (errors.Is(cause, ErrUnavailable) || m.ctx.Err() != nil) {
 		return
 	}
-	msg := cause.Error()
+	// The record's error is read through the API: the engine's own words
+	// (host paths, driver ids) go to the log, the record keeps their
+	// reference.
+	msg := PublicMessage(cause)
+	m.log.Warn("sandbox failed", zap.String("id", id), zap.Bool("creating", creating), zap.Error(cause))
 	_, err := m.transition(id, Error, reasonOf(cause), func(r *Record) error {
 		r.Error = msg
 		return nil
@@ -397,7 +401,7 @@ func (m *Manager) fail(id string, cause error, creating bool) {
 	var se *ServiceError
 	if errors.As(cause, &se) {
 		if rec, err := m.store.Get(id); err == nil {
-			if _, err := m.store.AppendEvent(Event{Type: EventServiceFailed, SandboxID: id, Reason: se.Service + ": " + se.Err.Error(), Incarnation: rec.Incarnation, Labels: rec.Spec.Labels}); err != nil {
+			if _, err := m.store.AppendEvent(Event{Type: EventServiceFailed, SandboxID: id, Reason: se.Service + ": " + PublicMessage(se.Err), Incarnation: rec.Incarnation, Labels: rec.Spec.Labels}); err != nil {
 				m.log.Warn("recording a failed service", zap.String("id", id), zap.Error(err))
 			}
 		}

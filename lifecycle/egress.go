@@ -144,6 +144,14 @@ func ValidEgressName(n string) bool {
 	return true
 }
 
+// LearnableName reports whether a name looked up may enter a learned list
+// (and so a lock's allow list): a valid name with no '*' label. A lookup of
+// the literal "*.example.com" (which a wildcard record answers) must not
+// become a wildcard allow: a lock writes exact names only.
+func LearnableName(n string) bool {
+	return !strings.Contains(n, "*") && ValidEgressName(n)
+}
+
 // ParseAllowRule parses an allow or deny entry: "addr[/bits][:port][/tcp|/udp]"
 // (an IPv4 address or CIDR; tcp by default) or "name[:port][/tcp|/udp]" (a DNS
 // name or "*.name"; tcp and udp by default).

@@ -223,7 +223,9 @@ type Manager struct {
 	built    Config
 	bus      bus
 	activity activities
-	flushMu  sync.Mutex
+	// denials bounds the events refused egress makes (denials.go).
+	denials *denialLimiter
+	flushMu sync.Mutex
 	// learnPending are the learned lists of sandboxes under learn that
 	// the next activity flush writes (under flushMu; see takeLearning).
 	learnPending map[string][]string
@@ -295,7 +297,7 @@ type Manager struct {
 func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	br := &breaker{rt: rt, now: cfg.Now}
+	br := &breaker{rt: rt, now: cfg.Now, log: cfg.Logger}
 	m := &Manager{
 		store:     st,
 		runtime:   br,
@@ -311,6 +313,7 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 		events:    newWorkQueue(),
 		built:     cfg,
 		pool:      newPool(),
+		denials:   newDenialLimiter(cfg.Now, DeniedPerWindow),
 	}
 	m.pool.egress = m.effectiveEgress
 	if o, ok := cfg.Firewall.(EgressObserver); ok {
@@ -351,6 +354,7 @@ func (m *Manager) Start() error {
 	cfg := m.cfg
 	m.every("activity flush", cfg.ActivityFlush, m.flushActivityLogged, true)
 	m.every("reaper", cfg.ReapInterval, m.reapPass, false)
+	m.every("denied egress summaries", denialSweepEvery, m.flushDenials, false)
 	m.every("periodic reconcile", cfg.ReconcileInterval, m.reconcilePass, false)
 	m.goTask("pool refill loop", func() { m.runPool(cfg.PoolInterval) })
 	if _, ok := m.raw.(DiskMeter); ok {
@@ -361,6 +365,9 @@ func (m *Manager) Start() error {
 		for range eventWorkers {
 			m.goTask("engine event reconcile", m.runEventWorker)
 		}
+	}
+	if src, ok := m.raw.(NetworkEventSource); ok && cfg.WatchEvents {
+		m.goTask("engine network events", func() { m.runNetworkEvents(src) })
 	}
 	return nil
 }

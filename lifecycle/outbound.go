@@ -76,7 +76,8 @@ func (m *Manager) EgressLog(id string) (EgressLog, error) {
 }
 
 // Learned is the allow list that what a sandbox did makes: every name it
-// looked up and was let reach (its addresses), sorted, then every address
+// looked up that resolved to addresses it was let reach, exact
+// (LearnableName: never a '*' label), sorted, then every address
 // it connected to and was let through that no lookup gave (as
 // addr:port/proto), sorted. What its deny list refused is left out: a lock
 // under none has no deny list to refuse it again.
@@ -89,7 +90,7 @@ func Learned(l EgressLog) []string {
 	}
 	looked := map[netip.Addr]bool{}
 	for _, lk := range l.Lookups {
-		if len(lk.Addrs) == 0 || !lk.Allowed || !ValidEgressName(lk.Name) {
+		if len(lk.Addrs) == 0 || !lk.Allowed || !LearnableName(lk.Name) {
 			continue
 		}
 		add(lk.Name)
@@ -116,14 +117,19 @@ const maxLearned = 4 * MaxAllowRules
 
 // MergeLearned is the union of two learned lists (see Learned), in
 // Learned's order: names sorted, then addresses sorted; at most maxLearned.
+// A name LearnableName refuses (a '*' label a record of an earlier release
+// kept) is dropped.
 func MergeLearned(a, b []string) []string {
-	if len(b) == 0 {
+	if len(b) == 0 && !slices.ContainsFunc(a, func(e string) bool { return strings.Contains(e, "*") }) {
 		return a
 	}
 	var names, addrs []string
 	for _, e := range slices.Concat(a, b) {
 		list := &addrs
-		if isNameLike(strings.SplitN(e, ":", 2)[0]) {
+		if host := strings.SplitN(e, ":", 2)[0]; isNameLike(host) {
+			if !LearnableName(host) {
+				continue
+			}
 			list = &names
 		}
 		if !slices.Contains(*list, e) {
@@ -187,12 +193,10 @@ func LockList(r *Record, l EgressLog) []string {
 }
 
 // egressDenied records a denied destination the firewall reported as a
-// sandbox.egress_denied event (the firewall bounds how often).
+// sandbox.egress_denied event, within the bounds of the denial limiter
+// (denials.go): past them it only counts it, for the window's summary.
+// The limiter comes first, so a flood reads and writes nothing.
 func (m *Manager) egressDenied(id string, d EgressDecision) {
-	rec, err := m.store.Get(id)
-	if err != nil {
-		return
-	}
 	reason := d.Addr.String()
 	if d.Port != 0 {
 		reason += ":" + strconv.Itoa(int(d.Port))
@@ -201,6 +205,20 @@ func (m *Manager) egressDenied(id string, d EgressDecision) {
 	if d.Name != "" {
 		reason += " " + d.Name
 	}
+	m.denials.emitMu.Lock()
+	defer m.denials.emitMu.Unlock()
+	logged, ended := m.denials.admit(id, reason)
+	if ended != nil {
+		m.appendDenialSummary(ended)
+	}
+	if !logged {
+		return
+	}
+	rec, err := m.store.Get(id)
+	if err != nil {
+		return
+	}
+	m.denials.note(id, rec.Incarnation, rec.Spec.Labels)
 	if _, err := m.store.AppendEvent(Event{Type: EventEgressDenied, SandboxID: id, Reason: reason, Incarnation: rec.Incarnation, Labels: rec.Spec.Labels}); err != nil {
 		m.log.Warn("recording a denied egress", zap.String("id", id), zap.Error(err))
 	}

@@ -590,7 +590,7 @@ func (m *Manager) fill(t Template, key, id string) {
 		tp.lastError = ""
 	} else if err != nil && tp != nil && m.ctx.Err() == nil {
 		tp.failedAt = m.cfg.Now()
-		tp.lastError = err.Error()
+		tp.lastError = PublicMessage(err) // the engine's words are logged below
 	}
 	p.mu.Unlock()
 	if err != nil {

@@ -193,6 +193,9 @@ type Event struct {
 	// were recorded, which only an unscoped token sees.
 	Incarnation string            `json:"incarnation,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// Denials counts a window's refused egress past what was logged
+	// event by event (EventEgressDeniedSummary only).
+	Denials *DenialSummary `json:"denials,omitempty"`
 }
 
 // EventType names the event of a transition into state to.
@@ -207,7 +210,9 @@ const (
 	EventEgress = "sandbox.egress_changed"
 	// EventEgressDenied: the sandbox tried a destination its policy
 	// refuses; the reason is "addr:port/proto" with the name it was
-	// looked up as, when it was (at most one a second per destination).
+	// looked up as, when it was. At most one per destination and
+	// DeniedPerWindow per sandbox a DeniedWindow; past that, one
+	// EventEgressDeniedSummary counts the rest (denials.go).
 	EventEgressDenied = "sandbox.egress_denied"
 	// EventServiceFailed: a service of the sandbox did not start or
 	// become ready, failing its create or wake; the reason is

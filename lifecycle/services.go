@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -172,8 +173,10 @@ func CheckServices(services map[string]Service) error {
 		if svc.DiskMB < 0 {
 			return invalid("services.%s.disk_mb: %d is negative", name, svc.DiskMB)
 		}
-		if p := svc.WorkspacePath; p != "" && (!strings.HasPrefix(p, "/") || p == "/" || strings.ContainsRune(p, 0)) {
-			return invalid("services.%s.workspace_path: %q must be an absolute directory of its own", name, p)
+		if p := svc.WorkspacePath; p != "" {
+			if _, err := checkWorkspacePath("services."+name+".workspace_path", p); err != nil {
+				return err
+			}
 		}
 		for k := range svc.Env {
 			if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -209,6 +212,7 @@ func normalizeServices(spec *Spec, cfg *Config) error {
 		if svc.WorkspacePath == "" {
 			svc.WorkspacePath = "/workspace"
 		}
+		svc.WorkspacePath = path.Clean(svc.WorkspacePath) // checked above
 		spec.Services[name] = svc
 	}
 	if cfg.HostMemoryMB > 0 && spec.GroupMemoryMB() > cfg.HostMemoryMB {

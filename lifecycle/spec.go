@@ -50,6 +50,29 @@ const (
 	AccessPrivate = "private"
 )
 
+// checkWorkspacePath refuses a workspace path (of field, as the error
+// names it) that is not absolute, is /, is below a kernel file system
+// (/proc, /sys, /dev: Docker refuses a volume there, in words naming its
+// own directories) or is a system path, and answers it cleaned.
+func checkWorkspacePath(field, p string) (string, error) {
+	if !path.IsAbs(p) || path.Clean(p) == "/" {
+		return p, invalid("%s: %q must be an absolute path below /", field, p)
+	}
+	p = path.Clean(p)
+	for _, k := range kernelPaths {
+		if p == k || strings.HasPrefix(p, k+"/") {
+			return p, invalid("%s: %q is a system path (nothing under %s can be a workspace)", field, p, k)
+		}
+	}
+	if slices.Contains(systemPaths, p) {
+		return p, invalid("%s: %q is a system path; use a directory of its own such as /workspace", field, p)
+	}
+	if strings.ContainsRune(p, 0) {
+		return p, invalid("%s: %q contains a NUL byte", field, p)
+	}
+	return p, nil
+}
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
@@ -127,20 +150,9 @@ func NormalizeSpec(spec *Spec) error {
 	if spec.WorkspacePath == "" {
 		spec.WorkspacePath = DefaultWorkspacePath
 	}
-	if !path.IsAbs(spec.WorkspacePath) || path.Clean(spec.WorkspacePath) == "/" {
-		return invalid("workspace_path: %q must be an absolute path below /", spec.WorkspacePath)
-	}
-	spec.WorkspacePath = path.Clean(spec.WorkspacePath)
-	for _, p := range kernelPaths {
-		if spec.WorkspacePath == p || strings.HasPrefix(spec.WorkspacePath, p+"/") {
-			return invalid("workspace_path: %q is a system path (nothing under %s can be a workspace)", spec.WorkspacePath, p)
-		}
-	}
-	if slices.Contains(systemPaths, spec.WorkspacePath) {
-		return invalid("workspace_path: %q is a system path; use a directory of its own such as /workspace", spec.WorkspacePath)
-	}
-	if strings.ContainsRune(spec.WorkspacePath, 0) {
-		return invalid("workspace_path: %q contains a NUL byte", spec.WorkspacePath)
+	var err error
+	if spec.WorkspacePath, err = checkWorkspacePath("workspace_path", spec.WorkspacePath); err != nil {
+		return err
 	}
 	if spec.ReadyPath != "" && !strings.HasPrefix(spec.ReadyPath, "/") {
 		return invalid("ready_path: %q must start with /", spec.ReadyPath)

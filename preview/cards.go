@@ -145,7 +145,7 @@ func (g *Handler) readCard(e *gateway.Gateway, id string, port int, host, upstre
 	}
 	defer resp.Body.Close()
 	ct := resp.Header.Get("Content-Type")
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(ct, "image/") {
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(ct, "image/") || resp.Header.Get("Content-Encoding") != "" {
 		return
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, cardImageMax+1))
@@ -175,7 +175,16 @@ func decodePrefix(body []byte, enc string) []byte {
 	return out
 }
 
-var cardClient = &http.Client{Timeout: 5 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+// cardClient fetches a card's image from its sandbox. It asks for no
+// encoding (an image is kept and served as it came, and the gateway
+// inflates nothing of a sandbox's), and follows no redirect.
+var cardClient = &http.Client{Timeout: 5 * time.Second, Transport: identityTransport(), CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func identityTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DisableCompression = true
+	return t
+}
 
 // cardImage is a card's og:image (or twitter:image).
 func cardImage(c lifecycle.Card) string {

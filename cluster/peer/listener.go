@@ -177,6 +177,10 @@ func (cs *Node) Transport(node, addr string) *http.Transport {
 		MaxIdleConnsPerHost:   1024,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		// A forwarded request keeps the client's Accept-Encoding, and the
+		// answer the encoding the owner node sent: the transport neither
+		// asks for gzip on the client's behalf nor inflates it here.
+		DisableCompression: true,
 	}
 	v, loaded := cs.transports.LoadOrStore(key, t)
 	if loaded {

@@ -3,10 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
-	"os/exec"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
+
+	"github.com/sandwake/sandwake/egress"
 )
 
 // reset removes the demo sandbox `make run` made under id, whatever
@@ -34,15 +35,15 @@ func reset(ctx context.Context, cli *client.Client, id, repo string, image bool)
 		if inst := labels["sandwake.instance"]; inst != "" {
 			nwName := "sandwake-" + inst
 			if nw, err := cli.NetworkInspect(ctx, nwName, client.NetworkInspectOptions{}); err == nil && nw.Network.Labels["sandwake.instance"] == inst && len(nw.Network.Containers) == 0 {
-				if br := nw.Network.Options["com.docker.network.bridge.name"]; br != "" {
-					for _, family := range []string{"inet", "bridge"} {
-						if exec.Command("nft", "delete", "table", family, "sandwake-"+br).Run() == nil {
-							removed = append(removed, "firewall table "+family+" sandwake-"+br)
-						}
-					}
-				}
 				if _, err := cli.NetworkRemove(ctx, nw.Network.ID, client.NetworkRemoveOptions{}); err == nil {
 					removed = append(removed, "network "+nwName)
+					// The tables go with their bridge (as uninstall's do).
+					if br := nw.Network.Options["com.docker.network.bridge.name"]; br != "" {
+						tables, _ := egress.RemoveTables(br)
+						for _, t := range tables {
+							removed = append(removed, "firewall table "+t)
+						}
+					}
 				}
 			}
 		}

@@ -13,6 +13,7 @@
 // memory limit kills it), /dial?addr=host:port (an outbound connection from
 // the sandbox; see dialHandler), /self (the process's user, capabilities
 // and limits, as JSON; see selfHandler), /fill?path=/file&mb=N (writes N MiB;
-// see fillHandler), /raw and /garp (a datagram from another source address,
+// see fillHandler), /gzip?mb=N (a gzip body of about N KiB that inflates
+// to N MiB, when gzip is asked for; see gzipHandler), /raw and /garp (a datagram from another source address,
 // a gratuitous ARP; they need NET_RAW; see spoof.go).
 package main

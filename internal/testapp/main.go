@@ -195,6 +195,7 @@ func newMux(workspace string) *http.ServeMux {
 		}
 	})
 	mux.HandleFunc("/dial", dialHandler)
+	mux.HandleFunc("/flood", floodHandler)
 	mux.HandleFunc("/lookup", lookupHandler)
 	mux.HandleFunc("/dials", dialsHandler)
 	mux.HandleFunc("/lookups", lookupsHandler)
@@ -206,6 +207,7 @@ func newMux(workspace string) *http.ServeMux {
 	mux.HandleFunc("/raw", rawHandler)
 	mux.HandleFunc("/garp", garpHandler)
 	mux.HandleFunc("/fill", fillHandler)
+	mux.HandleFunc("/gzip", gzipHandler)
 	mux.HandleFunc("/startdial", startDialHandler)
 	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) {
 		code, _ := strconv.Atoi(r.URL.Query().Get("code"))

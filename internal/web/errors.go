@@ -83,9 +83,11 @@ func WriteEngineError(w http.ResponseWriter, err error) {
 
 // plainMessage is err's text for an API answer: the sentinel's words that
 // the code already says ("invalid request: ") are left out, so that a 400
-// reads "ports: at least one port is required".
+// reads "ports: at least one port is required"; the engine's own words
+// (host paths, driver ids) are left out too, for a reference to the log
+// that has them (lifecycle.PublicMessage).
 func plainMessage(err error, code string) string {
-	msg := err.Error()
+	msg := lifecycle.PublicMessage(err)
 	if code == "invalid" {
 		msg = strings.Replace(msg, lifecycle.ErrInvalid.Error()+": ", "", 1)
 	}

@@ -496,9 +496,9 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (c
 		switch {
 		case cerrdefs.IsConflict(err):
 			// Another gateway took the name since the inspect above.
-			return lifecycle.Container{}, fmt.Errorf("%w: container %s was created by someone else meanwhile: %v", lifecycle.ErrIDTaken, ContainerName(id), err)
+			return lifecycle.Container{}, fmt.Errorf("%w: container %s was created by someone else meanwhile: %w", lifecycle.ErrIDTaken, ContainerName(id), lifecycle.EngineFailure(err))
 		case cerrdefs.IsInvalidArgument(err):
-			return lifecycle.Container{}, fmt.Errorf("%w: docker refused the sandbox's spec: %v", lifecycle.ErrInvalid, err)
+			return lifecycle.Container{}, fmt.Errorf("%w: docker refused the sandbox's spec: %w", lifecycle.ErrInvalid, lifecycle.EngineFailure(err))
 		}
 		return lifecycle.Container{}, classify("creating container "+ContainerName(id), err, lifecycle.ErrImageNotFound)
 	}
@@ -612,7 +612,7 @@ func (r *Runtime) ensureImage(ctx context.Context, image string) error {
 		if isTransient(err) {
 			return classify("pulling image "+image, err, lifecycle.ErrImageNotFound)
 		}
-		return fmt.Errorf("%w: image %q is not on the engine and pulling it failed: %v", lifecycle.ErrImageNotFound, image, err)
+		return fmt.Errorf("%w: image %q is not on the engine and pulling it failed: %w", lifecycle.ErrImageNotFound, image, lifecycle.EngineFailure(err))
 	}
 	return nil
 }
@@ -1086,17 +1086,18 @@ func isTransient(err error) bool {
 
 // classify wraps an engine error with what was being done and with the
 // lifecycle sentinel that decides what the Manager does next: ErrUnavailable
-// for transient failures, notFound for a 404.
+// for transient failures, notFound for a 404. The engine's words are an
+// EngineError: the log's, not an API caller's.
 func classify(doing string, err, notFound error) error {
 	switch {
 	case err == nil:
 		return nil
 	case isTransient(err):
-		return fmt.Errorf("%s: %w: %v", doing, lifecycle.ErrUnavailable, err)
+		return fmt.Errorf("%s: %w: %w", doing, lifecycle.ErrUnavailable, lifecycle.EngineFailure(err))
 	case cerrdefs.IsNotFound(err):
-		return fmt.Errorf("%s: %w: %v", doing, notFound, err)
+		return fmt.Errorf("%s: %w: %w", doing, notFound, lifecycle.EngineFailure(err))
 	default:
-		return fmt.Errorf("%s: %w", doing, err)
+		return fmt.Errorf("%s: %w", doing, lifecycle.EngineFailure(err))
 	}
 }
 

@@ -360,8 +360,11 @@ func (r *Runtime) startGroup(ctx context.Context, id string) error {
 		}
 		if m.name == infraMember {
 			ci, err := r.cli.ContainerInspect(ctx, m.cid, client.ContainerInspectOptions{})
-			if err != nil || ci.Container.State == nil || ci.Container.State.Pid == 0 {
-				return fmt.Errorf("the network container %s of the group is not running: %v", MemberName(id, infraMember), err)
+			if err != nil {
+				return fmt.Errorf("the network container %s of the group is not running: %w", MemberName(id, infraMember), lifecycle.EngineFailure(err))
+			}
+			if ci.Container.State == nil || ci.Container.State.Pid == 0 {
+				return fmt.Errorf("the network container %s of the group is not running", MemberName(id, infraMember))
 			}
 			pid = ci.Container.State.Pid
 			continue

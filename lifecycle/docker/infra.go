@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -126,10 +127,10 @@ func (r *Runtime) ensureInfraImage(ctx context.Context) (string, error) {
 		if err := dec.Decode(&msg); err == io.EOF {
 			return ref, nil
 		} else if err != nil {
-			return "", fmt.Errorf("importing image %s: %w", ref, err)
+			return "", fmt.Errorf("importing image %s: %w", ref, lifecycle.EngineFailure(err))
 		}
 		if msg.Error != "" {
-			return "", fmt.Errorf("importing image %s: %s", ref, msg.Error)
+			return "", fmt.Errorf("importing image %s: %w", ref, lifecycle.EngineFailure(errors.New(msg.Error)))
 		}
 	}
 }
