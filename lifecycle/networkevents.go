@@ -74,14 +74,9 @@ func (m *Manager) runNetworkEvents(src NetworkEventSource) {
 			}
 		}
 		cancel()
-		t := time.NewTimer(backoff)
-		select {
-		case <-m.ctx.Done():
-			t.Stop()
+		if !m.backOff(&backoff) {
 			return
-		case <-t.C:
 		}
-		backoff = min(backoff*2, 10*time.Second)
 	}
 }
 

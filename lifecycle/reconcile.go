@@ -541,14 +541,9 @@ func (m *Manager) runEvents(src EventSource) {
 			}
 		}
 		cancel()
-		t := time.NewTimer(backoff)
-		select {
-		case <-m.ctx.Done():
-			t.Stop()
+		if !m.backOff(&backoff) {
 			return
-		case <-t.C:
 		}
-		backoff = min(backoff*2, 10*time.Second)
 		if _, err := m.Reconcile(m.ctx); err != nil && m.ctx.Err() == nil {
 			m.log.Warn("reconcile after event stream break", zap.Error(err))
 		}
@@ -630,4 +625,18 @@ func (m *Manager) adoptDirect(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// backOff waits *d before an event stream is followed again, or until the
+// Manager closes (false); the next wait is twice as long, at most 10s.
+func (m *Manager) backOff(d *time.Duration) bool {
+	t := time.NewTimer(*d)
+	defer t.Stop()
+	select {
+	case <-m.ctx.Done():
+		return false
+	case <-t.C:
+	}
+	*d = min(*d*2, 10*time.Second)
+	return true
 }
