@@ -9,6 +9,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -334,49 +335,79 @@ func findUnknown(raw []byte, t reflect.Type, path string, out *[]unknownField) {
 // "services.db") and the key as given the second time; ok is false when
 // there is none, or the JSON breaks first (the decoder reports that).
 func duplicateKey(body []byte, t reflect.Type) (path, key string, ok bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	path, key, ok, _ = walkDuplicates(dec, t, "")
-	return path, key, ok
+	w := dupWalker{dec: json.NewDecoder(bytes.NewReader(body))}
+	key, ok, _ = w.walk(t)
+	if !ok {
+		return "", "", false
+	}
+	return w.found, key, true
 }
 
-// walkDuplicates reads one JSON value from dec, as type t (nil: any),
-// and looks for a key given twice in its objects; err is dec's.
-func walkDuplicates(dec *json.Decoder, t reflect.Type, path string) (dupPath, key string, found bool, err error) {
+// maxDupDepth bounds how deep walk follows a body's nesting: the API's
+// bodies nest a few levels, and a body of a million '[' must cost neither
+// a million frames nor a path per level (encoding/json, which would
+// refuse it past 10,000, reads the body after this walk). Deeper values
+// are not looked into; the decode that follows judges them.
+const maxDupDepth = 64
+
+// dupWalker reads one JSON value from dec and looks for a key given twice
+// in its objects. The path is kept as segments and written out only for
+// the duplicate found.
+type dupWalker struct {
+	dec   *json.Decoder
+	segs  []string // the current path: keys, and "[i]" for elements
+	found string   // the path of the object holding the duplicate
+}
+
+// path is segs as "services.db" or "allow[2]".
+func (w *dupWalker) path() string {
+	var b strings.Builder
+	for _, s := range w.segs {
+		if b.Len() > 0 && !strings.HasPrefix(s, "[") {
+			b.WriteByte('.')
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}
+
+// walk reads one value as type t (nil: any); err is dec's.
+func (w *dupWalker) walk(t reflect.Type) (key string, found bool, err error) {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	tok, err := dec.Token()
+	tok, err := w.dec.Token()
 	if err != nil {
-		return "", "", false, err
+		return "", false, err
 	}
 	delim, ok := tok.(json.Delim)
 	if !ok || (delim != '{' && delim != '[') {
-		return "", "", false, nil
+		return "", false, nil
 	}
-	join := func(k string) string {
-		if path == "" {
-			return k
-		}
-		return path + "." + k
+	if len(w.segs) >= maxDupDepth {
+		return "", false, errTooDeep
 	}
 	if delim == '[' {
 		var elem reflect.Type
 		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
 			elem = t.Elem()
 		}
-		for i := 0; dec.More(); i++ {
-			if dupPath, key, found, err = walkDuplicates(dec, elem, fmt.Sprintf("%s[%d]", path, i)); found || err != nil {
-				return dupPath, key, found, err
+		for i := 0; w.dec.More(); i++ {
+			w.segs = append(w.segs, "["+strconv.Itoa(i)+"]")
+			key, found, err = w.walk(elem)
+			w.segs = w.segs[:len(w.segs)-1]
+			if found || err != nil {
+				return key, found, err
 			}
 		}
-		_, err = dec.Token()
-		return "", "", false, err
+		_, err = w.dec.Token()
+		return "", false, err
 	}
 	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
+	for w.dec.More() {
+		tok, err := w.dec.Token()
 		if err != nil {
-			return "", "", false, err
+			return "", false, err
 		}
 		k, _ := tok.(string)
 		// The name the key fills: a struct's field (in any case), else
@@ -391,16 +422,23 @@ func walkDuplicates(dec *json.Decoder, t reflect.Type, path string) (dupPath, ke
 			elem = t.Elem()
 		}
 		if seen[name] {
-			return path, k, true, nil
+			w.found = w.path()
+			return k, true, nil
 		}
 		seen[name] = true
-		if dupPath, key, found, err = walkDuplicates(dec, elem, join(k)); found || err != nil {
-			return dupPath, key, found, err
+		w.segs = append(w.segs, k)
+		key, found, err = w.walk(elem)
+		w.segs = w.segs[:len(w.segs)-1]
+		if found || err != nil {
+			return key, found, err
 		}
 	}
-	_, err = dec.Token()
-	return "", "", false, err
+	_, err = w.dec.Token()
+	return "", false, err
 }
+
+// errTooDeep ends a walk at maxDupDepth.
+var errTooDeep = errors.New("nested too deep")
 
 // duplicateKeyWords says which key was given twice, and where:
 // `services.db: duplicate key "image" (each key once)`.

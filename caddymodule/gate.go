@@ -52,8 +52,20 @@ func (g *Gate) Provision(ctx caddy.Context) error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// A request that names no encoding asks the app for none: Go's
+	// transport would otherwise ask for gzip on the client's behalf and
+	// inflate the answer on the gateway's CPU (1 MB of gzip can be 1 GB),
+	// whatever transport a JSON config gives reverse_proxy (the
+	// Caddyfile's has compression off as well).
+	if _, ok := r.Header["Accept-Encoding"]; !ok {
+		r.Header["Accept-Encoding"] = identityOnly
+	}
 	return g.h.ServeHTTP(w, r, next)
 }
+
+// identityOnly is the Accept-Encoding of a request that named none. A
+// slice of one, never written: an Add by a later handler copies it.
+var identityOnly = []string{"identity"}
 
 // Interface guards.
 var (

@@ -178,6 +178,7 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 			}
 		}
 		cancel()
+		m.logEngineError("checking the image of sandbox "+id, err)
 		if err != nil {
 			return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 		}

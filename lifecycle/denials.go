@@ -148,6 +148,14 @@ func (l *denialLimiter) note(id, incarnation string, labels map[string]string) {
 	}
 }
 
+// drop forgets sandbox id's window, summary and all: its record is gone
+// (a sandbox made again under the id is another's).
+func (l *denialLimiter) drop(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.windows, id)
+}
+
 // sweep closes every window that ended, forgetting it, and returns those
 // that suppressed denials, by sandbox id.
 func (l *denialLimiter) sweep() []endedWindow {

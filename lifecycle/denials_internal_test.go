@@ -149,3 +149,23 @@ func TestDenialLimiterPerSandbox(t *testing.T) {
 		t.Errorf("%d windows held after the sweep", n)
 	}
 }
+
+// TestDenialWindowDiesWithItsSandbox: a sandbox gone and made again
+// under its id within the minute starts a window of its own: the gone
+// one's spent budget does not suppress the new one's denials, and its
+// destinations are never summarised into the new one's history.
+func TestDenialWindowDiesWithItsSandbox(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l := newDenialLimiter(func() time.Time { return now }, 3)
+	for i := range 5 {
+		l.admit("x", fmt.Sprintf("198.51.100.%d:443/tcp", i))
+	}
+	l.note("x", "old", map[string]string{"tenant": "acme"})
+	l.drop("x")
+	if logged, ended := l.admit("x", "198.51.100.9:443/tcp"); !logged || ended != nil {
+		t.Fatalf("first denial after the id was made again: logged %v, ended window %+v; want logged, no window of the gone sandbox", logged, ended)
+	}
+	if n := l.open(); n != 1 {
+		t.Errorf("%d windows open, want 1 (the new sandbox's)", n)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+
+	"go.uber.org/zap"
 )
 
 // EngineError is the container engine's own account of a failure. Its
@@ -67,4 +69,13 @@ func engineErrors(err error, out []*EngineError) []*EngineError {
 		return engineErrors(e.Unwrap(), out)
 	}
 	return out
+}
+
+// logEngineError logs err's engine words, with their references, when it
+// holds any: the calls that do not pass through the breaker (which logs
+// its own) answer a reference that must be found in the log.
+func (m *Manager) logEngineError(op string, err error) {
+	if len(engineErrors(err, nil)) > 0 {
+		m.log.Warn("engine error", zap.String("op", op), zap.Error(err))
+	}
 }

@@ -582,6 +582,9 @@ func (m *Manager) setState(id string, to State) {
 	if to == "" {
 		delete(m.states, id)
 		m.forgetCards(id)
+		// A sandbox made again under the id starts a window of its own:
+		// the gone one's budget and destinations are not carried over.
+		m.denials.drop(id)
 		return
 	}
 	m.states[id] = to

@@ -38,6 +38,7 @@ func (m *Manager) ownerOf(ctx context.Context, id string) (o VolumeOwner, known,
 		return VolumeOwner{}, false, false, nil
 	}
 	labelled, recorded, exists, err := vi.VolumeOwner(ctx, id)
+	m.logEngineError("reading the owner of sandbox "+id+"'s volume", err)
 	if err != nil || !exists {
 		return VolumeOwner{}, false, exists, err
 	}

@@ -536,13 +536,16 @@ func (m *Manager) refreshKeys(now time.Time) {
 		p.mu.Lock()
 		if tp := p.templates[t.Name]; tp != nil && templateEqual(&tp.t, &t) {
 			if err != nil {
-				tp.lastError = err.Error()
+				tp.lastError = PublicMessage(err) // the engine's words are logged below
 				tp.failedAt = now
 			} else {
 				tp.key, tp.keyAt, tp.memoryMB = key, now, mem
 			}
 		}
 		p.mu.Unlock()
+		if err != nil && m.ctx.Err() == nil {
+			m.log.Warn("reading a template's image", zap.String("template", t.Name), zap.Error(err))
+		}
 	}
 }
 

@@ -423,18 +423,20 @@ func probeInNetns(ctx context.Context, pid int, mode string, port int, path stri
 		runtime.LockOSThread()
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
-			ch <- result{err: err}
+			ch <- result{err: lifecycle.EngineFailure(err)}
 			return
 		}
 		defer orig.Close()
 		target, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
 		if err != nil {
-			ch <- result{err: fmt.Errorf("the group's network namespace: %w (the gateway needs the host's process namespace)", err)}
+			// The host's pid and the gateway's privileges are the log's,
+			// not an API caller's (lifecycle.PublicMessage).
+			ch <- result{err: lifecycle.EngineFailure(fmt.Errorf("the group's network namespace: %w (the gateway needs the host's process namespace)", err))}
 			return
 		}
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("entering the group's network namespace: %w (the gateway needs CAP_SYS_ADMIN for services' probes)", err)}
+			ch <- result{err: lifecycle.EngineFailure(fmt.Errorf("entering the group's network namespace: %w (the gateway needs CAP_SYS_ADMIN for services' probes)", err))}
 			return
 		}
 		d := net.Dialer{Timeout: 500 * time.Millisecond}
