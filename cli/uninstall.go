@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -53,7 +54,8 @@ Stop the gateway first: it refuses while a gateway of that instance
 answers on its network (one with egress unenforced is not seen). The
 instance's name is the instance option, or the one a gateway generated
 (docker inspect a sandbox's container: label sandwake.instance). Run as
-root (the tables need CAP_NET_ADMIN).`,
+root (the tables need CAP_NET_ADMIN), in the engine host's network
+namespace: it refuses where the instance's network's bridge is not seen.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.Flags().StringVar(&instance, "instance", "", "the gateway instance to remove (required)")
@@ -100,7 +102,7 @@ func uninstall(ctx context.Context, instance string, volumes bool) (uninstalled,
 		return out, err
 	}
 	defer rt.Close()
-	res, err := rt.Uninstall(ctx, docker.UninstallOptions{Volumes: volumes, Running: func(n lifecycle.SandboxNet) bool { return egress.Serving(n.Gateway) }})
+	res, err := rt.Uninstall(ctx, docker.UninstallOptions{Volumes: volumes, Check: bridgeVisible(instance), Running: func(n lifecycle.SandboxNet) bool { return egress.Serving(n.Gateway) }})
 	out.Containers, out.Volumes, out.Networks = res.Containers, res.Volumes, res.Networks
 	if err != nil {
 		return out, err
@@ -112,6 +114,21 @@ func uninstall(ctx context.Context, instance string, volumes bool) (uninstalled,
 		errs = append(errs, err)
 	}
 	return out, errors.Join(errs...)
+}
+
+// bridgeVisible refuses a network whose bridge is not in this network
+// namespace: whether a gateway serves it is read from this namespace's
+// sockets (egress.Serving), which then cannot show it, and its tables are
+// not here either. That is a container without the host's network, or a
+// remote DOCKER_HOST.
+func bridgeVisible(instance string) func(lifecycle.SandboxNet) error {
+	return func(n lifecycle.SandboxNet) error {
+		if _, err := net.InterfaceByName(n.Bridge); err != nil {
+			return fmt.Errorf("uninstall: the bridge %s of instance %s's network %s is not in this network namespace (%v), so whether its gateway runs cannot be told: "+
+				"run uninstall in the Docker engine host's network namespace (on that host, or in a container with network_mode: host)", n.Bridge, instance, n.Name, err)
+		}
+		return nil
+	}
 }
 
 // printUninstalled prints what was removed: a line per object, or the JSON.

@@ -115,6 +115,18 @@ func removeStale(c *nftables.Conn, log *zap.Logger) ([]string, error) {
 		if exists[br] {
 			continue
 		}
+		// The snapshot may be old by now: a network made again meanwhile
+		// has its bridge back under the same name (fixed per network
+		// name), with live tables. So ask again right before the delete.
+		// What remains is the time between this check and the delete's
+		// flush (a netlink round trip or two): a bridge made in it loses
+		// its tables until its gateway's next Setup.
+		if again, err := bridgeExists(br); err != nil || again {
+			if err != nil {
+				errs = append(errs, fmt.Errorf("removing stale firewall table %s %s: %w", familyName(t.Family), t.Name, err))
+			}
+			continue
+		}
 		ok, err := deleteTable(c, t)
 		if err != nil {
 			errs = append(errs, err)
@@ -127,6 +139,22 @@ func removeStale(c *nftables.Conn, log *zap.Logger) ([]string, error) {
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// bridgeExists asks whether an interface named br exists now. An error
+// says the interfaces could not be read (so whether it exists is unknown),
+// not that it is missing.
+func bridgeExists(br string) (bool, error) {
+	_, err := net.InterfaceByName(br)
+	if err == nil {
+		return true, nil
+	}
+	// Reading the interfaces failed (netlinkrib, netlinkmessage); "no
+	// such network interface" is none of these.
+	if se := (*os.SyscallError)(nil); errors.As(err, &se) {
+		return false, fmt.Errorf("reading interface %s: %w", br, err)
+	}
+	return false, nil
 }
 
 // RemoveTables removes both tables of bridge (TableName, families inet and
@@ -203,6 +231,11 @@ func (f *Firewall) removeStale() ([]string, error) {
 			// Nothing of what this firewall knew of its tables holds: the
 			// next Setup installs them as new (not as a repair).
 			f.elems, f.chains, f.counters, f.sets, f.bindings = nil, nil, nil, setIndex{}, nil
+			// Nor may the port watcher write to a table that is gone; the
+			// next Setup lists the ports into the new one.
+			f.ports.mu.Lock()
+			f.ports.table, f.ports.members = nil, nil
+			f.ports.mu.Unlock()
 		}
 	}
 	return removed, err
@@ -218,7 +251,9 @@ func isTable(name string, t *nftables.Table) bool {
 // forwarder, so a gateway enforcing egress on that network runs. (One
 // without a firewall, egress unenforced, is not seen.) It reads the
 // kernel's socket tables: nothing is bound or dialled, so a gateway
-// starting meanwhile is not disturbed.
+// starting meanwhile is not disturbed. Those are this network namespace's
+// tables: the caller makes sure the network's bridge is in it (else no
+// gateway is seen; cli's uninstall refuses).
 func Serving(gw netip.Addr) bool {
 	if !gw.Is4() {
 		return false
@@ -227,13 +262,17 @@ func Serving(gw netip.Addr) bool {
 	// The tables print the address as the kernel holds it (network
 	// order) read as a native integer, and the port in hex.
 	want := fmt.Sprintf("%08X:%04X", binary.NativeEndian.Uint32(b[:]), dnswire.Port)
-	for _, path := range []string{"/proc/thread-self/net/udp", "/proc/thread-self/net/tcp"} {
-		data, err := os.ReadFile(path)
+	// Only a listening socket is a server: state (the fourth field) 0A,
+	// TCP_LISTEN, for TCP; 07, TCP_CLOSE (unconnected), for UDP. A
+	// connection's socket (TIME_WAIT, a connected UDP socket) lingers
+	// after its server is gone.
+	for _, table := range []struct{ path, state string }{{"/proc/thread-self/net/udp", "07"}, {"/proc/thread-self/net/tcp", "0A"}} {
+		data, err := os.ReadFile(table.path)
 		if err != nil {
 			continue
 		}
 		for line := range strings.Lines(string(data)) {
-			if fields := strings.Fields(line); len(fields) > 1 && fields[1] == want {
+			if fields := strings.Fields(line); len(fields) > 3 && fields[1] == want && fields[3] == table.state {
 				return true
 			}
 		}

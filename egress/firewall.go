@@ -114,6 +114,9 @@ type Firewall struct {
 	fwd     *forwarder
 	fwdAddr netip.Addr
 	stopLog func()
+	// closed is set by Close: a Setup after it (one racing it) starts
+	// nothing, so no service outlives Close.
+	closed bool
 	// timeoutUpdates: the kernel renews an element's expiry when it is
 	// added again with another timeout (probed at Setup).
 	timeoutUpdates bool
@@ -175,11 +178,13 @@ func (f *Firewall) opensPrivate(a netip.Addr, r lifecycle.AllowRule) bool {
 
 // Close stops the forwarder, the log reader and the watch of the bridge's
 // ports; the kernel's rules stay (sandboxes keep their policies and
-// bindings while the gateway restarts).
+// bindings while the gateway restarts). A Setup after it (or racing it)
+// fails: a restarted gateway makes a new Firewall.
 func (f *Firewall) Close() error {
 	f.mu.Lock()
 	fwd, stop := f.fwd, f.stopLog
 	f.fwd, f.stopLog = nil, nil
+	f.closed = true
 	f.mu.Unlock()
 	if fwd != nil {
 		fwd.stop()
@@ -190,6 +195,9 @@ func (f *Firewall) Close() error {
 	f.ports.close()
 	return nil
 }
+
+// errFirewallClosed answers a Setup after Close.
+var errFirewallClosed = errors.New("egress firewall: closed")
 
 // Setup implements lifecycle.Firewall: it checks that the sandbox bridge
 // is in this network namespace (the engine is local) and installs the
@@ -203,6 +211,9 @@ func (f *Firewall) Setup(ctx context.Context, n lifecycle.SandboxNet) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.closed {
+		return errFirewallClosed
+	}
 	if f.net.Bridge != "" && f.net.Bridge != n.Bridge {
 		f.elems, f.chains = nil, nil // a new network: nothing of the old table applies
 	}
@@ -492,12 +503,10 @@ func (f *Firewall) install(c *nftables.Conn) error {
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIf(expr.MetaKeyIIFNAME, br, expr.CmpOpEq), []expr.Any{jump(chainFrom)})})
 	// The forwarder knows its asker by source address: port 53 of the
 	// gateway hears only the bridge, where the bindings make that address
-	// true (forwarder.go checks the arrival interface as well). An
-	// interface that holds the same address itself (another bridge on an
-	// overlapping subnet) keeps its own port 53: not sandwake's to judge.
+	// true (forwarder.go checks the arrival interface as well).
 	for _, p := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIf(expr.MetaKeyIIFNAME, br, expr.CmpOpNeq), nfproto(unix.NFPROTO_IPV4),
-			ipPrefix(offDaddr, netip.PrefixFrom(f.net.Gateway, 32)), l4proto(p), dport(portDNS), fibDaddrNotOnIif(),
+			ipPrefix(offDaddr, netip.PrefixFrom(f.net.Gateway, 32)), l4proto(p), dport(portDNS),
 			[]expr.Any{&expr.Counter{}, verdict(expr.VerdictDrop)})})
 	}
 	// The host's own connections to an address of the subnet that no

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -67,8 +68,20 @@ type forwarder struct {
 	bridge  atomic.Int32
 	looked  atomic.Int64
 	foreign atomic.Uint64
-	tcpLn   *net.TCPListener
+	// ap is the address both listen on (gateway:53).
+	ap string
+	// tcpMu guards tcp, tcpUnbound and stopped: the TCP listener is
+	// opened anew when the bridge's index changes (reopenTCP).
+	tcpMu sync.Mutex
+	// tcpUnbound is set when the kernel refused to bind the TCP listener
+	// to the bridge: it listens on every interface (bindTCPToBridge).
+	tcpUnbound bool
+	stopped    bool
 }
+
+// bindStep names the step that binds the TCP listener to the bridge, in
+// logs and errors.
+const bindStep = "binding the dns forwarder's tcp listener to the sandbox bridge (SO_BINDTOIFINDEX)"
 
 // startForwarder starts the forwarder on addr:53 (UDP and TCP); it returns
 // once both listen.
@@ -81,21 +94,21 @@ func (f *Firewall) startForwarder(addr netip.Addr) (*forwarder, error) {
 	fw.bridge.Store(br)
 	fw.looked.Store(time.Now().UnixNano())
 	ap := netip.AddrPortFrom(addr, dnswire.Port).String()
+	fw.ap = ap
 	// UDP: each datagram's arrival interface (IP_PKTINFO) is checked
 	// against the bridge's current index (bridgeConn). TCP: the listener
 	// is bound to the bridge (SO_BINDTOIFINDEX), so the kernel matches no
 	// connection arriving elsewhere to it. Both hold without the input
 	// chain's rule for port 53 (a table installed by an older release has
 	// none).
-	lc := net.ListenConfig{Control: func(network, _ string, c syscall.RawConn) error {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
-			if strings.HasPrefix(network, "udp") {
-				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
-			} else {
-				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX, int(br))
-			}
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
 		})
+		if serr != nil {
+			serr = fmt.Errorf("asking for each datagram's arrival interface (IP_PKTINFO): %w", serr)
+		}
 		return cmp.Or(err, serr)
 	}}
 	pc, err := lc.ListenPacket(context.Background(), "udp4", ap)
@@ -109,42 +122,114 @@ func (f *Firewall) startForwarder(addr netip.Addr) (*forwarder, error) {
 			"another DNS server listening on port 53 of every address (dnsmasq, a resolver bound to 0.0.0.0) must be bound to its own addresses instead",
 			lifecycle.ErrEgressUnenforced, ap, err)
 	}
-	ln, err := lc.Listen(context.Background(), "tcp4", ap)
-	if err != nil {
+	fw.udp = &dns.Server{PacketConn: &bridgeConn{UDPConn: pc.(*net.UDPConn), fw: fw, oob: make([]byte, 128)}, Handler: dns.HandlerFunc(fw.serve),
+		MsgAcceptFunc: dnswire.AcceptQuery, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
+	if err := fw.listenTCP(br); err != nil {
 		pc.Close()
 		return nil, fmt.Errorf("%w: the DNS forwarder cannot listen on %s (tcp): %v", lifecycle.ErrEgressUnenforced, ap, err)
 	}
-	fw.tcpLn = ln.(*net.TCPListener)
-	h := dns.HandlerFunc(fw.serve)
-	fw.udp = &dns.Server{PacketConn: &bridgeConn{UDPConn: pc.(*net.UDPConn), fw: fw, oob: make([]byte, 128)}, Handler: h, MsgAcceptFunc: dnswire.AcceptQuery, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second}
-	fw.tcp = &dns.Server{Listener: ln, Handler: h, MsgAcceptFunc: dnswire.AcceptQuery, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second,
-		IdleTimeout: func() time.Duration { return 8 * time.Second }, MaxTCPQueries: 128}
-	for _, s := range []*dns.Server{fw.udp, fw.tcp} {
-		started := make(chan struct{})
-		s.NotifyStartedFunc = func() { close(started) }
-		go func() {
-			if err := s.ActivateAndServe(); err != nil {
-				f.log.Warn("dns forwarder stopped", zap.Error(err))
-			}
-		}()
-		<-started
-	}
+	fw.activate(fw.udp)
+	fw.activate(fw.tcp)
 	return fw, nil
+}
+
+// listenTCP opens the TCP listener on fw.ap, bound to bridge index br,
+// into fw.tcp (not yet serving); the caller holds fw.tcpMu or is
+// startForwarder.
+func (fw *forwarder) listenTCP(br int32) error {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = fw.bindTCPToBridge(fd, br) })
+		return cmp.Or(err, serr)
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp4", fw.ap)
+	if err != nil {
+		return err
+	}
+	fw.tcp = &dns.Server{Listener: ln, Handler: dns.HandlerFunc(fw.serve), MsgAcceptFunc: dnswire.AcceptQuery, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second,
+		IdleTimeout: func() time.Duration { return 8 * time.Second }, MaxTCPQueries: 128}
+	return nil
+}
+
+// bindTCPToBridge binds the fresh socket fd to bridge index br, before it
+// is bound to its address. A kernel before 5.0 has no SO_BINDTOIFINDEX
+// (ENOPROTOOPT), and one before 5.7 asks CAP_NET_RAW for it (EPERM):
+// then the listener stays unbound, with a warning, and the firewall's
+// input rule for port 53 still drops what arrives elsewhere.
+func (fw *forwarder) bindTCPToBridge(fd uintptr, br int32) error {
+	err := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX, int(br))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.ENOPROTOOPT):
+		fw.tcpUnbound = true
+		fw.f.log.Warn(bindStep+" was refused: it listens unbound, and only the firewall's input rule keeps port 53 arriving on other interfaces from it",
+			zap.String("bridge", fw.f.bridgeName()), zap.Error(err))
+		return nil
+	default:
+		return fmt.Errorf("%s: %w", bindStep, err)
+	}
+}
+
+// activate starts serving s and returns once it serves.
+func (fw *forwarder) activate(s *dns.Server) {
+	started := make(chan struct{})
+	s.NotifyStartedFunc = func() { close(started) }
+	go func() {
+		if err := s.ActivateAndServe(); err != nil {
+			fw.f.log.Warn("dns forwarder stopped", zap.Error(err))
+		}
+	}()
+	<-started
+}
+
+// reopenTCP closes the TCP listener and opens a fresh one bound to the
+// bridge's new index br: binding a bound socket again needs CAP_NET_RAW,
+// a fresh one does not (Linux 5.7+). Meanwhile a TCP query is refused
+// (the client retries); the old bridge's connections are gone with it.
+func (fw *forwarder) reopenTCP(br int32) {
+	fw.tcpMu.Lock()
+	defer fw.tcpMu.Unlock()
+	if fw.stopped || fw.tcpUnbound {
+		return // an unbound listener hears the new bridge already
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if fw.tcp != nil {
+		shutdown(ctx, fw.tcp)
+		fw.tcp = nil
+	}
+	if err := fw.listenTCP(br); err != nil {
+		fw.tcp = nil
+		fw.f.log.Warn("dns forwarder: reopening the tcp listener on the new sandbox bridge (queries over tcp are refused until the gateway starts again)", zap.Error(err))
+		return
+	}
+	fw.activate(fw.tcp)
 }
 
 // stop shuts the forwarder down, waiting at most a few seconds.
 func (fw *forwarder) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	for _, s := range []*dns.Server{fw.udp, fw.tcp} {
-		if err := s.ShutdownContext(ctx); err != nil {
-			// Not started or timed out: close the sockets anyway.
-			if s.PacketConn != nil {
-				s.PacketConn.Close()
-			}
-			if s.Listener != nil {
-				s.Listener.Close()
-			}
+	fw.tcpMu.Lock()
+	fw.stopped = true
+	tcp := fw.tcp
+	fw.tcpMu.Unlock()
+	shutdown(ctx, fw.udp)
+	if tcp != nil {
+		shutdown(ctx, tcp)
+	}
+}
+
+// shutdown stops s, closing its sockets should it not stop within ctx.
+func shutdown(ctx context.Context, s *dns.Server) {
+	if err := s.ShutdownContext(ctx); err != nil {
+		// Not started or timed out: close the sockets anyway.
+		if s.PacketConn != nil {
+			s.PacketConn.Close()
+		}
+		if s.Listener != nil {
+			s.Listener.Close()
 		}
 	}
 }
@@ -244,16 +329,21 @@ func (c *bridgeConn) ReadFrom(b []byte) (int, net.Addr, error) {
 	}
 }
 
-// arrival is the interface index IP_PKTINFO gives in oob (0: none).
+// arrival is the interface index IP_PKTINFO gives in oob (0: none). It
+// runs per datagram, so it parses in place (ParseSocketControlMessage
+// allocates a slice).
 func arrival(oob []byte) int32 {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return 0
-	}
-	for _, m := range msgs {
-		if m.Header.Level == unix.IPPROTO_IP && m.Header.Type == unix.IP_PKTINFO && len(m.Data) >= unix.SizeofInet4Pktinfo {
-			return int32(binary.NativeEndian.Uint32(m.Data))
+	// ParseOneSocketControlMessage reads a header without checking that
+	// one fits.
+	for len(oob) >= unix.SizeofCmsghdr {
+		h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
+		if err != nil {
+			return 0
 		}
+		if h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo {
+			return int32(binary.NativeEndian.Uint32(data))
+		}
+		oob = rest
 	}
 	return 0
 }
@@ -275,16 +365,10 @@ func (fw *forwarder) fromBridge(idx int32) bool {
 	if br == 0 {
 		return false
 	}
-	if fw.bridge.Swap(br) != br && fw.tcpLn != nil {
-		// The listener follows (binding it anew needs CAP_NET_RAW;
-		// without it TCP stays on the old index, UDP still works).
-		if rc, err := fw.tcpLn.SyscallConn(); err == nil {
-			var serr error
-			rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX, int(br)) })
-			if serr != nil {
-				fw.f.log.Warn("dns forwarder: binding the tcp listener to the new sandbox bridge", zap.Error(serr))
-			}
-		}
+	if fw.bridge.Swap(br) != br {
+		// The TCP listener follows: a fresh socket, bound to the new
+		// index (rare: the network was made again).
+		fw.reopenTCP(br)
 	}
 	return idx == br
 }

@@ -120,15 +120,6 @@ func fibDaddrLocal() []expr.Any {
 	}
 }
 
-// fibDaddrNotOnIif: fib daddr . iif type != local (the destination is not
-// an address of the interface the packet arrived on).
-func fibDaddrNotOnIif() []expr.Any {
-	return []expr.Any{
-		&expr.Fib{Register: reg1, FlagDADDR: true, FlagIIF: true, ResultADDRTYPE: true},
-		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
-	}
-}
-
 func verdict(k expr.VerdictKind) expr.Any { return &expr.Verdict{Kind: k} }
 
 func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }

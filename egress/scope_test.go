@@ -354,14 +354,20 @@ func TestThePortsSetFollowsTheBridge(t *testing.T) {
 	want(q.port, false, "a deleted port out of the ports set")
 
 	// Close stops the watch: a port joining after it is not listed
-	// (the set is what it was), until the next Setup lists the bridge.
+	// (the set is what it was), until the next gateway's Setup lists the
+	// bridge. A closed firewall sets nothing up again.
 	if err := fw.Close(); err != nil {
 		t.Fatal(err)
 	}
 	r := addNSPort(t, n.Bridge, hostAt(subnet, 7), subnet.Bits())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := fw.Setup(ctx, n); err != nil {
+	if err := fw.Setup(ctx, n); err == nil {
+		t.Errorf("Setup after Close succeeded: it may start what no Close stops")
+	}
+	fw2 := egress.New(egress.Options{})
+	t.Cleanup(func() { fw2.Close() })
+	if err := fw2.Setup(ctx, n); err != nil {
 		t.Fatal(err)
 	}
 	if !inSet(r.port) {

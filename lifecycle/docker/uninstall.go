@@ -20,6 +20,11 @@ type UninstallOptions struct {
 	// does for one of the instance's networks, Uninstall removes nothing
 	// and fails. Nil: not checked.
 	Running func(n lifecycle.SandboxNet) bool
+	// Check is asked about each of the instance's networks, before
+	// Running and before anything is removed: an error refuses the
+	// uninstall (Running cannot see that network from here). Nil: not
+	// checked.
+	Check func(n lifecycle.SandboxNet) error
 }
 
 // Uninstalled is what Uninstall removed, by name.
@@ -52,6 +57,13 @@ func (r *Runtime) Uninstall(ctx context.Context, opts UninstallOptions) (Uninsta
 		// every other removal of the runtime does.
 		if nw.Labels[LabelManaged] == "true" && nw.Labels[LabelInstance] == inst {
 			ours = append(ours, nw)
+		}
+	}
+	if opts.Check != nil {
+		for _, nw := range ours {
+			if err := opts.Check(describeNetwork(&nw.Network)); err != nil {
+				return out, err
+			}
 		}
 	}
 	if opts.Running != nil {
