@@ -29,6 +29,9 @@ var (
 	// ErrCircuitOpen: engine calls are refused without trying, for a few
 	// seconds after repeated engine failures. It wraps ErrUnavailable.
 	ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
+	// ErrPauseUnsupported: the engine cannot freeze a sandbox (see
+	// Pauser). It wraps ErrConflict: the sandbox can be stopped instead.
+	ErrPauseUnsupported = fmt.Errorf("%w: the container engine cannot pause sandboxes (stop them instead)", ErrConflict)
 	// ErrContainerNotFound: the engine has no container for the sandbox.
 	ErrContainerNotFound = errors.New("container not found")
 	// ErrGroupIncomplete: a group lacks one of its containers while its

@@ -249,6 +249,9 @@ type Manager struct {
 	// directAdopted: the running sandboxes made with published ports were
 	// moved to their own addresses (see adoptDirect).
 	directAdopted atomic.Bool
+	// pauseCollapsed logs, once, that idle_pause stops sandboxes on a
+	// runtime that cannot pause (see canPause).
+	pauseCollapsed sync.Once
 	// reapPasses counts the reaper loop's passes (see reapPass).
 	reapPasses int
 	reserved   int // admissions granted to wakes and creates in flight

@@ -42,6 +42,9 @@ func (m *Manager) pauseLocked(ctx context.Context, rec Record, reason string) (R
 	default:
 		return Record{}, fmt.Errorf("pausing sandbox %s: %w: it is %s", rec.ID, ErrConflict, rec.State)
 	}
+	if !m.canPause() {
+		return Record{}, fmt.Errorf("pausing sandbox %s: %w", rec.ID, ErrPauseUnsupported)
+	}
 	if err := m.runtime.Pause(ctx, rec.ID); err != nil {
 		return Record{}, fmt.Errorf("pausing sandbox %s: %w", rec.ID, err)
 	}

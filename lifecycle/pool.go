@@ -299,7 +299,7 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 	fwDone := m.firewallShared()
 	err = m.applyEgress(&rec)
 	fwDone()
-	if err == nil && t.Pool.State == PoolPaused {
+	if err == nil && t.Pool.State == PoolPaused && m.canPause() {
 		wakeTimeout, _ := m.limits()
 		wctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 		err = m.runtime.Unpause(wctx, id)
@@ -649,7 +649,7 @@ func (m *Manager) fillOne(t Template, key, id string) (counted bool, err error) 
 	if err == nil {
 		err = m.waitReady(ctx, id, &spec, c.Upstreams)
 	}
-	if err == nil && t.Pool.State == PoolPaused {
+	if err == nil && t.Pool.State == PoolPaused && m.canPause() {
 		err = m.runtime.Pause(ctx, id)
 	}
 	if err != nil {

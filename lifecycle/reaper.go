@@ -102,6 +102,12 @@ func (m *Manager) reapDecision(r *Record, cfg *Config, now time.Time) (reaper, a
 		return "idle", ActionStop
 	}
 	if pause := durationOr(r.Spec.IdlePause, cfg.IdlePause); r.State == Running && pause > 0 && idle >= pause {
+		if !m.canPause() {
+			m.pauseCollapsed.Do(func() {
+				m.log.Info("the container engine cannot pause sandboxes: a sandbox idle for its idle_pause is stopped instead")
+			})
+			return "idle", ActionStop
+		}
 		return "idle", ActionPause
 	}
 	return "", ""

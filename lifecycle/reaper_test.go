@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/lifecycle/lifecycletest"
 )
 
 func dur(d time.Duration) *time.Duration { return &d }
@@ -607,4 +608,43 @@ func TestReapResidentPass(t *testing.T) {
 		t.Fatalf("a full pass read %d records, want 43", stats.Scanned)
 	}
 	wantActions(t, stats, map[string]map[string]int{"expiry": {lifecycle.ActionExpire: 40}})
+}
+
+// noPause is the fake engine as one that cannot freeze a sandbox
+// (Kubernetes): lifecycle.Pauser says so.
+type noPause struct{ *lifecycletest.Runtime }
+
+func (noPause) CanPause() bool { return false }
+
+func TestIdlePauseStopsOnRuntimeWithoutPause(t *testing.T) {
+	clock := newFakeClock()
+	e := newTestEnvWith(t, lifecycle.Config{Now: clock.Now, IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+		func(rt *lifecycletest.Runtime) lifecycle.Runtime { return noPause{rt} })
+	e.seed(t, "app1", lifecycle.Running)
+	e.seed(t, "app2", lifecycle.Running)
+	clock.at(3*time.Minute - time.Nanosecond)
+	wantActions(t, reap(t, e.m), nil)
+	clock.at(3 * time.Minute)
+	// The pause tier collapses to a stop, for both sandboxes.
+	wantActions(t, reap(t, e.m), map[string]map[string]int{"idle": {lifecycle.ActionStop: 2}})
+	for _, id := range []string{"app1", "app2"} {
+		if got := e.state(t, id); got != lifecycle.Stopped {
+			t.Fatalf("%s: state = %s, want stopped", id, got)
+		}
+	}
+	if n := e.rt.Count("Pause"); n != 0 {
+		t.Fatalf("Pause called %d times on a runtime that cannot pause", n)
+	}
+	// The API's pause is refused without an engine call, as a conflict.
+	e.seed(t, "app3", lifecycle.Running)
+	_, err := e.m.Pause(context.Background(), "app3", "api")
+	if !errors.Is(err, lifecycle.ErrPauseUnsupported) || !errors.Is(err, lifecycle.ErrConflict) {
+		t.Fatalf("pause = %v, want ErrPauseUnsupported (a conflict)", err)
+	}
+	if got := e.state(t, "app3"); got != lifecycle.Running {
+		t.Fatalf("app3: state = %s after a refused pause, want running", got)
+	}
+	if n := e.rt.Count("Pause"); n != 0 {
+		t.Fatalf("Pause called %d times on a runtime that cannot pause", n)
+	}
 }

@@ -93,6 +93,16 @@ type Runtime interface {
 	Ping(ctx context.Context) error
 }
 
+// Pauser is implemented by runtimes that can tell whether they freeze
+// sandboxes at all. A runtime without it can (Docker). One whose CanPause is
+// false (Kubernetes has no freeze) answers Pause with an error wrapping
+// ErrPauseUnsupported: the reaper then stops a sandbox that reaches its
+// idle_pause (the idle tiers collapse to a stop), and a template's pool keeps
+// its containers running.
+type Pauser interface {
+	CanPause() bool
+}
+
 // DiskMeter is implemented by runtimes that can measure what a sandbox has
 // written: its workspace and its container's writable layer. The disk
 // watchdog uses it.

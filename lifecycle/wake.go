@@ -353,6 +353,12 @@ func (m *Manager) recreate(ctx context.Context, id string, spec *Spec) (Containe
 	return m.startTraced(ctx, id, spec.Address)
 }
 
+// canPause reports whether the runtime can freeze sandboxes (see Pauser).
+func (m *Manager) canPause() bool {
+	p, ok := m.raw.(Pauser)
+	return !ok || p.CanPause()
+}
+
 // direct reports whether the runtime dials sandboxes at their own
 // addresses (see DirectUpstreams).
 func (m *Manager) direct() bool {
