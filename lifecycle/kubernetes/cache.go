@@ -1,0 +1,115 @@
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// This file holds what the informers' cache gives the rest of the runtime:
+// objects kept small, and a wait for a sandbox's objects to change.
+
+// everything selects every object the (already label-selected) cache has.
+var everything = labels.Everything()
+
+// dropManagedFields is the informers' transform: the server-side apply
+// bookkeeping is most of a pod's size and nothing here reads it.
+func dropManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// idOf is the sandbox an informer's object (or its tombstone) belongs to.
+func idOf(obj any) string {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if m, ok := obj.(metav1.Object); ok {
+		return m.GetLabels()[LabelID]
+	}
+	return ""
+}
+
+// changes lets an operation wait for sandbox id's pod or claim to change,
+// as the informers see it: a channel per waited-on id, closed at the next
+// change (no poll, no API call).
+type changes struct {
+	mu      sync.Mutex
+	waiting map[string]chan struct{}
+}
+
+// next is closed at the next change of sandbox id's objects.
+func (c *changes) next(id string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.waiting == nil {
+		c.waiting = map[string]chan struct{}{}
+	}
+	ch, ok := c.waiting[id]
+	if !ok {
+		ch = make(chan struct{})
+		c.waiting[id] = ch
+	}
+	return ch
+}
+
+// fire wakes whoever waits on sandbox id.
+func (c *changes) fire(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch, ok := c.waiting[id]; ok {
+		close(ch)
+		delete(c.waiting, id)
+	}
+}
+
+// waitFor waits until done says so (or fails), checking it now and at
+// every change of sandbox id's objects, within ctx. what names the wait
+// for the error.
+func (r *Runtime) waitFor(ctx context.Context, id, what string, done func() (bool, error)) error {
+	for {
+		next := r.changes.next(id)
+		ok, err := done()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-next:
+		case <-r.stop:
+			return fmt.Errorf("waiting for %s: %w: the runtime was closed", what, lifecycle.ErrUnavailable)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w%s", what, ctx.Err(), r.why(id))
+		}
+	}
+}
+
+// why tells, for a wait that ran out, what the pod's conditions say (an
+// unbound claim, no node with room).
+func (r *Runtime) why(id string) string {
+	pod, err := r.pods.Get(PodName(id))
+	if err != nil {
+		return ""
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Status != "True" && c.Message != "" {
+			return fmt.Sprintf(" (pod %s: %s: %s)", pod.Name, c.Reason, c.Message)
+		}
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if w := s.State.Waiting; w != nil && w.Reason != "" {
+			return fmt.Sprintf(" (pod %s: %s: %s)", pod.Name, w.Reason, w.Message)
+		}
+	}
+	return ""
+}

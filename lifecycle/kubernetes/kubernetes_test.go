@@ -1,0 +1,296 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// These tests drive the runtime's logic against client-go's fake
+// clientset: no kubelet runs, so a test plays it (setPodStatus). What a
+// real cluster does is in cluster_test.go.
+
+const testNS = "sandwake-test"
+
+func newFake(t *testing.T, objs ...any) (*Runtime, *fake.Clientset) {
+	t.Helper()
+	cs := fake.NewClientset()
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *corev1.Pod:
+			if _, err := cs.CoreV1().Pods(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		case *corev1.PersistentVolumeClaim:
+			if _, err := cs.CoreV1().PersistentVolumeClaims(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r, err := New(Options{Client: cs, Namespace: testNS, Instance: "t1", StopTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.StartInformers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r, cs
+}
+
+func testSpec() lifecycle.Spec {
+	return lifecycle.Spec{Image: "sandwake/testapp:1", Ports: []int{8080}, WorkspacePath: "/workspace",
+		Env: map[string]string{"B": "2", "A": "1"}, Labels: map[string]string{"tenant": "acme", "bad key!": "x"}, Incarnation: "inc1"}
+}
+
+// eventually polls cond until it holds (bounded).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// setPodStatus plays the kubelet: the pod of id gets status st.
+func setPodStatus(t *testing.T, cs *fake.Clientset, id string, st corev1.PodStatus) {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := cs.CoreV1().Pods(testNS).Get(ctx, PodName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = st
+	if _, err := cs.CoreV1().Pods(testNS).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func running(ip string) corev1.PodStatus {
+	return corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, ContainerStatuses: []corev1.ContainerStatus{{
+		Name: appContainer, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}},
+	}}}
+}
+
+func TestPodSpec(t *testing.T) {
+	r, _ := newFake(t)
+	ro := true
+	spec := testSpec()
+	spec.ReadonlyRootfs = &ro
+	spec.User = "1000:2000"
+	spec.MemoryMB, spec.CPUs, spec.DiskMB = 256, 0.5, 100
+	spec.CapAdd = []string{"CAP_NET_RAW"}
+	spec.Cmd = []string{"serve", "--port=8080"}
+	pod, err := r.podFor("abc", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := pod.Spec
+	app := ps.Containers[0]
+	checks := []struct {
+		what string
+		ok   bool
+	}{
+		{"name s-abc", pod.Name == "s-abc"},
+		{"instance and id labels", pod.Labels[LabelInstance] == "t1" && pod.Labels[LabelID] == "abc" && pod.Labels[LabelManaged] == "true"},
+		{"valid record label as a label", pod.Labels[LabelPrefix+"tenant"] == "acme"},
+		{"invalid record label only as an annotation", pod.Labels[LabelPrefix+"bad key!"] == "" && pod.Annotations[AnnotationLabelPrefix+"bad key!"] == "x"},
+		{"restart never", ps.RestartPolicy == corev1.RestartPolicyNever},
+		{"no service account token", ps.AutomountServiceAccountToken != nil && !*ps.AutomountServiceAccountToken},
+		{"no service links", ps.EnableServiceLinks != nil && !*ps.EnableServiceLinks},
+		{"seccomp RuntimeDefault", ps.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault},
+		{"runAsUser 1000", *ps.SecurityContext.RunAsUser == 1000 && *ps.SecurityContext.RunAsGroup == 2000},
+		{"no privilege escalation", !*app.SecurityContext.AllowPrivilegeEscalation},
+		{"drop ALL", slices.Equal(app.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})},
+		{"add the minimum and NET_RAW", len(app.SecurityContext.Capabilities.Add) == len(lifecycle.SandboxCapabilities)+1 && slices.Contains(app.SecurityContext.Capabilities.Add, "NET_RAW") && slices.Contains(app.SecurityContext.Capabilities.Add, "CHOWN")},
+		{"read-only root", *app.SecurityContext.ReadOnlyRootFilesystem},
+		{"/tmp in memory", len(app.VolumeMounts) == 2 && app.VolumeMounts[1].MountPath == "/tmp" && ps.Volumes[1].EmptyDir.Medium == corev1.StorageMediumMemory},
+		{"workspace claim", app.VolumeMounts[0].MountPath == "/workspace" && ps.Volumes[0].PersistentVolumeClaim.ClaimName == "s-abc-data"},
+		{"memory 256Mi request=limit", app.Resources.Limits.Memory().Value() == 256<<20 && app.Resources.Requests.Memory().Value() == 256<<20},
+		{"cpu 500m request=limit", app.Resources.Limits.Cpu().MilliValue() == 500 && app.Resources.Requests.Cpu().MilliValue() == 500},
+		{"ephemeral storage 100Mi", app.Resources.Limits.StorageEphemeral().Value() == 100<<20},
+		{"env sorted", len(app.Env) == 2 && app.Env[0].Name == "A"},
+		{"cmd as args", slices.Equal(app.Args, spec.Cmd) && app.Command == nil},
+		{"port 8080", len(app.Ports) == 1 && app.Ports[0].ContainerPort == 8080},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			t.Errorf("pod spec: %s: not so", c.what)
+		}
+	}
+	for _, bad := range []string{"nobody", "1000:staff", "-1"} {
+		spec.User = bad
+		if _, err := r.podFor("abc", spec); !errors.Is(err, lifecycle.ErrInvalid) {
+			t.Errorf("user %q: err = %v, want ErrInvalid", bad, err)
+		}
+	}
+	spec.User = ""
+	spec.Services = map[string]lifecycle.Service{"db": {}}
+	if _, err := r.podFor("abc", spec); !errors.Is(err, lifecycle.ErrInvalid) {
+		t.Errorf("services: err = %v, want ErrInvalid", err)
+	}
+}
+
+func TestLifecycleOnFake(t *testing.T) {
+	r, cs := newFake(t)
+	ctx := context.Background()
+	evs, _ := r.Events(ctx)
+	c, err := r.Create(ctx, "abc", testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != lifecycle.ContainerCreated {
+		t.Fatalf("create: state %s", c.State)
+	}
+	claim, err := cs.CoreV1().PersistentVolumeClaims(testNS).Get(ctx, "s-abc-data", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim.Annotations[AnnotationOwnerIncarnation] != "inc1" || claim.Annotations[AnnotationOwnerPrefix+"tenant"] != "acme" {
+		t.Fatalf("claim annotations %v", claim.Annotations)
+	}
+	if o, recorded, exists, err := r.VolumeOwner(ctx, "abc"); err != nil || !recorded || !exists || o.Incarnation != "inc1" {
+		t.Fatalf("VolumeOwner = %v %v %v %v", o, recorded, exists, err)
+	}
+	eventually(t, "the claim in the cache", func() bool {
+		c, err := r.Inspect(ctx, "abc")
+		return err == nil && c.State == lifecycle.ContainerExited
+	})
+	// Start makes the pod and returns once "the kubelet" runs it.
+	type result struct {
+		c   lifecycle.Container
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := r.Start(ctx, "abc")
+		done <- result{c, err}
+	}()
+	eventually(t, "the pod", func() bool {
+		_, err := cs.CoreV1().Pods(testNS).Get(ctx, "s-abc", metav1.GetOptions{})
+		return err == nil
+	})
+	setPodStatus(t, cs, "abc", running("10.244.0.7"))
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if res.c.State != lifecycle.ContainerRunning || res.c.Upstreams[8080] != "10.244.0.7:8080" {
+		t.Fatalf("start: %+v", res.c)
+	}
+	if l, err := r.List(ctx); err != nil || len(l) != 1 || l[0].State != lifecycle.ContainerRunning {
+		t.Fatalf("list = %+v, %v", l, err)
+	}
+	// The app exits: oom and die events after its start, and Inspect
+	// says exited with its code.
+	st := running("10.244.0.7")
+	st.Phase = corev1.PodFailed
+	st.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled"}}
+	setPodStatus(t, cs, "abc", st)
+	want := []string{"start", "oom", "die"}
+	for _, w := range want {
+		select {
+		case ev := <-evs:
+			if ev.SandboxID != "abc" || ev.Action != w {
+				t.Fatalf("event %+v, want %s", ev, w)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s event", w)
+		}
+	}
+	c, err = r.Inspect(ctx, "abc")
+	if err != nil || c.State != lifecycle.ContainerExited || c.ExitCode != 137 || !c.OOMKilled {
+		t.Fatalf("inspect after OOM = %+v, %v", c, err)
+	}
+	// Stop deletes the pod (the fake deletes at once) and keeps the claim.
+	if err := r.Stop(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods(testNS).Get(ctx, "s-abc", metav1.GetOptions{}); err == nil {
+		t.Fatal("pod still there after stop")
+	}
+	if c, err := r.Inspect(ctx, "abc"); err != nil || c.State != lifecycle.ContainerExited {
+		t.Fatalf("inspect after stop = %+v, %v", c, err)
+	}
+	if err := r.Stop(ctx, "abc"); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
+	// Remove: no container, the claim stays.
+	if err := r.Remove(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the removal in the cache", func() bool {
+		_, err := r.Inspect(ctx, "abc")
+		return errors.Is(err, lifecycle.ErrContainerNotFound)
+	})
+	if _, err := r.Start(ctx, "abc"); !errors.Is(err, lifecycle.ErrContainerNotFound) {
+		t.Fatalf("start after remove: %v, want ErrContainerNotFound", err)
+	}
+	if l, _ := r.List(ctx); len(l) != 0 {
+		t.Fatalf("list after remove = %+v", l)
+	}
+	if _, err := r.RemoveVolume(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RemoveVolume(ctx, "abc"); !errors.Is(err, lifecycle.ErrNotFound) {
+		t.Fatalf("second RemoveVolume: %v, want ErrNotFound", err)
+	}
+}
+
+func TestNotOurs(t *testing.T) {
+	other := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: testNS, Labels: map[string]string{LabelManaged: "true", LabelInstance: "t2", LabelID: "abc"}}
+	}
+	r, cs := newFake(t, &corev1.PersistentVolumeClaim{ObjectMeta: other("s-abc-data")},
+		&corev1.Pod{ObjectMeta: other("s-xyz")})
+	ctx := context.Background()
+	if _, err := r.Create(ctx, "abc", testSpec()); !errors.Is(err, lifecycle.ErrIDTaken) {
+		t.Fatalf("create over another instance's claim: %v, want ErrIDTaken", err)
+	}
+	if _, err := r.Create(ctx, "xyz", testSpec()); !errors.Is(err, lifecycle.ErrIDTaken) {
+		t.Fatalf("create over another instance's pod: %v, want ErrIDTaken", err)
+	}
+	if _, err := r.RemoveVolume(ctx, "abc"); !errors.Is(err, lifecycle.ErrNotFound) {
+		t.Fatalf("RemoveVolume of another instance's claim: %v, want ErrNotFound", err)
+	}
+	if _, _, exists, _ := r.VolumeOwner(ctx, "abc"); exists {
+		t.Fatal("another instance's claim reported as ours")
+	}
+	if l, _ := r.List(ctx); len(l) != 0 {
+		t.Fatalf("list shows another instance's objects: %+v", l)
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims(testNS).Get(ctx, "s-abc-data", metav1.GetOptions{}); err != nil {
+		t.Fatalf("another instance's claim was touched: %v", err)
+	}
+}
+
+func TestDropManagedFields(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}}}
+	out, err := dropManagedFields(pod)
+	if err != nil || out.(*corev1.Pod).ManagedFields != nil {
+		t.Fatalf("managed fields kept: %v", err)
+	}
+}
+
+func TestPauseUnsupported(t *testing.T) {
+	r, _ := newFake(t)
+	if r.CanPause() {
+		t.Fatal("CanPause")
+	}
+	if err := r.Pause(context.Background(), "abc"); !errors.Is(err, lifecycle.ErrPauseUnsupported) {
+		t.Fatalf("pause: %v", err)
+	}
+}
