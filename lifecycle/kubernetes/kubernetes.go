@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -344,7 +345,27 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		}
 		return lifecycle.Container{}, classify("creating claim "+ClaimName(id), err, lifecycle.ErrNotFound)
 	}
+	// A start follows at once: it reads the claim from the cache, which
+	// must have seen this write first.
+	if err := r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
+		return c.UID == made.UID && c.Annotations[AnnotationPod] == made.Annotations[AnnotationPod]
+	}); err != nil {
+		return lifecycle.Container{}, err
+	}
 	return lifecycle.Container{ID: string(made.UID), SandboxID: id, State: lifecycle.ContainerCreated}, nil
+}
+
+// waitClaimSeen waits for the cache to hold sandbox id's claim as seen
+// says (a write of this runtime arriving through the informer).
+func (r *Runtime) waitClaimSeen(ctx context.Context, id string, seen func(*corev1.PersistentVolumeClaim) bool) error {
+	if err := r.ready(); err != nil {
+		return err
+	}
+	err := r.waitFor(ctx, id, "claim "+ClaimName(id)+" in the informer's cache", func() (bool, error) {
+		c, err := r.claims.Get(ClaimName(id))
+		return err == nil && seen(c), nil
+	})
+	return classify("creating claim "+ClaimName(id), err, lifecycle.ErrNotFound)
 }
 
 // VolumeOwner implements lifecycle.VolumeInspector from the claim's
@@ -541,6 +562,7 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		}
 	}
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
+	var uid types.UID
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		c, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -557,12 +579,22 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		}
 		c = c.DeepCopy()
 		delete(c.Annotations, AnnotationPod)
-		_, err = claims.Update(ctx, c, metav1.UpdateOptions{})
+		updated, err := claims.Update(ctx, c, metav1.UpdateOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
+		if err == nil {
+			uid = updated.UID
+		}
 		return err
 	})
+	if err == nil && uid != "" {
+		// Inspect, from the cache, must say the container is gone.
+		err = r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
+			_, kept := c.Annotations[AnnotationPod]
+			return c.UID != uid || !kept
+		})
+	}
 	return classify("removing the pod kept on claim "+ClaimName(id), err, lifecycle.ErrContainerNotFound)
 }
 

@@ -1,0 +1,361 @@
+package kubernetes
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// The tests here run on a real cluster: SANDWAKE_KUBECONFIG names its admin
+// kubeconfig, SANDWAKE_K8S_CONTAINERD_SOCK the socket of the containerd its
+// kubelet uses (the test image is imported there, never pulled) and
+// SANDWAKE_K8S_BRIDGE the CNI bridge pods are on (an address is dialled
+// only once it is seen to be there). SANDWAKE_K8S_STORAGECLASS names the
+// claims' class (default: the cluster's). scripts/kubernetes/up.sh starts
+// such a cluster and writes these values (KUBECONFIG as SANDWAKE_KUBECONFIG).
+// Without SANDWAKE_KUBECONFIG the tests skip; with
+// SANDWAKE_REQUIRE_KUBERNETES=1 they fail instead.
+
+type cluster struct {
+	kubeconfig, sock, bridge, class string
+}
+
+func needCluster(t *testing.T) cluster {
+	t.Helper()
+	c := cluster{
+		kubeconfig: os.Getenv("SANDWAKE_KUBECONFIG"),
+		sock:       os.Getenv("SANDWAKE_K8S_CONTAINERD_SOCK"),
+		bridge:     os.Getenv("SANDWAKE_K8S_BRIDGE"),
+		class:      os.Getenv("SANDWAKE_K8S_STORAGECLASS"),
+	}
+	if c.kubeconfig == "" || c.sock == "" || c.bridge == "" {
+		msg := "no cluster: SANDWAKE_KUBECONFIG, SANDWAKE_K8S_CONTAINERD_SOCK and SANDWAKE_K8S_BRIDGE are needed"
+		if os.Getenv("SANDWAKE_REQUIRE_KUBERNETES") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	if testing.Short() {
+		t.Skip("a real cluster is slow")
+	}
+	return c
+}
+
+func randSuffix() string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// testImage builds internal/testapp into a one-layer image, imports it
+// into the cluster's containerd and removes it at the end of the test.
+func testImage(t *testing.T, c cluster) string {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "testapp")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "github.com/sandwake/sandwake/internal/testapp")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building testapp: %v\n%s", err, out)
+	}
+	ref := "sandwake.local/testapp-k8s:" + randSuffix()
+	tarball := filepath.Join(dir, "image.tar")
+	if err := writeImage(ref, bin, tarball); err != nil {
+		t.Fatal(err)
+	}
+	ctr := func(args ...string) ([]byte, error) {
+		return exec.Command("ctr", append([]string{"-a", c.sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
+	}
+	if out, err := ctr("images", "import", tarball); err != nil {
+		t.Fatalf("importing %s: %v\n%s", ref, err, out)
+	}
+	t.Cleanup(func() { ctr("images", "rm", ref) })
+	return ref
+}
+
+// writeImage writes a docker-archive tarball of one layer holding bin as
+// /testapp (its entrypoint), an empty /workspace and a /tmp.
+func writeImage(ref, bin, out string) error {
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return err
+	}
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	mtime := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, d := range []struct {
+		name string
+		mode int64
+	}{{"tmp/", 01777}, {"workspace/", 0755}} {
+		tw.WriteHeader(&tar.Header{Name: d.name, Typeflag: tar.TypeDir, Mode: d.mode, ModTime: mtime})
+	}
+	tw.WriteHeader(&tar.Header{Name: "testapp", Typeflag: tar.TypeReg, Mode: 0755, Size: int64(len(data)), ModTime: mtime})
+	tw.Write(data)
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	lsum := sha256.Sum256(layer.Bytes())
+	lhex := hex.EncodeToString(lsum[:])
+	cfg, _ := json.Marshal(map[string]any{
+		"architecture": "amd64", "os": "linux",
+		"config": map[string]any{"Entrypoint": []string{"/testapp"}, "WorkingDir": "/"},
+		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + lhex}},
+	})
+	csum := sha256.Sum256(cfg)
+	chex := hex.EncodeToString(csum[:])
+	manifest, _ := json.Marshal([]map[string]any{{"Config": chex + ".json", "RepoTags": []string{ref}, "Layers": []string{lhex + "/layer.tar"}}})
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	w := tar.NewWriter(f)
+	for _, e := range []struct {
+		name string
+		data []byte
+	}{{lhex + "/layer.tar", layer.Bytes()}, {chex + ".json", cfg}, {"manifest.json", manifest}} {
+		if err := w.WriteHeader(&tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0644, Size: int64(len(e.data)), ModTime: mtime}); err != nil {
+			return err
+		}
+		w.Write(e.data)
+	}
+	return w.Close()
+}
+
+// onBridge reports whether addr (ip:port) is on the cluster's CNI bridge:
+// nothing is sent anywhere else.
+func onBridge(t *testing.T, bridge, addr string) {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ifc, err := net.InterfaceByName(bridge)
+	if err != nil {
+		t.Fatalf("CNI bridge %s: %v", bridge, err)
+	}
+	addrs, _ := ifc.Addrs()
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Masked().Contains(ap.Addr()) {
+			return
+		}
+	}
+	t.Fatalf("%s is not on the CNI bridge %s (%v): not dialled", addr, bridge, addrs)
+}
+
+// get polls url until it answers 200 (bounded) and returns the body.
+func get(t *testing.T, url string) string {
+	t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		res, err := client.Get(url)
+		if err == nil {
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return string(body)
+			}
+			err = fmt.Errorf("status %d: %s", res.StatusCode, body)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestClusterSandboxLifecycle(t *testing.T) {
+	cl := needCluster(t)
+	image := testImage(t, cl)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	suffix := randSuffix()
+	ns := "sandwake-test-" + suffix
+	r, err := New(Options{Kubeconfig: cl.kubeconfig, Namespace: ns, Instance: "t" + suffix,
+		StorageClass: cl.class, Pull: PullNever, StopTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// The namespace takes its pods and claims (and local-path their
+		// volumes) with it.
+		r.cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	if err := r.StartInformers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if err := r.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evCtx, evCancel := context.WithCancel(ctx)
+	defer evCancel()
+	evs, _ := r.Events(evCtx)
+
+	id := "k" + suffix
+	spec := lifecycle.Spec{Image: image, Ports: []int{8080}, WorkspacePath: "/workspace", MemoryMB: 64, CPUs: 0.25, Incarnation: "i1"}
+	if _, err := r.Create(ctx, id, spec); err != nil {
+		t.Fatal(err)
+	}
+	// Create → start → first byte, the first time (claim bound on the way).
+	t0 := time.Now()
+	c, err := r.Start(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := c.Upstreams[8080]
+	onBridge(t, cl.bridge, addr)
+	get(t, "http://"+addr+"/healthz")
+	first := time.Since(t0)
+	if c.State != lifecycle.ContainerRunning {
+		t.Fatalf("started: state %s", c.State)
+	}
+	pod, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := pod.Spec.Containers[0].SecurityContext; *sc.AllowPrivilegeEscalation || sc.Capabilities.Drop[0] != "ALL" || pod.Spec.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Fatalf("pod security context not applied: %+v", sc)
+	}
+	// What the app sees of itself: no CAP_SYS_ADMIN among its capabilities.
+	self := get(t, "http://"+addr+"/self")
+	if strings.Contains(strings.ToLower(self), "sys_admin") {
+		t.Fatalf("the sandbox has CAP_SYS_ADMIN: %s", self)
+	}
+	stamp := "stamp-" + suffix
+	req, _ := http.NewRequest(http.MethodPut, "http://"+addr+"/files/stamp", strings.NewReader(stamp))
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		t.Fatalf("PUT /files/stamp: %s", res.Status)
+	}
+
+	// Stop: the pod is gone when Stop returns, the claim stays.
+	t1 := time.Now()
+	if err := r.Stop(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	stopTook := time.Since(t1)
+	if _, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("pod after stop: %v", err)
+	}
+	if _, err := r.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, ClaimName(id), metav1.GetOptions{}); err != nil {
+		t.Fatalf("claim after stop: %v", err)
+	}
+	if c, err := r.Inspect(ctx, id); err != nil || c.State != lifecycle.ContainerExited {
+		t.Fatalf("inspect after stop = %+v, %v", c, err)
+	}
+
+	// Start again: the workspace's file is still there.
+	t2 := time.Now()
+	c, err = r.Start(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = c.Upstreams[8080]
+	onBridge(t, cl.bridge, addr)
+	got := get(t, "http://"+addr+"/files/stamp")
+	again := time.Since(t2)
+	if got != stamp {
+		t.Fatalf("file after restart = %q, want %q", got, stamp)
+	}
+
+	// The pod deleted behind sandwake's back: a die event, and the
+	// sandbox reads as exited (stopped), its claim kept.
+	drain(evs)
+	if err := r.cs.CoreV1().Pods(ns).Delete(ctx, PodName(id), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, evs, id, "die")
+	eventuallyCluster(t, "the deleted pod to read as exited", func() bool {
+		c, err := r.Inspect(ctx, id)
+		return err == nil && c.State == lifecycle.ContainerExited
+	})
+	if err := r.Stop(ctx, id); err != nil { // waits for the pod to be gone
+		t.Fatal(err)
+	}
+
+	// Remove and purge: nothing of the sandbox is left.
+	if err := r.Remove(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RemoveVolume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyCluster(t, "the claim to be gone", func() bool {
+		_, err := r.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, ClaimName(id), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if _, err := r.Inspect(ctx, id); !errors.Is(err, lifecycle.ErrContainerNotFound) {
+		t.Fatalf("inspect after purge: %v", err)
+	}
+	t.Logf("first start (claim provisioned and bound, pod made) → first byte: %v; stop (pod gone): %v; start again → file read: %v", first, stopTook, again)
+}
+
+func drain(evs <-chan lifecycle.RuntimeEvent) {
+	for {
+		select {
+		case <-evs:
+		default:
+			return
+		}
+	}
+}
+
+func waitEvent(t *testing.T, evs <-chan lifecycle.RuntimeEvent, id, action string) {
+	t.Helper()
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case ev, ok := <-evs:
+			if !ok {
+				t.Fatalf("event stream ended before %s", action)
+			}
+			if ev.SandboxID == id && ev.Action == action {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no %s event for %s", action, id)
+		}
+	}
+}
+
+func eventuallyCluster(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
