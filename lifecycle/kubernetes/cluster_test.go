@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/store"
 )
 
 // The tests here run on a real cluster: SANDWAKE_KUBECONFIG names its admin
@@ -187,13 +188,14 @@ func get(t *testing.T, url string) string {
 	}
 }
 
-func TestClusterSandboxLifecycle(t *testing.T) {
-	cl := needCluster(t)
-	image := testImage(t, cl)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	suffix := randSuffix()
-	ns := "sandwake-test-" + suffix
+// clusterRuntime is a started runtime on the cluster, in a namespace of
+// its own that goes (with its pods and claims) at the end of the test, and
+// the test image.
+func clusterRuntime(t *testing.T, ctx context.Context, cl cluster) (r *Runtime, ns, image, suffix string) {
+	t.Helper()
+	image = testImage(t, cl)
+	suffix = randSuffix()
+	ns = "sandwake-test-" + suffix
 	r, err := New(Options{Kubeconfig: cl.kubeconfig, Namespace: ns, Instance: "t" + suffix,
 		StorageClass: cl.class, Pull: PullNever, StopTimeout: 5 * time.Second})
 	if err != nil {
@@ -214,6 +216,14 @@ func TestClusterSandboxLifecycle(t *testing.T) {
 	if err := r.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return r, ns, image, suffix
+}
+
+func TestClusterSandboxLifecycle(t *testing.T) {
+	cl := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, ns, image, suffix := clusterRuntime(t, ctx, cl)
 	evCtx, evCancel := context.WithCancel(ctx)
 	defer evCancel()
 	evs, _ := r.Events(evCtx)
@@ -358,4 +368,81 @@ func eventuallyCluster(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestClusterManager drives the runtime through lifecycle's Manager, as the
+// gateway does: create (running), stop, wake, a pod deleted behind its back
+// reconciled from the die event, an idle_pause that stops, and purge.
+func TestClusterManager(t *testing.T) {
+	cl := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, ns, image, suffix := clusterRuntime(t, ctx, cl)
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	m, err := lifecycle.NewManager(st, r, lifecycle.Config{WatchEvents: true, WakeTimeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	id := "m" + suffix
+	rec, err := m.Create(ctx, lifecycle.CreateRequest{ID: id, Spec: lifecycle.Spec{Image: image, Ports: []int{8080}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != lifecycle.Running {
+		t.Fatalf("created: %s", rec.State)
+	}
+	onBridge(t, cl.bridge, rec.Upstreams[8080])
+	get(t, "http://"+rec.Upstreams[8080]+"/healthz")
+
+	if rec, err = m.Stop(ctx, id, "test"); err != nil || rec.State != lifecycle.Stopped {
+		t.Fatalf("stop: %v, %v", rec.State, err)
+	}
+	if _, err := m.Pause(ctx, id, "test"); !errors.Is(err, lifecycle.ErrConflict) {
+		t.Fatalf("pause of a stopped sandbox: %v", err)
+	}
+	t0 := time.Now()
+	if rec, err = m.Wake(ctx, id); err != nil || rec.State != lifecycle.Running {
+		t.Fatalf("wake: %v, %v", rec.State, err)
+	}
+	onBridge(t, cl.bridge, rec.Upstreams[8080])
+	get(t, "http://"+rec.Upstreams[8080]+"/healthz")
+	wake := time.Since(t0)
+	if _, err := m.Pause(ctx, id, "test"); !errors.Is(err, lifecycle.ErrPauseUnsupported) {
+		t.Fatalf("pause: %v, want ErrPauseUnsupported", err)
+	}
+
+	// Deleted behind sandwake's back: the die event makes it stopped.
+	if err := r.cs.CoreV1().Pods(ns).Delete(ctx, PodName(id), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyCluster(t, "the record to follow the deleted pod", func() bool {
+		rec, err := m.Get(id)
+		return err == nil && rec.State == lifecycle.Stopped
+	})
+	// And the next wake makes a pod again.
+	if rec, err = m.Wake(ctx, id); err != nil || rec.State != lifecycle.Running {
+		t.Fatalf("wake after the deletion: %v, %v", rec.State, err)
+	}
+	get(t, "http://"+rec.Upstreams[8080]+"/healthz")
+	if stats, err := m.Reconcile(ctx); err != nil || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
+		t.Fatalf("reconcile of a consistent sandbox: %+v, %v", stats, err)
+	}
+
+	if _, err := m.Purge(ctx, id, "test"); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyCluster(t, "the pod and claim to be gone", func() bool {
+		_, perr := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{})
+		_, cerr := r.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, ClaimName(id), metav1.GetOptions{})
+		return apierrors.IsNotFound(perr) && apierrors.IsNotFound(cerr)
+	})
+	t.Logf("wake of a stopped sandbox (pod made, claim bound) → first byte: %v", wake)
 }
