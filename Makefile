@@ -4,7 +4,7 @@ STATICCHECK_VERSION ?= v0.8.2
 XCADDY_VERSION      ?= v0.4.5
 IMAGE               ?= sandwake:dev
 
-.PHONY: run build image test vet lint tools bench bench-engine xcaddy fmt clean clean-demo
+.PHONY: run build image test test-k8s vet lint tools bench bench-engine xcaddy fmt clean clean-demo
 
 ## run: build Caddy with sandwake, start it with Caddyfile.example and a demo sandbox
 run: build
@@ -22,6 +22,18 @@ image:
 ## test: formatting, vet, staticcheck, then every test under the race detector
 test: tools vet lint
 	$(GO) test -count=1 -race -timeout 60m ./...
+
+## test-k8s: the Kubernetes runtime's tests on a real single-node cluster built
+## here (scripts/kubernetes: Kubernetes from the Go module proxy, Debian's etcd,
+## CNI plugins and containerd; the first build takes ~25-30 min on 2 cores and is
+## cached in ~/.cache/sandwake/kubernetes, later runs start in seconds); as root;
+## the cluster is torn down after, whatever the tests did
+test-k8s:
+	scripts/kubernetes/up.sh >/dev/null
+	set -a; . $${SANDWAKE_K8S_STATE:-/tmp/sandwake-k8s}/env; set +a; \
+	SANDWAKE_KUBECONFIG=$$KUBECONFIG SANDWAKE_REQUIRE_KUBERNETES=1 \
+		$(GO) test -count=1 -race -timeout 30m ./lifecycle/kubernetes/; \
+	rc=$$?; scripts/kubernetes/down.sh; exit $$rc
 
 ## tools: what the tests need beyond Go, from Debian's packages: chromium for
 ## the browser tests, etcd-server for the cluster tests, prometheus (promtool)

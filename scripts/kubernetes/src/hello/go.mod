@@ -1,0 +1,3 @@
+module sandwake.local/k8s-hello
+
+go 1.24

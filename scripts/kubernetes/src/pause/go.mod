@@ -1,0 +1,3 @@
+module sandwake.local/k8s-pause
+
+go 1.24
