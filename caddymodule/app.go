@@ -44,6 +44,10 @@ type App struct {
 	// Storage is the directory of the embedded Badger store. Default:
 	// "sandwake" in Caddy's data directory.
 	Storage string `json:"storage,omitempty"`
+	// Engine is the container engine sandboxes run on: Docker (the
+	// default) or Kubernetes (see EngineConfig). Changing it needs a
+	// restart. Default: docker.
+	Engine *EngineConfig `json:"engine,omitempty"`
 	// DockerHost is the Docker Engine address, e.g. unix:///var/run/docker.sock.
 	// Default: DOCKER_HOST, else the local socket. Changing it needs a restart.
 	DockerHost string `json:"docker_host,omitempty"`
@@ -477,6 +481,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.Orphans == "" {
 		a.Orphans = "keep"
 	}
+	if err := a.provisionEngine(); err != nil {
+		return err
+	}
 	if a.MinFreeMemory == "" {
 		a.MinFreeMemory = DefaultMinFreeMemory
 	}
@@ -699,6 +706,9 @@ type engine struct {
 	// clusterCfg is the cluster block the engine joined with, nil on a
 	// single host.
 	clusterCfg *ClusterConfig
+	// engineCfg is the engine option the engine opened with (fixed until
+	// a restart).
+	engineCfg EngineConfig
 }
 
 // Destruct closes the gateway when the last config using it is cleaned up
@@ -726,6 +736,12 @@ func (a *App) Start() error {
 			a.logger.Error("releasing the engine", zap.Error(err))
 		}
 		return fmt.Errorf("sandwake: %s: cluster membership is set when sandwake starts; restart Caddy to apply it (the running config is kept)", diff)
+	}
+	if diff := engineChanges(e.engineCfg, a.Engine); loaded && diff != "" {
+		if _, err := engines.Delete(a.storageDir); err != nil {
+			a.logger.Error("releasing the engine", zap.Error(err))
+		}
+		return fmt.Errorf("sandwake: %s: the engine is chosen when sandwake starts; restart Caddy to apply it (the running config is kept)", diff)
 	}
 	if h, ok := e.Core.Host(); loaded && ok && a.Runtime != "" && !slices.Contains(h.Runtimes, a.Runtime) {
 		if _, err := engines.Delete(a.storageDir); err != nil {
@@ -813,7 +829,10 @@ func openEngine(a *App) (*engine, error) {
 	}
 	mcfg.Egress, mcfg.Firewall = a.egress.config, a.egress.firewall(log)
 	mcfg.Apply(a.managerSettings())
+	kind, kube := a.Engine.options()
 	c, err := core.Open(core.Options{
+		Kind:              kind,
+		Kubernetes:        kube,
 		Dir:               a.storageDir,
 		Instance:          a.Instance,
 		DockerHost:        a.DockerHost,
@@ -834,6 +853,9 @@ func openEngine(a *App) (*engine, error) {
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
 	e.Core, e.Mgr, e.Instance = c, c.Manager, c.Instance
+	if a.Engine != nil {
+		e.engineCfg = *a.Engine
+	}
 	mgr, instance := c.Manager, c.Instance
 	e.Routes = gateway.NewRouteCache(mgr)
 	if err := e.joinCluster(a); err != nil {
@@ -849,7 +871,7 @@ func openEngine(a *App) (*engine, error) {
 		c.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}
-	if err := mgr.Start(); err != nil {
+	if err := c.Start(context.Background()); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("sandwake: %w", err)
 	}

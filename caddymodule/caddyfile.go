@@ -30,6 +30,12 @@ func init() {
 //	sandwake {
 //		domain         <domain>
 //		storage        <dir>
+//		engine         docker | kubernetes {
+//			kubeconfig    <path>
+//			namespace     <namespace>
+//			storage_class <class>
+//			volume_size   <quantity>
+//		}
 //		docker_host    <address>
 //		preview_url    <url with * for s-<id>-<port>>
 //		upstream_mode  direct | published | network <docker network>
@@ -447,6 +453,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&a.PoolMemoryMax) {
 				return d.ArgErr()
 			}
+		case "engine":
+			ec, err := unmarshalEngine(d)
+			if err != nil {
+				return err
+			}
+			a.Engine = ec
 		case "cluster":
 			cc, err := unmarshalCluster(d)
 			if err != nil {

@@ -12,9 +12,12 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/lifecycle/docker"
+	"github.com/sandwake/sandwake/lifecycle/kubernetes"
 	"github.com/sandwake/sandwake/store"
 )
 
@@ -33,6 +36,22 @@ const (
 	DefaultStopTimeout = docker.DefaultStopTimeout
 )
 
+// Values of Options.Kind.
+const (
+	KindDocker     = "docker"
+	KindKubernetes = "kubernetes"
+)
+
+// Defaults of the Kubernetes engine (see lifecycle/kubernetes).
+const (
+	DefaultKubernetesNamespace  = kubernetes.DefaultNamespace
+	DefaultKubernetesVolumeSize = kubernetes.DefaultVolumeSize
+)
+
+// informerSyncTimeout bounds Start's wait for the Kubernetes informers'
+// first list.
+const informerSyncTimeout = 30 * time.Second
+
 // hostSizeTimeout bounds the engine-info call Open makes.
 const hostSizeTimeout = 5 * time.Second
 
@@ -45,6 +64,13 @@ type Options struct {
 	// Instance is the configured instance name. "": the name kept in the
 	// store, or a new random one ("gw-…") for a new store.
 	Instance string
+
+	// Kind is the container engine: KindDocker (default) or
+	// KindKubernetes. The Docker settings below are unused with
+	// Kubernetes, Kubernetes' with Docker.
+	Kind string
+	// Kubernetes configures the Kubernetes engine.
+	Kubernetes KubernetesOptions
 
 	// DockerHost is the Docker Engine address. Default: the environment
 	// (DOCKER_HOST), else the local socket.
@@ -91,19 +117,64 @@ type Options struct {
 	Logger *zap.Logger
 }
 
+// KubernetesOptions configure the Kubernetes engine (lifecycle/kubernetes).
+// Its pods' grace period is Options.StopTimeout, their memory-backed /tmp
+// Options.TmpMB; images are never pulled (imagePullPolicy Never): only
+// images the nodes have are used, as with Docker and no allowed registry.
+type KubernetesOptions struct {
+	// Kubeconfig is the path of a kubeconfig file. Default: the pod's
+	// service account in the cluster, else $KUBECONFIG, else ~/.kube/config.
+	Kubeconfig string
+	// Namespace holds the sandboxes' pods and claims. Default: sandwake.
+	Namespace string
+	// StorageClass is the workspace claims' class. Default: the cluster's
+	// default class.
+	StorageClass string
+	// VolumeSize is each workspace claim's size (a Kubernetes quantity).
+	// Default: 1Gi.
+	VolumeSize string
+}
+
+// Check reports a setting Kubernetes would refuse, and an instance name
+// ("": none configured) that is not a Kubernetes label value (its objects
+// carry it), before anything is opened.
+func (k KubernetesOptions) Check(instance string) error {
+	if k.Namespace != "" {
+		if errs := validation.IsDNS1123Label(k.Namespace); len(errs) > 0 {
+			return fmt.Errorf("namespace %q is not a Kubernetes namespace name: %s", k.Namespace, strings.Join(errs, "; "))
+		}
+	}
+	if k.StorageClass != "" {
+		if errs := validation.IsDNS1123Subdomain(k.StorageClass); len(errs) > 0 {
+			return fmt.Errorf("storage_class %q is not a Kubernetes name: %s", k.StorageClass, strings.Join(errs, "; "))
+		}
+	}
+	if k.VolumeSize != "" {
+		if q, err := resource.ParseQuantity(k.VolumeSize); err != nil || q.Sign() <= 0 {
+			return fmt.Errorf("volume_size %q is not a positive Kubernetes quantity such as 1Gi", k.VolumeSize)
+		}
+	}
+	if instance != "" && len(validation.IsValidLabelValue(instance)) > 0 {
+		return fmt.Errorf("instance %q must also be a Kubernetes label value (ending with a letter or digit): the sandboxes' pods and claims carry it", instance)
+	}
+	return nil
+}
+
 // Engine is an open engine: its store, its runtime and a Manager over them
 // that is built but not started.
 type Engine struct {
 	// Manager is the engine's Manager. It is not started: the caller
 	// completes its own wiring (the targets of the hooks) and then calls
-	// Manager.Start.
+	// Start (Manager.Start alone misses a Kubernetes runtime's informers).
 	Manager *lifecycle.Manager
 	// Instance is the gateway instance name: configured, or kept in the
 	// store.
 	Instance string
 
 	store  *store.Store
-	docker *docker.Runtime // nil with Options.Runtime
+	docker *docker.Runtime     // nil with Options.Runtime or Kubernetes
+	kube   *kubernetes.Runtime // nil unless Options.Kind is Kubernetes
+	log    *zap.Logger
 	host   docker.HostInfo
 	hostOK bool
 }
@@ -128,9 +199,32 @@ func Open(opts Options) (*Engine, error) {
 		st.Close()
 		return nil, fmt.Errorf("store %s: %w", where, err)
 	}
-	e := &Engine{Instance: instance, store: st}
+	e := &Engine{Instance: instance, store: st, log: log}
 	rt := opts.Runtime
-	if rt == nil {
+	switch {
+	case rt != nil:
+	case opts.Kind == KindKubernetes:
+		e.kube, err = kubernetes.New(kubernetes.Options{
+			Kubeconfig:   opts.Kubernetes.Kubeconfig,
+			Namespace:    opts.Kubernetes.Namespace,
+			Instance:     instance,
+			StorageClass: opts.Kubernetes.StorageClass,
+			VolumeSize:   opts.Kubernetes.VolumeSize,
+			StopTimeout:  opts.StopTimeout,
+			// No registry check stands between a create and the
+			// kubelet's pull: only images the nodes have are used.
+			Pull:  kubernetes.PullNever,
+			TmpMB: opts.TmpMB,
+		})
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
+		rt = e.kube
+	case opts.Kind != "" && opts.Kind != KindDocker:
+		st.Close()
+		return nil, fmt.Errorf("engine %q is not docker or kubernetes", opts.Kind)
+	default:
 		e.docker, err = docker.New(docker.Options{
 			Host:              opts.DockerHost,
 			UpstreamMode:      opts.UpstreamMode,
@@ -191,6 +285,36 @@ func Open(opts Options) (*Engine, error) {
 	return e, nil
 }
 
+// Start starts the runtime's own machinery, then the Manager: with
+// Kubernetes, the pod and claim informers, waited for (within ctx and a
+// bound) so that the boot reconcile reads the cluster. An API server that
+// does not answer in time is not fatal, as a Docker engine down is not:
+// reads fail with ErrUnavailable (wakes answer 503) until the informers
+// have synced, which they keep trying.
+func (e *Engine) Start(ctx context.Context) error {
+	if e.kube != nil {
+		ctx, cancel := context.WithTimeout(ctx, informerSyncTimeout)
+		err := e.kube.StartInformers(ctx)
+		cancel()
+		if err != nil {
+			e.log.Warn("kubernetes informers not synced at start (API server unreachable?): sandboxes answer 503 until they are", zap.Error(err))
+		}
+	}
+	return e.Manager.Start()
+}
+
+// Kind is the container engine: KindDocker or KindKubernetes ("" for a
+// runtime given in Options.Runtime).
+func (e *Engine) Kind() string {
+	switch {
+	case e.kube != nil:
+		return KindKubernetes
+	case e.docker != nil:
+		return KindDocker
+	}
+	return ""
+}
+
 // readHost reads the Docker host's CPUs and memory (MiB), so that specs
 // asking for more are refused, and how the engine isolates containers;
 // zeros when the engine cannot tell now.
@@ -209,6 +333,9 @@ func (e *Engine) readHost(log *zap.Logger) {
 // or network) and why; an automatic choice is made here if it was not yet
 // (it sets up the sandbox network).
 func (e *Engine) Upstreams(ctx context.Context) (mode, why string) {
+	if e.kube != nil {
+		return UpstreamDirect, "kubernetes: each pod is dialled at its own address on the cluster's network"
+	}
 	if e.docker == nil {
 		return "runtime", "the engine is not Docker: its runtime says where sandboxes answer"
 	}
@@ -238,7 +365,11 @@ func (e *Engine) StoreWarning(stats lifecycle.ReconcileStats) string {
 	if !e.store.Fresh() || len(stats.Orphans) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("the store %s is new but Docker holds %d containers of instance %q: was the store lost or moved? Nothing is removed until the next start; restore the store, or remove the containers by hand",
+	holder := "Docker holds %d containers"
+	if e.kube != nil {
+		holder = "Kubernetes holds %d sandboxes (pods or claims)"
+	}
+	return fmt.Sprintf("the store %s is new but "+holder+" of instance %q: was the store lost or moved? Nothing is removed until the next start; restore the store, or remove them by hand",
 		e.store.Dir(), len(stats.Orphans), e.Instance)
 }
 
@@ -282,6 +413,9 @@ func (e *Engine) closeParts() error {
 	var errs []error
 	if e.docker != nil {
 		errs = append(errs, e.docker.Close())
+	}
+	if e.kube != nil {
+		errs = append(errs, e.kube.Close())
 	}
 	errs = append(errs, e.store.Close())
 	return errors.Join(errs...)
