@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/cluster/peer"
+	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/gateway"
 	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
@@ -181,24 +182,29 @@ func (api *Handler) healthz(w http.ResponseWriter, _ *http.Request) {
 // details (storage path, etcd addresses, Docker's error texts) are for the
 // operator.
 func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
-	checks := map[string]string{"store": "ok", "docker": "ok", "boot_reconcile": "ok"}
+	e := api.gateway()
+	// The container engine's check is named after it.
+	engine := "docker"
+	if e != nil && e.Core != nil && e.Core.Kind() == core.KindKubernetes {
+		engine = core.KindKubernetes
+	}
+	checks := map[string]string{"store": "ok", engine: "ok", "boot_reconcile": "ok"}
 	failed := map[string]bool{}
 	fail := func(name, detail string) { checks[name], failed[name] = detail, true }
-	e := api.gateway()
 	if e == nil || !e.Ready.Load() {
 		fail("store", "not started")
-		fail("docker", "not started")
+		fail(engine, "not started")
 		fail("boot_reconcile", "not done")
 	} else {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := e.Mgr.Ping(ctx); err != nil {
-			fail("docker", err.Error())
+			fail(engine, err.Error())
 		} else if open, until := e.Mgr.BreakerOpen(); open {
-			fail("docker", "circuit open until "+until.UTC().Format(time.RFC3339))
+			fail(engine, "circuit open until "+until.UTC().Format(time.RFC3339))
 		}
 		if e.Mgr.LastReconcile().IsZero() {
-			fail("boot_reconcile", "not done (docker unreachable at start?)")
+			fail("boot_reconcile", "not done ("+engine+" unreachable at start?)")
 		}
 		if err := e.Mgr.CheckStore(); err != nil {
 			fail("store", err.Error())

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/egress"
+	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -102,6 +103,10 @@ func (s egressSettings) firewall(log *zap.Logger) lifecycle.Firewall {
 // warning when the operator turned it off, an error with the fix when it
 // cannot be installed (sandboxes then do not start).
 func (e *engine) reportEgress(a *App) {
+	if a.EgressUnenforced && e.Core.Kind() == core.KindKubernetes {
+		e.Log.Warn("egress unenforced (engine kubernetes: no egress policy is enforced on pods yet): sandboxes can reach other pods, the cluster's services and API server, the nodes, cloud metadata (169.254.169.254) and the internet, as far as the cluster's own NetworkPolicies let them")
+		return
+	}
 	if a.EgressUnenforced {
 		e.Log.Warn("egress unenforced: sandboxes can reach the host, cloud metadata (169.254.169.254), the private network and, in a cluster, etcd; " +
 			"remove `egress unenforced` from the sandwake block to enforce egress policies")

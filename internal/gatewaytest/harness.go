@@ -90,25 +90,9 @@ func New(t testing.TB, extra string) *Harness {
 // the harness's ports and directory are known.
 func NewWithCaddyfile(t testing.TB, render func(h *Harness) string) *Harness {
 	t.Helper()
-	h := &Harness{
-		T:           t,
-		Docker:      testenv.Docker(t),
-		Image:       testenv.TestAppImage(t),
-		PreviewPort: FreePort(t),
-		APIPort:     FreePort(t),
-		Dir:         t.TempDir(),
-	}
-	// Every preview host is dialled on loopback, whatever its name.
-	dialer := &net.Dialer{Timeout: 5 * time.Second}
-	h.Client = &http.Client{
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return dialer.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", h.PreviewPort))
-			},
-			MaxIdleConnsPerHost: 64,
-		},
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
+	h := NewBare(t)
+	h.Docker = testenv.Docker(t)
+	h.Image = testenv.TestAppImage(t)
 	h.watchStarts()
 	caddyMu.Lock()
 	var instance string
@@ -124,6 +108,27 @@ func NewWithCaddyfile(t testing.TB, render func(h *Harness) string) *Harness {
 	h.LoadText(render(h))
 	h.WaitReady()
 	instance = h.Instance()
+	return h
+}
+
+// NewBare is a harness without an engine and without Caddy: its ports,
+// directory and preview client, for a test that brings its own engine
+// (a Kubernetes cluster) and loads its own Caddyfile (LockCaddy, LoadText,
+// WaitReady). Docker, Image and the start events are unset.
+func NewBare(t testing.TB) *Harness {
+	t.Helper()
+	h := &Harness{T: t, PreviewPort: FreePort(t), APIPort: FreePort(t), Dir: t.TempDir()}
+	// Every preview host is dialled on loopback, whatever its name.
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	h.Client = &http.Client{
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return dialer.DialContext(ctx, network, fmt.Sprintf("127.0.0.1:%d", h.PreviewPort))
+			},
+			MaxIdleConnsPerHost: 64,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	return h
 }
 

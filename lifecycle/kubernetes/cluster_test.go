@@ -1,22 +1,11 @@
 package kubernetes
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,146 +14,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sandwake/sandwake/internal/kubetest"
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/store"
 )
 
-// The tests here run on a real cluster: SANDWAKE_KUBECONFIG names its admin
-// kubeconfig, SANDWAKE_K8S_CONTAINERD_SOCK the socket of the containerd its
-// kubelet uses (the test image is imported there, never pulled) and
-// SANDWAKE_K8S_BRIDGE the CNI bridge pods are on (an address is dialled
-// only once it is seen to be there). SANDWAKE_K8S_STORAGECLASS names the
-// claims' class (default: the cluster's). scripts/kubernetes/up.sh starts
-// such a cluster and writes these values (KUBECONFIG as SANDWAKE_KUBECONFIG).
-// Without SANDWAKE_KUBECONFIG the tests skip; with
-// SANDWAKE_REQUIRE_KUBERNETES=1 they fail instead.
-
-type cluster struct {
-	kubeconfig, sock, bridge, class string
-}
-
-func needCluster(t *testing.T) cluster {
-	t.Helper()
-	c := cluster{
-		kubeconfig: os.Getenv("SANDWAKE_KUBECONFIG"),
-		sock:       os.Getenv("SANDWAKE_K8S_CONTAINERD_SOCK"),
-		bridge:     os.Getenv("SANDWAKE_K8S_BRIDGE"),
-		class:      os.Getenv("SANDWAKE_K8S_STORAGECLASS"),
-	}
-	if c.kubeconfig == "" || c.sock == "" || c.bridge == "" {
-		msg := "no cluster: SANDWAKE_KUBECONFIG, SANDWAKE_K8S_CONTAINERD_SOCK and SANDWAKE_K8S_BRIDGE are needed"
-		if os.Getenv("SANDWAKE_REQUIRE_KUBERNETES") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	if testing.Short() {
-		t.Skip("a real cluster is slow")
-	}
-	return c
-}
-
-func randSuffix() string {
-	b := make([]byte, 4)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// testImage builds internal/testapp into a one-layer image, imports it
-// into the cluster's containerd and removes it at the end of the test.
-func testImage(t *testing.T, c cluster) string {
-	t.Helper()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "testapp")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "github.com/sandwake/sandwake/internal/testapp")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building testapp: %v\n%s", err, out)
-	}
-	ref := "sandwake.local/testapp-k8s:" + randSuffix()
-	tarball := filepath.Join(dir, "image.tar")
-	if err := writeImage(ref, bin, tarball); err != nil {
-		t.Fatal(err)
-	}
-	ctr := func(args ...string) ([]byte, error) {
-		return exec.Command("ctr", append([]string{"-a", c.sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
-	}
-	if out, err := ctr("images", "import", tarball); err != nil {
-		t.Fatalf("importing %s: %v\n%s", ref, err, out)
-	}
-	t.Cleanup(func() { ctr("images", "rm", ref) })
-	return ref
-}
-
-// writeImage writes a docker-archive tarball of one layer holding bin as
-// /testapp (its entrypoint), an empty /workspace and a /tmp.
-func writeImage(ref, bin, out string) error {
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		return err
-	}
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	mtime := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, d := range []struct {
-		name string
-		mode int64
-	}{{"tmp/", 01777}, {"workspace/", 0755}} {
-		tw.WriteHeader(&tar.Header{Name: d.name, Typeflag: tar.TypeDir, Mode: d.mode, ModTime: mtime})
-	}
-	tw.WriteHeader(&tar.Header{Name: "testapp", Typeflag: tar.TypeReg, Mode: 0755, Size: int64(len(data)), ModTime: mtime})
-	tw.Write(data)
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	lsum := sha256.Sum256(layer.Bytes())
-	lhex := hex.EncodeToString(lsum[:])
-	cfg, _ := json.Marshal(map[string]any{
-		"architecture": "amd64", "os": "linux",
-		"config": map[string]any{"Entrypoint": []string{"/testapp"}, "WorkingDir": "/"},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{"sha256:" + lhex}},
-	})
-	csum := sha256.Sum256(cfg)
-	chex := hex.EncodeToString(csum[:])
-	manifest, _ := json.Marshal([]map[string]any{{"Config": chex + ".json", "RepoTags": []string{ref}, "Layers": []string{lhex + "/layer.tar"}}})
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	w := tar.NewWriter(f)
-	for _, e := range []struct {
-		name string
-		data []byte
-	}{{lhex + "/layer.tar", layer.Bytes()}, {chex + ".json", cfg}, {"manifest.json", manifest}} {
-		if err := w.WriteHeader(&tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0644, Size: int64(len(e.data)), ModTime: mtime}); err != nil {
-			return err
-		}
-		w.Write(e.data)
-	}
-	return w.Close()
-}
-
-// onBridge reports whether addr (ip:port) is on the cluster's CNI bridge:
-// nothing is sent anywhere else.
-func onBridge(t *testing.T, bridge, addr string) {
-	t.Helper()
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ifc, err := net.InterfaceByName(bridge)
-	if err != nil {
-		t.Fatalf("CNI bridge %s: %v", bridge, err)
-	}
-	addrs, _ := ifc.Addrs()
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Masked().Contains(ap.Addr()) {
-			return
-		}
-	}
-	t.Fatalf("%s is not on the CNI bridge %s (%v): not dialled", addr, bridge, addrs)
-}
+// The tests here run on a real cluster (see internal/kubetest): without
+// one they skip; with SANDWAKE_REQUIRE_KUBERNETES=1 they fail instead.
 
 // get polls url until it answers 200 (bounded) and returns the body.
 func get(t *testing.T, url string) string {
@@ -191,13 +47,13 @@ func get(t *testing.T, url string) string {
 // clusterRuntime is a started runtime on the cluster, in a namespace of
 // its own that goes (with its pods and claims) at the end of the test, and
 // the test image.
-func clusterRuntime(t *testing.T, ctx context.Context, cl cluster) (r *Runtime, ns, image, suffix string) {
+func clusterRuntime(t *testing.T, ctx context.Context, cl kubetest.Cluster) (r *Runtime, ns, image, suffix string) {
 	t.Helper()
-	image = testImage(t, cl)
-	suffix = randSuffix()
+	image = cl.Image(t)
+	suffix = kubetest.Suffix()
 	ns = "sandwake-test-" + suffix
-	r, err := New(Options{Kubeconfig: cl.kubeconfig, Namespace: ns, Instance: "t" + suffix,
-		StorageClass: cl.class, Pull: PullNever, StopTimeout: 5 * time.Second})
+	r, err := New(Options{Kubeconfig: cl.Kubeconfig, Namespace: ns, Instance: "t" + suffix,
+		StorageClass: cl.StorageClass, Pull: PullNever, StopTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +76,7 @@ func clusterRuntime(t *testing.T, ctx context.Context, cl cluster) (r *Runtime, 
 }
 
 func TestClusterSandboxLifecycle(t *testing.T) {
-	cl := needCluster(t)
+	cl := kubetest.Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	r, ns, image, suffix := clusterRuntime(t, ctx, cl)
@@ -240,7 +96,7 @@ func TestClusterSandboxLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := c.Upstreams[8080]
-	onBridge(t, cl.bridge, addr)
+	cl.OnBridge(t, addr)
 	get(t, "http://"+addr+"/healthz")
 	first := time.Since(t0)
 	if c.State != lifecycle.ContainerRunning {
@@ -292,7 +148,7 @@ func TestClusterSandboxLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr = c.Upstreams[8080]
-	onBridge(t, cl.bridge, addr)
+	cl.OnBridge(t, addr)
 	got := get(t, "http://"+addr+"/files/stamp")
 	again := time.Since(t2)
 	if got != stamp {
@@ -374,7 +230,7 @@ func eventuallyCluster(t *testing.T, what string, cond func() bool) {
 // gateway does: create (running), stop, wake, a pod deleted behind its back
 // reconciled from the die event, an idle_pause that stops, and purge.
 func TestClusterManager(t *testing.T) {
-	cl := needCluster(t)
+	cl := kubetest.Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	r, ns, image, suffix := clusterRuntime(t, ctx, cl)
@@ -399,7 +255,7 @@ func TestClusterManager(t *testing.T) {
 	if rec.State != lifecycle.Running {
 		t.Fatalf("created: %s", rec.State)
 	}
-	onBridge(t, cl.bridge, rec.Upstreams[8080])
+	cl.OnBridge(t, rec.Upstreams[8080])
 	get(t, "http://"+rec.Upstreams[8080]+"/healthz")
 
 	if rec, err = m.Stop(ctx, id, "test"); err != nil || rec.State != lifecycle.Stopped {
@@ -412,7 +268,7 @@ func TestClusterManager(t *testing.T) {
 	if rec, err = m.Wake(ctx, id); err != nil || rec.State != lifecycle.Running {
 		t.Fatalf("wake: %v, %v", rec.State, err)
 	}
-	onBridge(t, cl.bridge, rec.Upstreams[8080])
+	cl.OnBridge(t, rec.Upstreams[8080])
 	get(t, "http://"+rec.Upstreams[8080]+"/healthz")
 	wake := time.Since(t0)
 	if _, err := m.Pause(ctx, id, "test"); !errors.Is(err, lifecycle.ErrPauseUnsupported) {

@@ -1,0 +1,207 @@
+package caddymodule_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptrace"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/gatewaytest"
+	"github.com/sandwake/sandwake/internal/kubetest"
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+// TestKubernetesEngine runs a real Caddy with `engine kubernetes` on a real
+// cluster (internal/kubetest: skipped without one) and drives a sandbox
+// through the API and its preview host as a user would: create (a claim
+// and a running pod), a preview request through the gate answered by the
+// pod, stop (pod gone, claim kept), a held API-style request that wakes it
+// (exactly one pod made), destroy (no pod, claim kept) and purge (no
+// claim).
+func TestKubernetesEngine(t *testing.T) {
+	cl := kubetest.Need(t)
+	image := cl.Image(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cfg, err := clientcmd.BuildConfigFromFlags("", cl.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := kubetest.Suffix()
+	ns := "sandwake-e2e-" + suffix
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// The namespace takes whatever the test left of its pods and
+		// claims (and local-path their volumes) with it.
+		cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	pods, claims := cs.CoreV1().Pods(ns), cs.CoreV1().PersistentVolumeClaims(ns)
+
+	h := gatewaytest.NewBare(t)
+	class := ""
+	if cl.StorageClass != "" {
+		class = "storage_class " + cl.StorageClass
+	}
+	gatewaytest.LockCaddy(t)
+	h.LoadText(fmt.Sprintf(`{
+	admin off
+	persist_config off
+	auto_https off
+	storage file_system %s
+	sandwake {
+		storage %s
+		preview_url http://*.preview.localhost:%d
+		stop_timeout 5s
+		engine kubernetes {
+			kubeconfig %s
+			namespace %s
+			volume_size 64Mi
+			%s
+		}
+		egress unenforced
+	}
+}
+http://*.preview.localhost:%d {
+	bind 127.0.0.1
+	sandwake_preview
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sandwake_api {
+		token %s
+	}
+}
+`, filepath.Join(h.Dir, "caddy"), filepath.Join(h.Dir, "sandwake"), h.PreviewPort,
+		cl.Kubeconfig, ns, class, h.PreviewPort, h.APIPort, gatewaytest.Token))
+	h.WaitReady()
+	var ready map[string]any
+	h.API("GET", "/v1/readyz", nil, &ready)
+	t.Logf("readyz: %v", ready)
+
+	// Create: a claim and a running pod on the bridge.
+	id := "k" + suffix
+	var rec client.Sandbox
+	if status := h.API("POST", "/v1/sandboxes", map[string]any{"id": id, "image": image, "ports": []int{8080}}, &rec); status != http.StatusCreated || rec.State != "running" {
+		t.Fatalf("create: %d %+v", status, rec)
+	}
+	podOnBridge := func() *corev1.Pod {
+		t.Helper()
+		pod, err := pods.Get(ctx, "s-"+id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("pod of a running sandbox: %v", err)
+		}
+		cl.OnBridge(t, pod.Status.PodIP)
+		return pod
+	}
+	first := podOnBridge()
+	if _, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil {
+		t.Fatalf("claim of a running sandbox: %v", err)
+	}
+	host := h.Host(id, 8080)
+	if res, body := h.Preview("GET", host, "/healthz", nil, gatewaytest.APIHeader()); res.StatusCode != 200 || body != "ok\n" {
+		t.Fatalf("preview of a running sandbox: %d %q", res.StatusCode, body)
+	}
+
+	// Stop: the pod goes, the claim (the workspace) stays.
+	h.Stop(id)
+	if _, err := pods.Get(ctx, "s-"+id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("pod after stop: %v", err)
+	}
+	if _, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil {
+		t.Fatalf("claim after stop: %v", err)
+	}
+
+	// Wake through the gate: an API client's request is held and answered
+	// by the pod the wake made, the only one.
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var made atomic.Int32
+	watching := make(chan struct{})
+	go func() {
+		defer close(watching)
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Added {
+				made.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() { w.Stop(); <-watching })
+	req, _ := http.NewRequest("GET", "http://"+host+"/healthz", nil)
+	req.Header = gatewaytest.APIHeader()
+	var firstByte time.Time
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotFirstResponseByte: func() { firstByte = time.Now() }}))
+	t0 := time.Now()
+	res, err := h.Client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	wake := firstByte.Sub(t0)
+	if res.StatusCode != 200 {
+		t.Fatalf("held request to a stopped sandbox: %d", res.StatusCode)
+	}
+	if s := h.State(id); s != "running" {
+		t.Fatalf("after the wake: %s", s)
+	}
+	second := podOnBridge()
+	if second.UID == first.UID {
+		t.Fatal("the wake answered from the stopped pod")
+	}
+	// A request to the awake sandbox makes no pod.
+	if res, _ := h.Preview("GET", host, "/healthz", nil, gatewaytest.APIHeader()); res.StatusCode != 200 {
+		t.Fatalf("preview after the wake: %d", res.StatusCode)
+	}
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		return made.Load() >= 1, "the woken pod's ADDED event"
+	})
+	if n := made.Load(); n != 1 {
+		t.Fatalf("pods made by the wake: %d, want 1", n)
+	}
+
+	// Destroy: no pod; purge: no claim.
+	if status := h.API("DELETE", "/v1/sandboxes/"+id, nil, nil); status != http.StatusNoContent {
+		t.Fatalf("destroy: %d", status)
+	}
+	if _, err := pods.Get(ctx, "s-"+id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("pod after destroy: %v", err)
+	}
+	if _, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil {
+		t.Fatalf("claim after destroy (the workspace is kept until purge): %v", err)
+	}
+	if status := h.API("POST", "/v1/sandboxes/"+id+"/purge", nil, nil); status/100 != 2 {
+		t.Fatalf("purge: %d", status)
+	}
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
+		_, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprintf("claim after purge: %v", err)
+	})
+	if n := made.Load(); n != 1 {
+		t.Fatalf("pods made since the stop: %d, want 1", n)
+	}
+	t.Logf("wake of a stopped sandbox through the gate (held request → first byte): %v", wake)
+}
