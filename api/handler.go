@@ -22,7 +22,6 @@ import (
 
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/cluster/peer"
-	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/gateway"
 	"github.com/sandwake/sandwake/internal/web"
 	"github.com/sandwake/sandwake/lifecycle"
@@ -184,10 +183,7 @@ func (api *Handler) healthz(w http.ResponseWriter, _ *http.Request) {
 func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	e := api.gateway()
 	// The container engine's check is named after it.
-	engine := "docker"
-	if e != nil && e.Core != nil && e.Core.Kind() == core.KindKubernetes {
-		engine = core.KindKubernetes
-	}
+	engine := e.EngineName()
 	checks := map[string]string{"store": "ok", engine: "ok", "boot_reconcile": "ok"}
 	failed := map[string]bool{}
 	fail := func(name, detail string) { checks[name], failed[name] = detail, true }

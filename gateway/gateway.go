@@ -36,6 +36,16 @@ func (s *Settings) PreviewURLOf(id string, port int) string {
 	return strings.Replace(s.PreviewURL, "*", "s-"+id+"-"+strconv.Itoa(port), 1) + "/"
 }
 
+// EngineName names the container engine sandboxes run on, "docker" or
+// "kubernetes" (readyz names its check after it); "docker" before the
+// engine is open.
+func (g *Gateway) EngineName() string {
+	if g != nil && g.Core != nil && g.Core.Kind() == core.KindKubernetes {
+		return core.KindKubernetes
+	}
+	return core.KindDocker
+}
+
 // Gateway is the running gateway: the long-lived runtime shared by every
 // config with the same storage directory, and the request path's state
 // (caddymodule opens it; preview and api serve from it).
