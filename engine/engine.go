@@ -394,13 +394,19 @@ func (e *Engine) Secret(name string, gen func() ([]byte, error)) ([]byte, error)
 // activity flushed), the runtime and the store.
 //
 // When the manager gave up waiting for work that ignored its cancellation
-// (lifecycle.ErrCloseTimeout), the store and the runtime stay open: that
+// (lifecycle.ErrCloseTimeout), the store and the Docker runtime stay open: that
 // work may still use them, and closing Badger under it could crash the
 // process. At exit nothing is lost (Badger replays its log when opened);
 // after a reload that moved the store elsewhere, the old one stays open
 // until the process ends.
 func (e *Engine) Close() error {
 	if err := e.Manager.Close(); errors.Is(err, lifecycle.ErrCloseTimeout) {
+		// The Kubernetes runtime's informers (goroutines and watches)
+		// would outlive every reload; work still running on it gets
+		// ErrUnavailable from a closed runtime, which is safe.
+		if e.kube != nil {
+			err = errors.Join(err, e.kube.Close())
+		}
 		return fmt.Errorf("%w; the store is left open for the work still running", err)
 	} else if err != nil {
 		return errors.Join(err, e.closeParts())

@@ -292,7 +292,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		if !r.owns(id, old.Labels) {
 			return lifecycle.Container{}, notOurs("pod", PodName(id), old.Labels, lifecycle.ErrIDTaken)
 		}
-		if err := r.deletePod(ctx, old); err != nil {
+		if err := r.deletePod(ctx, id, old); err != nil {
 			return lifecycle.Container{}, err
 		}
 	} else if !apierrors.IsNotFound(err) {
@@ -420,7 +420,7 @@ func (r *Runtime) Start(ctx context.Context, id string) (lifecycle.Container, er
 			// Already made (a start whose answer was lost): wait for it.
 			return r.waitRunning(ctx, id)
 		case cur.DeletionTimestamp == nil:
-			if err := r.deletePod(ctx, cur); err != nil {
+			if err := r.deletePod(ctx, id, cur); err != nil {
 				return lifecycle.Container{}, err
 			}
 		}
@@ -513,15 +513,21 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 		return classify("reading pod "+PodName(id), err, lifecycle.ErrContainerNotFound)
 	}
 	if pod.DeletionTimestamp == nil {
-		if err := r.deletePod(ctx, pod); err != nil {
+		if err := r.deletePod(ctx, id, pod); err != nil {
 			return err
 		}
 	}
 	return r.waitPodGone(ctx, id)
 }
 
-// deletePod deletes pod (that very pod: its UID is a precondition).
-func (r *Runtime) deletePod(ctx context.Context, pod *corev1.Pod) error {
+// deletePod deletes pod, sandbox id's, when this instance owns it (the
+// cache selects the instance's label only: a pod of that name without
+// sandwake's labels, or of another id, is refused untouched), and that
+// very pod: its UID is a precondition.
+func (r *Runtime) deletePod(ctx context.Context, id string, pod *corev1.Pod) error {
+	if !r.owns(id, pod.Labels) {
+		return notOurs("pod", pod.Name, pod.Labels, lifecycle.ErrIDTaken)
+	}
 	grace := int64(r.opts.StopTimeout.Seconds())
 	err := r.cs.CoreV1().Pods(r.opts.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 		GracePeriodSeconds: &grace,
@@ -553,7 +559,7 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	}
 	if pod, err := r.pods.Get(PodName(id)); err == nil {
 		if pod.DeletionTimestamp == nil {
-			if err := r.deletePod(ctx, pod); err != nil {
+			if err := r.deletePod(ctx, id, pod); err != nil {
 				return err
 			}
 		}

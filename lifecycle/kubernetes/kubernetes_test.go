@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
 )
 
@@ -56,13 +57,7 @@ func testSpec() lifecycle.Spec {
 // eventually polls cond until it holds (bounded).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) { return cond(), what })
 }
 
 // setPodStatus plays the kubelet: the pod of id gets status st.
@@ -274,6 +269,35 @@ func TestNotOurs(t *testing.T) {
 	}
 	if _, err := cs.CoreV1().PersistentVolumeClaims(testNS).Get(ctx, "s-abc-data", metav1.GetOptions{}); err != nil {
 		t.Fatalf("another instance's claim was touched: %v", err)
+	}
+}
+
+// TestAPodInTheCacheIsNotEnough: a pod under a sandbox's name that carries
+// this instance's label (so the informer holds it) but not sandwake's
+// managed label, or another id's, is never deleted by a stop, start or
+// remove: each refuses it, untouched.
+func TestAPodInTheCacheIsNotEnough(t *testing.T) {
+	unmanaged := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "s-qrs", Namespace: testNS, UID: "u1",
+		Labels: map[string]string{LabelInstance: "t1", LabelID: "qrs"}}}
+	otherID := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "s-tuv", Namespace: testNS, UID: "u2",
+		Labels: map[string]string{LabelManaged: "true", LabelInstance: "t1", LabelID: "zzz"}}}
+	r, cs := newFake(t, unmanaged, otherID)
+	ctx := context.Background()
+	eventually(t, "the pods in the cache", func() bool {
+		_, e1 := r.pods.Get("s-qrs")
+		_, e2 := r.pods.Get("s-tuv")
+		return e1 == nil && e2 == nil
+	})
+	for _, id := range []string{"qrs", "tuv"} {
+		if err := r.Stop(ctx, id); !errors.Is(err, lifecycle.ErrIDTaken) {
+			t.Errorf("stop %s over a pod not its own: %v, want ErrIDTaken", id, err)
+		}
+		if err := r.Remove(ctx, id); !errors.Is(err, lifecycle.ErrIDTaken) {
+			t.Errorf("remove %s over a pod not its own: %v, want ErrIDTaken", id, err)
+		}
+		if _, err := cs.CoreV1().Pods(testNS).Get(ctx, PodName(id), metav1.GetOptions{}); err != nil {
+			t.Errorf("the pod not %s's was deleted: %v", id, err)
+		}
 	}
 }
 
