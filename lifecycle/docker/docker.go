@@ -17,6 +17,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/distribution/reference"
 	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/events"
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
@@ -976,37 +977,14 @@ func (r *Runtime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-
 	for _, a := range []string{"die", "oom", "destroy", "pause", "unpause", "start", "health_status"} {
 		f.Add("event", a)
 	}
-	res := r.cli.Events(ctx, client.EventsListOptions{Filters: f})
-	out := make(chan lifecycle.RuntimeEvent)
-	errs := make(chan error, 1)
-	go func() {
-		defer close(out)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case err := <-res.Err:
-				if err == nil {
-					err = errors.New("docker event stream ended")
-				}
-				errs <- classify("following docker events", err, lifecycle.ErrUnavailable)
-				return
-			case msg := <-res.Messages:
-				action, _, _ := strings.Cut(string(msg.Action), ":")
-				id := msg.Actor.Attributes[LabelID]
-				if !r.owns(id, msg.Actor.Attributes) {
-					continue // another instance's container
-				}
-				ev := lifecycle.RuntimeEvent{SandboxID: id, Action: action}
-				select {
-				case out <- ev:
-				case <-ctx.Done():
-					return
-				}
-			}
+	return follow(ctx, r.cli, f, "following docker events", func(msg events.Message) (lifecycle.RuntimeEvent, bool) {
+		action, _, _ := strings.Cut(string(msg.Action), ":")
+		id := msg.Actor.Attributes[LabelID]
+		if !r.owns(id, msg.Actor.Attributes) {
+			return lifecycle.RuntimeEvent{}, false // another instance's container
 		}
-	}()
-	return out, errs
+		return lifecycle.RuntimeEvent{SandboxID: id, Action: action}, true
+	})
 }
 
 // HostInfo is what the engine tells of its host and of how it isolates
