@@ -165,7 +165,14 @@ func TestEgressDenialFloodIsBounded(t *testing.T) {
 
 	// A third of the way in, another sandbox stops: its event must come
 	// through while the flood still runs.
-	time.Sleep(floodFor / 3) // lets the flood build up; not an assertion
+	third := int(floodRate * floodFor.Seconds() / 3)
+	testenv.Eventually(t, floodFor, func() (bool, string) {
+		s := status()
+		var state string
+		var sent, errs int
+		fmt.Sscanf(s, "%s sent %d errors %d", &state, &sent, &errs)
+		return sent >= third, fmt.Sprintf("the flood a third of the way in (%d datagrams): %s", third, s)
+	})
 	asked := time.Now()
 	if code := h.API("POST", "/v1/sandboxes/"+other.ID+"/stop", nil, nil); code != 200 {
 		t.Fatalf("stopping the other sandbox: %d", code)

@@ -225,11 +225,10 @@ func TestAStoppedGatewaysTablesLeaveOtherNetworksAlone(t *testing.T) {
 	port := addNSPort(t, n.Bridge, hostAt(subnet, 5), subnet.Bits())
 	// Its element is left behind by the stop (where the watch lists
 	// ports; a stale table of an older release has none).
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if strings.Contains(nft(t, "list", "set", "bridge", egress.TableName(n.Bridge), "ports"), `"`+port.port+`"`) {
-			break
-		}
-	}
+	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		set := nft(t, "list", "set", "bridge", egress.TableName(n.Bridge), "ports")
+		return strings.Contains(set, `"`+port.port+`"`), "port " + port.port + " in the ports set:\n" + set
+	})
 	if err := fw.Close(); err != nil {
 		t.Fatal(err)
 	}

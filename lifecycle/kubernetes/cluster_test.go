@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandwake/sandwake/internal/kubetest"
+	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/store"
 )
@@ -26,22 +27,18 @@ import (
 func get(t *testing.T, url string) string {
 	t.Helper()
 	client := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	var body string
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) {
 		res, err := client.Get(url)
-		if err == nil {
-			body, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return string(body)
-			}
-			err = fmt.Errorf("status %d: %s", res.StatusCode, body)
+		if err != nil {
+			return false, fmt.Sprintf("GET %s: %v", url, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET %s: %v", url, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		body = string(b)
+		return res.StatusCode == http.StatusOK, fmt.Sprintf("GET %s: status %d: %s", url, res.StatusCode, b)
+	})
+	return body
 }
 
 // clusterRuntime is a started runtime on the cluster, in a namespace of
@@ -217,13 +214,7 @@ func waitEvent(t *testing.T, evs <-chan lifecycle.RuntimeEvent, id, action strin
 
 func eventuallyCluster(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Eventually(t, 60*time.Second, func() (bool, string) { return cond(), what })
 }
 
 // TestClusterManager drives the runtime through lifecycle's Manager, as the
