@@ -35,6 +35,9 @@ func init() {
 //			namespace     <namespace>
 //			storage_class <class>
 //			volume_size   <quantity>
+//			node_selector <key> <value>
+//			toleration    <key>[=<value>] [<effect>]
+//			runtime_class <name>
 //		}
 //		docker_host    <address>
 //		preview_url    <url with * for s-<id>-<port>>

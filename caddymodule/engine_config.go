@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -30,6 +32,23 @@ type EngineConfig struct {
 	// VolumeSize is the size each workspace claim asks for, as a
 	// Kubernetes quantity such as 1Gi or 500Mi (kubernetes). Default: 1Gi.
 	VolumeSize string `json:"volume_size,omitempty"`
+	// NodeSelector places the sandboxes' pods on nodes with these labels
+	// (kubernetes).
+	NodeSelector map[string]string `json:"node_selector,omitempty"`
+	// Tolerations let the sandboxes' pods onto nodes with matching taints
+	// (kubernetes): a node pool kept for untrusted code.
+	Tolerations []core.Toleration `json:"tolerations,omitempty"`
+	// RuntimeClass is the RuntimeClass of the pods of sandboxes that name
+	// no runtime (kubernetes): gVisor or Kata, as runtime runsc is for
+	// Docker. Default: the cluster's default.
+	RuntimeClass string `json:"runtime_class,omitempty"`
+}
+
+// kubernetesSettings reports whether ec sets anything only the kubernetes
+// engine reads.
+func (ec *EngineConfig) kubernetesSettings() bool {
+	return ec != nil && (ec.Kubeconfig != "" || ec.Namespace != "" || ec.StorageClass != "" || ec.VolumeSize != "" ||
+		len(ec.NodeSelector) > 0 || len(ec.Tolerations) > 0 || ec.RuntimeClass != "")
 }
 
 // kind is the engine's name, docker when unset.
@@ -50,6 +69,9 @@ func (ec *EngineConfig) options() (kind string, k core.KubernetesOptions) {
 		Namespace:    ec.Namespace,
 		StorageClass: ec.StorageClass,
 		VolumeSize:   ec.VolumeSize,
+		NodeSelector: ec.NodeSelector,
+		Tolerations:  ec.Tolerations,
+		RuntimeClass: ec.RuntimeClass,
 	}
 }
 
@@ -61,7 +83,9 @@ func engineChanges(running EngineConfig, next *EngineConfig) string {
 		want = *next
 	}
 	if running.kind() == want.kind() && running.Kubeconfig == want.Kubeconfig && running.Namespace == want.Namespace &&
-		running.StorageClass == want.StorageClass && running.VolumeSize == want.VolumeSize {
+		running.StorageClass == want.StorageClass && running.VolumeSize == want.VolumeSize &&
+		maps.Equal(running.NodeSelector, want.NodeSelector) && slices.Equal(running.Tolerations, want.Tolerations) &&
+		running.RuntimeClass == want.RuntimeClass {
 		return ""
 	}
 	return fmt.Sprintf("engine %s changed (running: %s)", want.kind(), running.kind())
@@ -75,8 +99,8 @@ func (a *App) provisionEngine() error {
 	ec := a.Engine
 	switch ec.kind() {
 	case core.KindDocker:
-		if ec != nil && (ec.Kubeconfig != "" || ec.Namespace != "" || ec.StorageClass != "" || ec.VolumeSize != "") {
-			return errors.New("sandwake: engine docker: kubeconfig, namespace, storage_class and volume_size are settings of engine kubernetes")
+		if ec.kubernetesSettings() {
+			return errors.New("sandwake: engine docker: kubeconfig, namespace, storage_class, volume_size, node_selector, tolerations and runtime_class are settings of engine kubernetes")
 		}
 		return nil
 	case core.KindKubernetes:
@@ -119,8 +143,6 @@ func (a *App) provisionEngine() error {
 		return refuse("pull always", "the kubernetes engine never pulls (imagePullPolicy Never): only images the nodes have are used")
 	case len(a.AllowedRegistries) > 0:
 		return refuse("allowed_registries", "the kubelet, not sandwake, would pull, and no registry check stands before it yet: the kubernetes engine uses only images the nodes have")
-	case a.PoolMemoryMax != "":
-		return refuse("pool_memory_max", "warm pools are not built on the kubernetes engine yet")
 	case a.Cluster != nil:
 		return refuse("cluster", "a cluster of gateways on the kubernetes engine is not built yet")
 	}
@@ -130,9 +152,6 @@ func (a *App) provisionEngine() error {
 		return refuse("min_free_memory", "it reads the gateway host's memory, which says nothing of the nodes' where pods run (their memory is the scheduler's business)")
 	}
 	for _, tc := range a.Templates {
-		if tc.Pool != nil {
-			return refuse("template "+tc.Name, "warm pools are not built on the kubernetes engine yet")
-		}
 		if len(tc.Services) > 0 {
 			return refuse("template "+tc.Name, "services are not supported by the kubernetes engine yet")
 		}

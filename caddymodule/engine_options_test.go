@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"encoding/json"
 	"testing"
+
+	core "github.com/sandwake/sandwake/engine"
 )
 
 // TestEngineOptions: engine docker is today's gateway, engine kubernetes
@@ -63,7 +65,24 @@ func TestEngineOptions(t *testing.T) {
 		{"allowed_registries", ok + "allowed_registries ghcr.io", "allowed_registries", nil},
 		{"min_free_memory", ok + "min_free_memory 10%", "min_free_memory", nil},
 		{"min_free_memory off", ok + "min_free_memory 0", "", nil},
-		{"template with a pool", ok + "template web {\n\timage x\n\tports 80\n\tpool {\n\t\tmin_idle 1\n\t}\n}", "warm pools", nil},
+		{"template with a pool", ok + "template web {\n\timage x\n\tports 80\n\tpool {\n\t\tmin_idle 1\n\t}\n}\npool_memory_max 1GiB", "", nil},
+		{"placement", "engine kubernetes {\n\tnode_selector pool sandboxes\n\tnode_selector kubernetes.io/arch amd64\n\ttoleration sandbox=yes NoSchedule\n\ttoleration gpu\n\truntime_class gvisor\n}\negress unenforced", "", func(t *testing.T, a *App) {
+			_, k := a.Engine.options()
+			if len(k.NodeSelector) != 2 || k.NodeSelector["pool"] != "sandboxes" || k.RuntimeClass != "gvisor" || len(k.Tolerations) != 2 ||
+				k.Tolerations[0] != (core.Toleration{Key: "sandbox", Value: "yes", Effect: "NoSchedule"}) || k.Tolerations[1] != (core.Toleration{Key: "gpu"}) {
+				t.Fatalf("%+v", k)
+			}
+			b, _ := json.Marshal(a.Engine)
+			if string(b) != `{"name":"kubernetes","node_selector":{"kubernetes.io/arch":"amd64","pool":"sandboxes"},"tolerations":[{"key":"sandbox","value":"yes","effect":"NoSchedule"},{"key":"gpu"}],"runtime_class":"gvisor"}` {
+				t.Fatalf("json %s", b)
+			}
+		}},
+		{"node_selector twice", "engine kubernetes {\n\tnode_selector a b\n\tnode_selector a c\n}\negress unenforced", "node_selector a is given twice", nil},
+		{"bad node_selector", "engine kubernetes {\n\tnode_selector a b!\n}\negress unenforced", "node_selector", nil},
+		{"bad toleration effect", "engine kubernetes {\n\ttoleration a=b Never\n}\negress unenforced", `effect "Never"`, nil},
+		{"toleration value without key", "engine kubernetes {\n\ttoleration =b\n}\negress unenforced", "needs a key", nil},
+		{"bad runtime_class", "engine kubernetes {\n\truntime_class Bad_Name\n}\negress unenforced", "runtime_class", nil},
+		{"placement on docker", "engine docker\n", "", nil},
 		{"template without a pool", ok + "template web {\n\timage x\n\tports 80\n}", "", nil},
 		{"template with a service", ok + "template web {\n\timage x\n\tports 80\n\tservice db {\n\t\timage pg\n\t}\n}", "services are not supported", nil},
 		{"docker settings on docker", "engine docker\nupstream_mode published\nlabel a b", "", nil},
@@ -88,6 +107,9 @@ func TestEngineChanges(t *testing.T) {
 		{*k, k, false},
 		{*k, &EngineConfig{Name: "kubernetes", Namespace: "b"}, true},
 		{*k, nil, true},
+		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", RuntimeClass: "gvisor"}, true},
+		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", NodeSelector: map[string]string{"a": "b"}}, true},
+		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", Tolerations: []core.Toleration{{Key: "a"}}}, true},
 	} {
 		if got := engineChanges(tt.running, tt.next) != ""; got != tt.changed {
 			t.Errorf("engineChanges(%+v, %+v) changed = %v, want %v", tt.running, tt.next, got, tt.changed)

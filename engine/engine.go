@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -133,6 +134,68 @@ type KubernetesOptions struct {
 	// VolumeSize is each workspace claim's size (a Kubernetes quantity).
 	// Default: 1Gi.
 	VolumeSize string
+	// NodeSelector places the sandboxes' pods on nodes with these labels.
+	NodeSelector map[string]string
+	// Tolerations let the sandboxes' pods onto nodes with matching taints.
+	Tolerations []Toleration
+	// RuntimeClass is the RuntimeClass of pods whose sandbox names no
+	// runtime (gVisor, Kata). Default: the cluster's default.
+	RuntimeClass string
+}
+
+// Toleration is one toleration of the sandboxes' pods: Key and Value
+// (Operator Equal, the default with a Value), or Key alone (Exists, the
+// default without one; an empty Key tolerates every taint), with Effect
+// NoSchedule, PreferNoSchedule, NoExecute or "" (every effect).
+type Toleration struct {
+	Key      string `json:"key,omitempty"`
+	Operator string `json:"operator,omitempty"`
+	Value    string `json:"value,omitempty"`
+	Effect   string `json:"effect,omitempty"`
+}
+
+// exists reports whether t tolerates a key whatever its value.
+func (t Toleration) exists() bool {
+	return t.Operator == "Exists" || (t.Operator == "" && t.Value == "")
+}
+
+// check reports a toleration Kubernetes would refuse.
+func (t Toleration) check() error {
+	switch {
+	case t.Operator != "" && t.Operator != "Equal" && t.Operator != "Exists":
+		return fmt.Errorf("toleration %q: operator %q is not Equal or Exists", t.Key, t.Operator)
+	case t.Operator == "Exists" && t.Value != "":
+		return fmt.Errorf("toleration %q: operator Exists takes no value", t.Key)
+	case !t.exists() && t.Key == "":
+		return errors.New("a toleration with a value needs a key")
+	}
+	if errs := validation.IsValidLabelValue(t.Value); len(errs) > 0 {
+		return fmt.Errorf("toleration %s value %q: %s", t.Key, t.Value, strings.Join(errs, "; "))
+	}
+	if t.Key != "" {
+		if errs := validation.IsQualifiedName(t.Key); len(errs) > 0 {
+			return fmt.Errorf("toleration key %q: %s", t.Key, strings.Join(errs, "; "))
+		}
+	}
+	switch t.Effect {
+	case "", "NoSchedule", "PreferNoSchedule", "NoExecute":
+	default:
+		return fmt.Errorf("toleration %q: effect %q is not NoSchedule, PreferNoSchedule or NoExecute", t.Key, t.Effect)
+	}
+	return nil
+}
+
+// tolerations are k's tolerations as the API's.
+func (k KubernetesOptions) tolerations() []corev1.Toleration {
+	out := make([]corev1.Toleration, 0, len(k.Tolerations))
+	for _, t := range k.Tolerations {
+		op := corev1.TolerationOpEqual
+		if t.exists() {
+			op = corev1.TolerationOpExists
+		}
+		out = append(out, corev1.Toleration{Key: t.Key, Operator: op, Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
+	}
+	return out
 }
 
 // Check reports a setting Kubernetes would refuse, and an instance name
@@ -152,6 +215,24 @@ func (k KubernetesOptions) Check(instance string) error {
 	if k.VolumeSize != "" {
 		if q, err := resource.ParseQuantity(k.VolumeSize); err != nil || q.Sign() <= 0 {
 			return fmt.Errorf("volume_size %q is not a positive Kubernetes quantity such as 1Gi", k.VolumeSize)
+		}
+	}
+	for k, v := range k.NodeSelector {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return fmt.Errorf("node_selector key %q is not a Kubernetes label key: %s", k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return fmt.Errorf("node_selector %s value %q is not a Kubernetes label value: %s", k, v, strings.Join(errs, "; "))
+		}
+	}
+	for _, t := range k.Tolerations {
+		if err := t.check(); err != nil {
+			return err
+		}
+	}
+	if k.RuntimeClass != "" {
+		if errs := validation.IsDNS1123Subdomain(k.RuntimeClass); len(errs) > 0 {
+			return fmt.Errorf("runtime_class %q is not a Kubernetes name: %s", k.RuntimeClass, strings.Join(errs, "; "))
 		}
 	}
 	if instance != "" && len(validation.IsValidLabelValue(instance)) > 0 {
@@ -213,8 +294,11 @@ func Open(opts Options) (*Engine, error) {
 			StopTimeout:  opts.StopTimeout,
 			// No registry check stands between a create and the
 			// kubelet's pull: only images the nodes have are used.
-			Pull:  kubernetes.PullNever,
-			TmpMB: opts.TmpMB,
+			Pull:         kubernetes.PullNever,
+			TmpMB:        opts.TmpMB,
+			NodeSelector: opts.Kubernetes.NodeSelector,
+			Tolerations:  opts.Kubernetes.tolerations(),
+			RuntimeClass: opts.Kubernetes.RuntimeClass,
 		})
 		if err != nil {
 			st.Close()

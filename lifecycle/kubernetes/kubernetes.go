@@ -99,6 +99,14 @@ type Options struct {
 	// TmpMB bounds the memory-backed /tmp of a sandbox with a read-only
 	// root filesystem, in MiB. Default: 64.
 	TmpMB int64
+	// NodeSelector places every sandbox's pod on nodes with these labels.
+	NodeSelector map[string]string
+	// Tolerations let sandbox pods onto nodes with matching taints (a
+	// node pool kept for untrusted code).
+	Tolerations []corev1.Toleration
+	// RuntimeClass is the RuntimeClass of a pod whose spec names no
+	// runtime (gVisor's runsc, Kata): the Docker runtime's `runtime`.
+	RuntimeClass string
 	// Client is the API client to use instead of one made from
 	// Kubeconfig (tests give a fake one).
 	Client kubernetes.Interface

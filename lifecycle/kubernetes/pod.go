@@ -136,8 +136,17 @@ func (r *Runtime) podFor(id string, spec lifecycle.Spec) (*corev1.Pod, error) {
 			SecurityContext:              psc,
 		},
 	}
-	if spec.Runtime != "" {
+	if len(r.opts.NodeSelector) > 0 {
+		pod.Spec.NodeSelector = maps.Clone(r.opts.NodeSelector)
+	}
+	if len(r.opts.Tolerations) > 0 {
+		pod.Spec.Tolerations = slices.Clone(r.opts.Tolerations)
+	}
+	switch {
+	case spec.Runtime != "":
 		pod.Spec.RuntimeClassName = &spec.Runtime
+	case r.opts.RuntimeClass != "":
+		pod.Spec.RuntimeClassName = new(r.opts.RuntimeClass)
 	}
 	// The record's labels: as pod labels where Kubernetes takes them (a
 	// selector can then find a tenant's pods), always as annotations.
