@@ -33,7 +33,7 @@ test-k8s:
 	set -a; . $${SANDWAKE_K8S_STATE:-/tmp/sandwake-k8s}/env; set +a; \
 	export SANDWAKE_KUBECONFIG=$$KUBECONFIG SANDWAKE_REQUIRE_KUBERNETES=1; \
 	$(GO) test -count=1 -race -timeout 30m ./lifecycle/kubernetes/ && \
-	$(GO) test -count=1 -race -timeout 30m -run '^TestKubernetesEngine$$' ./caddymodule/; \
+	$(GO) test -count=1 -race -timeout 30m -run '^TestKubernetes' ./caddymodule/; \
 	rc=$$?; scripts/kubernetes/down.sh; exit $$rc
 
 ## tools: what the tests need beyond Go, from Debian's packages: chromium for

@@ -5,21 +5,15 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptrace"
-	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/internal/gatewaytest"
-	"github.com/sandwake/sandwake/internal/kubetest"
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -31,67 +25,11 @@ import (
 // (exactly one pod made), destroy (no pod, claim kept) and purge (no
 // claim).
 func TestKubernetesEngine(t *testing.T) {
-	cl := kubetest.Need(t)
-	image := cl.Image(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cfg, err := clientcmd.BuildConfigFromFlags("", cl.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	suffix := kubetest.Suffix()
-	ns := "sandwake-e2e-" + suffix
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// The namespace takes whatever the test left of its pods and
-		// claims (and local-path their volumes) with it.
-		cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
-	})
-	pods, claims := cs.CoreV1().Pods(ns), cs.CoreV1().PersistentVolumeClaims(ns)
-
-	h := gatewaytest.NewBare(t)
-	class := ""
-	if cl.StorageClass != "" {
-		class = "storage_class " + cl.StorageClass
-	}
-	gatewaytest.LockCaddy(t)
-	h.LoadText(fmt.Sprintf(`{
-	admin off
-	persist_config off
-	auto_https off
-	storage file_system %s
-	sandwake {
-		storage %s
-		preview_url http://*.preview.localhost:%d
-		stop_timeout 5s
-		engine kubernetes {
-			kubeconfig %s
-			namespace %s
-			volume_size 64Mi
-			%s
-		}
-		egress unenforced
-	}
-}
-http://*.preview.localhost:%d {
-	bind 127.0.0.1
-	sandwake_preview
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sandwake_api {
-		token %s
-	}
-}
-`, filepath.Join(h.Dir, "caddy"), filepath.Join(h.Dir, "sandwake"), h.PreviewPort,
-		cl.Kubeconfig, ns, class, h.PreviewPort, h.APIPort, gatewaytest.Token))
-	h.WaitReady()
+	h := newKubeEnv(t, ctx, "", "")
+	cl, suffix := h.cl, h.suffix
+	pods, claims := h.cs.CoreV1().Pods(h.ns), h.cs.CoreV1().PersistentVolumeClaims(h.ns)
 	var ready map[string]any
 	h.API("GET", "/v1/readyz", nil, &ready)
 	t.Logf("readyz: %v", ready)
@@ -99,7 +37,7 @@ http://127.0.0.1:%d {
 	// Create: a claim and a running pod on the bridge.
 	id := "k" + suffix
 	var rec client.Sandbox
-	if status := h.API("POST", "/v1/sandboxes", map[string]any{"id": id, "image": image, "ports": []int{8080}}, &rec); status != http.StatusCreated || rec.State != "running" {
+	if status := h.API("POST", "/v1/sandboxes", map[string]any{"id": id, "image": h.image, "ports": []int{8080}}, &rec); status != http.StatusCreated || rec.State != "running" {
 		t.Fatalf("create: %d %+v", status, rec)
 	}
 	podOnBridge := func() *corev1.Pod {
@@ -131,26 +69,7 @@ http://127.0.0.1:%d {
 
 	// Wake through the gate: an API client's request is held and answered
 	// by the pod the wake made, the only one.
-	list, err := pods.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
-	var made atomic.Int32
-	watching := make(chan struct{})
-	go func() {
-		defer close(watching)
-		for ev := range w.ResultChan() {
-			if ev.Type == watch.Added {
-				made.Add(1)
-			}
-		}
-	}()
-	t.Cleanup(func() { w.Stop(); <-watching })
+	made := h.podsAdded(t, ctx, "")
 	req, _ := http.NewRequest("GET", "http://"+host+"/healthz", nil)
 	req.Header = gatewaytest.APIHeader()
 	var firstByte time.Time

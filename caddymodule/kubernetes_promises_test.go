@@ -1,0 +1,224 @@
+package caddymodule_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/gatewaytest"
+)
+
+// Tokens of the tenants in TestKubernetesPromises.
+const (
+	kubeAcmeToken   = "acme-token-0123456789abcdef0123456789"
+	kubeGlobexToken = "globex-token-0123456789abcdef01234567"
+)
+
+// TestKubernetesPromises runs the promises the Docker engine's tests hold
+// on a real cluster, through a real Caddy with engine kubernetes: files
+// kept across stop and wake, one pod for a storm of 1,000 requests at a
+// stopped sandbox, a pod deleted behind sandwake's back seen from the
+// informer and woken again, an idle tier that stops (no pause on
+// Kubernetes), a tenant's create that never mounts another tenant's
+// claim, and a template's warm pool whose hit makes no pod.
+func TestKubernetesPromises(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	e := newKubeEnv(t, ctx, `
+		template web {
+			image %[1]s
+			ports 8080
+			pool {
+				min_idle 1
+			}
+		}`, `
+		token `+kubeAcmeToken+` {
+			labels tenant=acme
+		}
+		token `+kubeGlobexToken+` {
+			labels tenant=globex
+		}`)
+	create := func(t *testing.T, body map[string]any) client.Sandbox {
+		t.Helper()
+		var rec client.Sandbox
+		if status := e.API("POST", "/v1/sandboxes", body, &rec); status != http.StatusCreated || rec.State != "running" {
+			t.Fatalf("create %v: %d %+v", body, status, rec)
+		}
+		return rec
+	}
+	api := gatewaytest.APIHeader()
+
+	id := "p" + e.suffix
+	create(t, map[string]any{"id": id, "image": e.image, "ports": []int{8080}})
+	host := e.Host(id, 8080)
+
+	t.Run("files kept across stop and wake", func(t *testing.T) {
+		if res, body := e.Preview("PUT", host, "/files/note.txt", strings.NewReader("kept on the claim"), api); res.StatusCode != http.StatusCreated {
+			t.Fatalf("writing a file: %d %s", res.StatusCode, body)
+		}
+		before := e.pod(ctx, id)
+		e.Stop(id)
+		if e.pod(ctx, id) != nil {
+			t.Fatal("a pod after stop")
+		}
+		res, body := e.Preview("GET", host, "/files/note.txt", nil, api)
+		if res.StatusCode != http.StatusOK || body != "kept on the claim" {
+			t.Fatalf("the file after a wake: %d %q", res.StatusCode, body)
+		}
+		if after := e.pod(ctx, id); after == nil || after.UID == before.UID {
+			t.Fatal("the file was not read from a new pod")
+		}
+	})
+
+	t.Run("a storm of 1,000 makes one pod", func(t *testing.T) {
+		e.Stop(id)
+		made := e.podsAdded(t, ctx, "s-"+id)
+		const n = 1000
+		var wg sync.WaitGroup
+		codes := make(chan int, n)
+		for range n {
+			wg.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+host+"/healthz", nil)
+				req.Header = api.Clone()
+				res, err := e.Client.Do(req)
+				if err != nil {
+					codes <- 0
+					return
+				}
+				res.Body.Close()
+				codes <- res.StatusCode
+			})
+		}
+		wg.Wait()
+		close(codes)
+		bad := map[int]int{}
+		for c := range codes {
+			if c != http.StatusOK {
+				bad[c]++
+			}
+		}
+		if len(bad) > 0 {
+			t.Fatalf("answers other than 200 (0: transport error): %v", bad)
+		}
+		e.eventually(t, "the woken pod's ADDED event", func() bool { return made.Load() >= 1 })
+		if m := made.Load(); m != 1 {
+			t.Fatalf("pods made for the storm: %d, want 1", m)
+		}
+	})
+
+	t.Run("a pod deleted behind its back", func(t *testing.T) {
+		pod := e.pod(ctx, id)
+		if pod == nil {
+			t.Fatal("no pod")
+		}
+		zero := int64(0)
+		if err := e.cs.CoreV1().Pods(e.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		e.eventually(t, "the record to leave running once the pod is gone", func() bool { return e.State(id) != "running" })
+		if res, _ := e.Preview("GET", host, "/healthz", nil, api); res.StatusCode != http.StatusOK {
+			t.Fatalf("a request after the deletion: %d", res.StatusCode)
+		}
+		if s := e.State(id); s != "running" {
+			t.Fatalf("after the wake: %s", s)
+		}
+	})
+
+	t.Run("an idle tier stops the pod", func(t *testing.T) {
+		idle := "i" + e.suffix
+		create(t, map[string]any{"id": idle, "image": e.image, "ports": []int{8080}, "idle_pause": "1s", "idle_stop": "3s"})
+		e.eventually(t, "the idle sandbox stopped and its pod gone", func() bool {
+			return e.State(idle) == "stopped" && e.pod(ctx, idle) == nil
+		})
+		if _, err := e.cs.CoreV1().PersistentVolumeClaims(e.ns).Get(ctx, "s-"+idle+"-data", metav1.GetOptions{}); err != nil {
+			t.Fatalf("the idle sandbox's claim: %v", err)
+		}
+	})
+
+	t.Run("a tenant never mounts another's claim", func(t *testing.T) {
+		x := "x" + e.suffix
+		spec := map[string]any{"id": x, "image": e.image, "ports": []int{8080}}
+		if code, body := e.callAs(t, kubeAcmeToken, "POST", "/v1/sandboxes", spec); code != http.StatusCreated {
+			t.Fatalf("acme creates %s: %d %s", x, code, body)
+		}
+		if res, body := e.Preview("PUT", e.Host(x, 8080), "/files/secret.txt", strings.NewReader("acme's"), api); res.StatusCode != http.StatusCreated {
+			t.Fatalf("acme's file: %d %s", res.StatusCode, body)
+		}
+		if code, body := e.callAs(t, kubeAcmeToken, "DELETE", "/v1/sandboxes/"+x, nil); code != http.StatusNoContent {
+			t.Fatalf("acme destroys %s: %d %s", x, code, body)
+		}
+		claim, err := e.cs.CoreV1().PersistentVolumeClaims(e.ns).Get(ctx, "s-"+x+"-data", metav1.GetOptions{})
+		if err != nil || claim.Annotations["sandwake.owner.label.tenant"] != "acme" {
+			t.Fatalf("the kept claim does not record acme: %v %v", err, claim.GetAnnotations())
+		}
+		made := e.podsAdded(t, ctx, "s-"+x)
+		if code, body := e.callAs(t, kubeGlobexToken, "POST", "/v1/sandboxes", spec); code/100 == 2 {
+			t.Fatalf("globex creates acme's destroyed %s: %d %s", x, code, body)
+		}
+		if code, body := e.callAs(t, kubeGlobexToken, "POST", "/v1/sandboxes/"+x+"/purge", nil); code != http.StatusNotFound {
+			t.Fatalf("globex purges acme's claim: %d %s, want 404", code, body)
+		}
+		// acme's create makes the only pod of x: globex's made none.
+		if code, body := e.callAs(t, kubeAcmeToken, "POST", "/v1/sandboxes", spec); code != http.StatusCreated {
+			t.Fatalf("acme re-creates %s: %d %s", x, code, body)
+		}
+		if res, body := e.Preview("GET", e.Host(x, 8080), "/files/secret.txt", nil, api); res.StatusCode != http.StatusOK || body != "acme's" {
+			t.Fatalf("acme's file after globex's refused create: %d %q", res.StatusCode, body)
+		}
+		e.eventually(t, "acme's pod's ADDED event", func() bool { return made.Load() >= 1 })
+		if m := made.Load(); m != 1 {
+			t.Fatalf("pods of %s since acme destroyed it: %d, want 1 (acme's)", x, m)
+		}
+	})
+
+	t.Run("a pool hit makes no pod", func(t *testing.T) {
+		var pooled string
+		e.eventually(t, "a ready pool pod of template web", func() bool {
+			var st struct {
+				Templates []struct {
+					Name string `json:"name"`
+					Idle int    `json:"idle"`
+				} `json:"templates"`
+			}
+			e.API("GET", "/v1/templates", nil, &st)
+			for _, tp := range st.Templates {
+				if tp.Name == "web" && tp.Idle > 0 {
+					return true
+				}
+			}
+			return false
+		})
+		list, err := e.cs.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range list.Items {
+			if p.Annotations["sandwake.pool"] == "web" {
+				pooled = p.Labels["sandwake.id"]
+			}
+		}
+		if pooled == "" {
+			t.Fatal("no pod carries the pool's annotation")
+		}
+		made := e.podsAdded(t, ctx, "s-"+pooled)
+		t0 := time.Now()
+		var rec client.Sandbox
+		if status := e.API("POST", "/v1/sandboxes", map[string]any{"template": "web"}, &rec); status != http.StatusCreated || rec.ID != pooled {
+			t.Fatalf("create from the pool: %d %+v (pool pod of %s)", status, rec, pooled)
+		}
+		res, _ := e.Preview("GET", e.Host(rec.ID, 8080), "/healthz", nil, api)
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("the pool hit's first request: %d", res.StatusCode)
+		}
+		t.Logf("pool hit: create → first answer %v", time.Since(t0))
+		if m := made.Load(); m != 0 {
+			t.Fatalf("pods made for a pool hit: %d, want 0", m)
+		}
+	})
+}
