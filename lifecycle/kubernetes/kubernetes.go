@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -99,6 +100,23 @@ type Options struct {
 	// TmpMB bounds the memory-backed /tmp of a sandbox with a read-only
 	// root filesystem, in MiB. Default: 64.
 	TmpMB int64
+	// Egress is how sandboxes' egress policies are enforced:
+	// EgressNetworkPolicy (default: a NetworkPolicy per sandbox, made
+	// before its pod) or EgressUnenforced (none made).
+	Egress string
+	// ClusterCIDRs are the cluster's pod and service ranges (and any
+	// other, such as the nodes', when outside the private ranges): a
+	// public policy does not reach them and no allow entry opens them.
+	// IPv4. Default: none beyond lifecycle.EgressDeniedRanges.
+	ClusterCIDRs []netip.Prefix
+	// GatewayCIDRs are the addresses of a gateway outside the cluster as
+	// the pods see its traffic (the node's bridge address, say): they
+	// may reach the sandboxes' ports. Default: none.
+	GatewayCIDRs []netip.Prefix
+	// GatewaySelector is the labels of the gateway's pods (in any
+	// namespace), which may reach the sandboxes' ports. Default:
+	// DefaultGatewaySelector.
+	GatewaySelector map[string]string
 	// Client is the API client to use instead of one made from
 	// Kubeconfig (tests give a fake one).
 	Client kubernetes.Interface
@@ -145,6 +163,9 @@ func New(opts Options) (*Runtime, error) {
 	}
 	if opts.TmpMB <= 0 {
 		opts.TmpMB = DefaultTmpMB
+	}
+	if err := CheckEgressOptions(&opts); err != nil {
+		return nil, fmt.Errorf("kubernetes runtime: %w", err)
 	}
 	switch opts.Pull {
 	case "":
@@ -279,26 +300,48 @@ func (r *Runtime) ready() error {
 	return nil
 }
 
-// Create implements lifecycle.Runtime: the claim (when missing) with the
-// pod to start kept on it. An old pod of the sandbox (a recreate) is
-// deleted; a pod or claim under its names that is not this instance's
-// stops the create with ErrIDTaken, untouched.
+// Create implements lifecycle.Runtime: the sandbox's NetworkPolicy (made
+// or replaced first: no pod runs without it), then the claim (when
+// missing) with the pod to start kept on it. An old pod of the sandbox (a
+// recreate) is deleted; a pod, claim or policy under its names that is not
+// this instance's stops the create with ErrIDTaken, untouched.
 func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (lifecycle.Container, error) {
 	pod, err := r.podFor(id, spec)
 	if err != nil {
 		return lifecycle.Container{}, err
 	}
-	if old, err := r.cs.CoreV1().Pods(r.opts.Namespace).Get(ctx, PodName(id), metav1.GetOptions{}); err == nil {
-		if !r.owns(id, old.Labels) {
-			return lifecycle.Container{}, notOurs("pod", PodName(id), old.Labels, lifecycle.ErrIDTaken)
+	var policy *networkingv1.NetworkPolicy
+	if r.EnforcesEgress() {
+		if policy, err = r.policyFor(id, spec); err != nil {
+			return lifecycle.Container{}, err
 		}
+	}
+	old, err := r.cs.CoreV1().Pods(r.opts.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		old = nil
+	case err != nil:
+		return lifecycle.Container{}, classify("reading pod "+PodName(id), err, lifecycle.ErrContainerNotFound)
+	case !r.owns(id, old.Labels):
+		return lifecycle.Container{}, notOurs("pod", PodName(id), old.Labels, lifecycle.ErrIDTaken)
+	}
+	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
+	if policy != nil {
+		// An id whose claim is another's is refused before the policy is
+		// written (the claim's write checks again).
+		if cur, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{}); err == nil && !r.owns(id, cur.Labels) {
+			return lifecycle.Container{}, notOurs("claim", ClaimName(id), cur.Labels, lifecycle.ErrIDTaken)
+		}
+		// Fails closed: no policy, no pod.
+		if err := r.ensurePolicy(ctx, id, policy); err != nil {
+			return lifecycle.Container{}, err
+		}
+	}
+	if old != nil {
 		if err := r.deletePod(ctx, id, old); err != nil {
 			return lifecycle.Container{}, err
 		}
-	} else if !apierrors.IsNotFound(err) {
-		return lifecycle.Container{}, classify("reading pod "+PodName(id), err, lifecycle.ErrContainerNotFound)
 	}
-	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
 	want, err := r.claimFor(id, spec, pod)
 	if err != nil {
 		return lifecycle.Container{}, err
@@ -550,9 +593,10 @@ func (r *Runtime) waitPodGone(ctx context.Context, id string) error {
 	})
 }
 
-// Remove implements lifecycle.Runtime: the pod goes and the claim keeps no
-// pod, so the sandbox has no container; the claim (the workspace) stays. A
-// sandbox without them is not an error.
+// Remove implements lifecycle.Runtime: the pod goes, then its
+// NetworkPolicy, and the claim keeps no pod, so the sandbox has no
+// container; the claim (the workspace) stays. A sandbox without them is
+// not an error.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if err := r.ready(); err != nil {
 		return err
@@ -566,6 +610,10 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		if err := r.waitPodGone(ctx, id); err != nil {
 			return err
 		}
+	}
+	// The pod is gone: its policy goes too (a create makes it again).
+	if err := r.deletePolicy(ctx, id); err != nil {
+		return err
 	}
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
 	var uid types.UID
