@@ -1,6 +1,8 @@
 package caddymodule
 
 import (
+	"strings"
+
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	core "github.com/sandwake/sandwake/engine"
@@ -11,10 +13,14 @@ import (
 //
 //	engine docker
 //	engine kubernetes {
-//		kubeconfig    <path>
-//		namespace     <namespace>
-//		storage_class <class>
-//		volume_size   <quantity>
+//		kubeconfig       <path>
+//		namespace        <namespace>
+//		storage_class    <class>
+//		volume_size      <quantity>
+//		egress           networkpolicy
+//		cluster_cidrs    <cidr>...
+//		gateway_cidrs    <cidr>...
+//		gateway_selector <key>=<value>...
 //	}
 func unmarshalEngine(d *caddyfile.Dispenser) (*EngineConfig, error) {
 	if !d.NextArg() {
@@ -39,16 +45,45 @@ func unmarshalEngine(d *caddyfile.Dispenser) (*EngineConfig, error) {
 		seen[opt] = true
 		var v string
 		switch opt {
-		case "kubeconfig", "namespace", "storage_class", "volume_size":
+		case "kubeconfig", "namespace", "storage_class", "volume_size", "egress":
 			if !d.AllArgs(&v) {
 				return nil, d.ArgErr()
 			}
+		case "cluster_cidrs", "gateway_cidrs":
+			l := d.RemainingArgs()
+			if len(l) == 0 {
+				return nil, d.ArgErr()
+			}
+			if opt == "cluster_cidrs" {
+				ec.ClusterCIDRs = l
+			} else {
+				ec.GatewayCIDRs = l
+			}
+			continue
+		case "gateway_selector":
+			l := d.RemainingArgs()
+			if len(l) == 0 {
+				return nil, d.ArgErr()
+			}
+			ec.GatewaySelector = map[string]string{}
+			for _, kv := range l {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return nil, d.Errf("gateway_selector %q: want key=value", kv)
+				}
+				ec.GatewaySelector[k] = v
+			}
+			continue
 		default:
-			return nil, d.Errf("unknown engine kubernetes option %q (kubeconfig, namespace, storage_class, volume_size)", opt)
+			return nil, d.Errf("unknown engine kubernetes option %q (kubeconfig, namespace, storage_class, volume_size, egress, cluster_cidrs, gateway_cidrs, gateway_selector)", opt)
+		}
+		if opt == "egress" && v != core.KubernetesEgressNetworkPolicy {
+			return nil, d.Errf("engine kubernetes: egress %q: want networkpolicy (to make no policy, write `egress unenforced` in the sandwake block)", v)
 		}
 		*map[string]*string{
 			"kubeconfig": &ec.Kubeconfig, "namespace": &ec.Namespace,
 			"storage_class": &ec.StorageClass, "volume_size": &ec.VolumeSize,
+			"egress": &ec.Egress,
 		}[opt] = v
 	}
 	return ec, nil

@@ -29,7 +29,8 @@ import (
 // and a running pod), a preview request through the gate answered by the
 // pod, stop (pod gone, claim kept), a held API-style request that wakes it
 // (exactly one pod made), destroy (no pod, claim kept) and purge (no
-// claim).
+// claim); its NetworkPolicy made at create and gone at destroy, and a
+// create with a name entry refused (400, no record).
 func TestKubernetesEngine(t *testing.T) {
 	cl := kubetest.Need(t)
 	image := cl.Image(t)
@@ -76,7 +77,6 @@ func TestKubernetesEngine(t *testing.T) {
 			volume_size 64Mi
 			%s
 		}
-		egress unenforced
 	}
 }
 http://*.preview.localhost:%d {
@@ -114,6 +114,24 @@ http://127.0.0.1:%d {
 	first := podOnBridge()
 	if _, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil {
 		t.Fatalf("claim of a running sandbox: %v", err)
+	}
+	// Its egress policy is a NetworkPolicy (the test cluster's bridge
+	// plugin does not enforce it: the object is what is checked); a
+	// create with a name entry is refused, 400, and leaves no record.
+	policies := cs.NetworkingV1().NetworkPolicies(ns)
+	if pol, err := policies.Get(ctx, "s-"+id, metav1.GetOptions{}); err != nil || len(pol.Spec.Egress) != 2 {
+		t.Fatalf("policy of a public sandbox: %+v, %v", pol, err)
+	}
+	named := "n" + suffix
+	if status := h.API("POST", "/v1/sandboxes", map[string]any{"id": named, "image": image, "ports": []int{8080},
+		"egress": map[string]any{"policy": "none", "allow": []string{"registry.npmjs.org"}}}, nil); status != http.StatusBadRequest {
+		t.Fatalf("create with a name entry: %d, want 400", status)
+	}
+	if status := h.API("GET", "/v1/sandboxes/"+named, nil, nil); status != http.StatusNotFound {
+		t.Fatalf("the refused create left a record: GET %d", status)
+	}
+	if _, err := policies.Get(ctx, "s-"+named, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the refused create left a policy: %v", err)
 	}
 	host := h.Host(id, 8080)
 	if res, body := h.Preview("GET", host, "/healthz", nil, gatewaytest.APIHeader()); res.StatusCode != 200 || body != "ok\n" {
@@ -189,6 +207,9 @@ http://127.0.0.1:%d {
 	}
 	if _, err := pods.Get(ctx, "s-"+id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("pod after destroy: %v", err)
+	}
+	if _, err := policies.Get(ctx, "s-"+id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("policy after destroy: %v", err)
 	}
 	if _, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil {
 		t.Fatalf("claim after destroy (the workspace is kept until purge): %v", err)

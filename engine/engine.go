@@ -46,6 +46,10 @@ const (
 const (
 	DefaultKubernetesNamespace  = kubernetes.DefaultNamespace
 	DefaultKubernetesVolumeSize = kubernetes.DefaultVolumeSize
+	// KubernetesEgressNetworkPolicy and KubernetesEgressUnenforced are
+	// the values of KubernetesOptions.Egress.
+	KubernetesEgressNetworkPolicy = kubernetes.EgressNetworkPolicy
+	KubernetesEgressUnenforced    = kubernetes.EgressUnenforced
 )
 
 // informerSyncTimeout bounds Start's wait for the Kubernetes informers'
@@ -133,6 +137,18 @@ type KubernetesOptions struct {
 	// VolumeSize is each workspace claim's size (a Kubernetes quantity).
 	// Default: 1Gi.
 	VolumeSize string
+	// Egress is how egress policies are enforced: KubernetesEgressNetworkPolicy
+	// (default: a NetworkPolicy per sandbox) or KubernetesEgressUnenforced.
+	Egress string
+	// ClusterCIDRs are the cluster's pod and service ranges a public
+	// policy does not reach (beyond the private ranges).
+	ClusterCIDRs []netip.Prefix
+	// GatewayCIDRs are a gateway's addresses outside the cluster, as the
+	// pods see them: they may reach the sandboxes' ports.
+	GatewayCIDRs []netip.Prefix
+	// GatewaySelector is the labels of the gateway's pods, which may reach
+	// the sandboxes' ports. Default: kubernetes.DefaultGatewaySelector.
+	GatewaySelector map[string]string
 }
 
 // Check reports a setting Kubernetes would refuse, and an instance name
@@ -153,6 +169,10 @@ func (k KubernetesOptions) Check(instance string) error {
 		if q, err := resource.ParseQuantity(k.VolumeSize); err != nil || q.Sign() <= 0 {
 			return fmt.Errorf("volume_size %q is not a positive Kubernetes quantity such as 1Gi", k.VolumeSize)
 		}
+	}
+	ko := kubernetes.Options{Egress: k.Egress, ClusterCIDRs: k.ClusterCIDRs, GatewayCIDRs: k.GatewayCIDRs, GatewaySelector: k.GatewaySelector}
+	if err := kubernetes.CheckEgressOptions(&ko); err != nil {
+		return err
 	}
 	if instance != "" && len(validation.IsValidLabelValue(instance)) > 0 {
 		return fmt.Errorf("instance %q must also be a Kubernetes label value (ending with a letter or digit): the sandboxes' pods and claims carry it", instance)
@@ -213,8 +233,12 @@ func Open(opts Options) (*Engine, error) {
 			StopTimeout:  opts.StopTimeout,
 			// No registry check stands between a create and the
 			// kubelet's pull: only images the nodes have are used.
-			Pull:  kubernetes.PullNever,
-			TmpMB: opts.TmpMB,
+			Pull:            kubernetes.PullNever,
+			TmpMB:           opts.TmpMB,
+			Egress:          opts.Kubernetes.Egress,
+			ClusterCIDRs:    opts.Kubernetes.ClusterCIDRs,
+			GatewayCIDRs:    opts.Kubernetes.GatewayCIDRs,
+			GatewaySelector: opts.Kubernetes.GatewaySelector,
 		})
 		if err != nil {
 			st.Close()
