@@ -326,6 +326,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		return lifecycle.Container{}, notOurs("pod", PodName(id), old.Labels, lifecycle.ErrIDTaken)
 	}
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
+	madePolicy := false
 	if policy != nil {
 		// An id whose claim is another's is refused before the policy is
 		// written (the claim's write checks again).
@@ -333,7 +334,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 			return lifecycle.Container{}, notOurs("claim", ClaimName(id), cur.Labels, lifecycle.ErrIDTaken)
 		}
 		// Fails closed: no policy, no pod.
-		if err := r.ensurePolicy(ctx, id, policy); err != nil {
+		if madePolicy, err = r.ensurePolicy(ctx, id, policy); err != nil {
 			return lifecycle.Container{}, err
 		}
 	}
@@ -379,6 +380,13 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		made, err = claims.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
+	if err != nil && madePolicy {
+		// No claim, no sandbox: the policy made for it goes too (a
+		// failure to delete it leaves a policy selecting no pod).
+		if derr := r.deletePolicy(ctx, id); derr != nil {
+			err = fmt.Errorf("%w (and its new NetworkPolicy is left: %v)", err, derr)
+		}
+	}
 	if err != nil {
 		if errors.Is(err, lifecycle.ErrIDTaken) || errors.Is(err, lifecycle.ErrUnavailable) {
 			return lifecycle.Container{}, err

@@ -128,7 +128,8 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 	if err != nil {
 		return err
 	}
-	return r.ensurePolicy(ctx, id, want)
+	_, err = r.ensurePolicy(ctx, id, want)
+	return err
 }
 
 // deniedBase is what a public policy never reaches: lifecycle's fixed
@@ -269,10 +270,10 @@ func policyPort(proto corev1.Protocol, port int) networkingv1.NetworkPolicyPort 
 
 // ensurePolicy makes sandbox id's NetworkPolicy want, or replaces the
 // spec of the one there when this instance owns it; one that is not its
-// own stops it with ErrIDTaken, untouched.
-func (r *Runtime) ensurePolicy(ctx context.Context, id string, want *networkingv1.NetworkPolicy) error {
+// own stops it with ErrIDTaken, untouched. made reports a new policy.
+func (r *Runtime) ensurePolicy(ctx context.Context, id string, want *networkingv1.NetworkPolicy) (made bool, err error) {
 	pols := r.cs.NetworkingV1().NetworkPolicies(r.opts.Namespace)
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := pols.Get(ctx, want.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
@@ -280,6 +281,7 @@ func (r *Runtime) ensurePolicy(ctx context.Context, id string, want *networkingv
 			if apierrors.IsAlreadyExists(err) {
 				return apierrors.NewConflict(networkingv1.Resource("networkpolicies"), want.Name, err)
 			}
+			made = err == nil
 			return err
 		case err != nil:
 			return err
@@ -291,7 +293,7 @@ func (r *Runtime) ensurePolicy(ctx context.Context, id string, want *networkingv
 		_, err = pols.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
-	return r.policyError("making NetworkPolicy "+want.Name, err)
+	return made, r.policyError("making NetworkPolicy "+want.Name, err)
 }
 
 // deletePolicy deletes sandbox id's NetworkPolicy when this instance owns

@@ -364,6 +364,22 @@ func TestCreateFailsClosed(t *testing.T) {
 	}
 }
 
+// TestClaimRefusedTakesThePolicy: a create whose claim is refused leaves
+// no policy it made behind.
+func TestClaimRefusedTakesThePolicy(t *testing.T) {
+	r, cs := newFakeEgress(t, Options{})
+	cs.PrependReactor("create", "persistentvolumeclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim").GroupKind(), "s-abc-data", nil)
+	})
+	ctx := context.Background()
+	if _, err := r.Create(ctx, "abc", testSpec()); !errors.Is(err, lifecycle.ErrInvalid) {
+		t.Fatalf("create with its claim refused: %v, want ErrInvalid", err)
+	}
+	if _, err := cs.NetworkingV1().NetworkPolicies(testNS).Get(ctx, "s-abc", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("policy left by a refused create: %v", err)
+	}
+}
+
 func TestEgressOptions(t *testing.T) {
 	for _, o := range []Options{
 		{Egress: "cilium"},
