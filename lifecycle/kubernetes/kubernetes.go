@@ -48,6 +48,10 @@ const (
 	// sandbox's container while it runs no pod. A claim without it has
 	// no container (made by a create, taken by Remove).
 	AnnotationPod = "sandwake.pod"
+	// AnnotationPolicy on a claim is the spec of the sandbox's
+	// NetworkPolicy (JSON): a start makes the policy again from it when
+	// it is missing.
+	AnnotationPolicy = "sandwake.networkpolicy"
 	// AnnotationLabelPrefix+<key> carries every record label on the pod.
 	AnnotationLabelPrefix = "sandwake.label."
 	// AnnotationPool and AnnotationPoolKey mark a pool's sandbox.
@@ -344,6 +348,9 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		}
 	}
 	want, err := r.claimFor(id, spec, pod)
+	if err == nil {
+		err = keepPolicy(want, policy)
+	}
 	if err != nil {
 		return lifecycle.Container{}, err
 	}
@@ -377,6 +384,9 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		if err := setPod(cur, pod); err != nil {
 			return err
 		}
+		if err := keepPolicy(cur, policy); err != nil {
+			return err
+		}
 		made, err = claims.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
@@ -399,7 +409,8 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 	// A start follows at once: it reads the claim from the cache, which
 	// must have seen this write first.
 	if err := r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
-		return c.UID == made.UID && c.Annotations[AnnotationPod] == made.Annotations[AnnotationPod]
+		return c.UID == made.UID && c.Annotations[AnnotationPod] == made.Annotations[AnnotationPod] &&
+			c.Annotations[AnnotationPolicy] == made.Annotations[AnnotationPolicy]
 	}); err != nil {
 		return lifecycle.Container{}, err
 	}
@@ -478,6 +489,11 @@ func (r *Runtime) Start(ctx context.Context, id string) (lifecycle.Container, er
 		if err := r.waitPodGone(ctx, id); err != nil {
 			return lifecycle.Container{}, err
 		}
+	}
+	// Fails closed: the pod is made only behind its policy (made again
+	// here when it went behind sandwake's back).
+	if err := r.startPolicy(ctx, id, claim); err != nil {
+		return lifecycle.Container{}, err
 	}
 	want.ResourceVersion = ""
 	_, err = r.cs.CoreV1().Pods(r.opts.Namespace).Create(ctx, want, metav1.CreateOptions{})

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -119,7 +121,8 @@ func (r *Runtime) CheckEgress(e lifecycle.Egress) error {
 }
 
 // ApplyEgress implements lifecycle.EgressEnforcer: sandbox id's policy is
-// made, or replaced, with spec's egress.
+// made, or replaced, with spec's egress, and kept on its claim for the
+// starts to come.
 func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spec) error {
 	if !r.EnforcesEgress() {
 		return nil
@@ -128,7 +131,67 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 	if err != nil {
 		return err
 	}
-	_, err = r.ensurePolicy(ctx, id, want)
+	if _, err := r.ensurePolicy(ctx, id, want); err != nil {
+		return err
+	}
+	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil // no workspace: the next create keeps it
+		}
+		if err != nil {
+			return err
+		}
+		if !r.owns(id, c.Labels) {
+			return notOurs("claim", ClaimName(id), c.Labels, lifecycle.ErrIDTaken)
+		}
+		c = c.DeepCopy()
+		if err := keepPolicy(c, want); err != nil {
+			return err
+		}
+		_, err = claims.Update(ctx, c, metav1.UpdateOptions{})
+		return err
+	})
+	return classify("keeping the NetworkPolicy on claim "+ClaimName(id), err, lifecycle.ErrNotFound)
+}
+
+// keepPolicy keeps policy's spec on claim c (AnnotationPolicy); nil (egress
+// unenforced) keeps none.
+func keepPolicy(c *corev1.PersistentVolumeClaim, policy *networkingv1.NetworkPolicy) error {
+	if policy == nil {
+		delete(c.Annotations, AnnotationPolicy)
+		return nil
+	}
+	b, err := json.Marshal(policy.Spec)
+	if err != nil {
+		return fmt.Errorf("encoding NetworkPolicy %s: %w", policy.Name, err)
+	}
+	if c.Annotations == nil {
+		c.Annotations = map[string]string{}
+	}
+	c.Annotations[AnnotationPolicy] = string(b)
+	return nil
+}
+
+// startPolicy makes sure sandbox id's policy is in place before a start
+// makes its pod: one deleted (or changed) behind sandwake's back is made
+// again from its claim, and a sandbox made while egress was unenforced,
+// which has none, does not start (ErrEgressUnenforced, with the fix).
+func (r *Runtime) startPolicy(ctx context.Context, id string, claim *corev1.PersistentVolumeClaim) error {
+	if !r.EnforcesEgress() {
+		return nil
+	}
+	s, kept := claim.Annotations[AnnotationPolicy]
+	if !kept {
+		return fmt.Errorf("starting sandbox %s: %w: it was made while egress was unenforced and has no NetworkPolicy; change its egress (PATCH) or make it again (destroy and create) to give it one",
+			id, lifecycle.ErrEgressUnenforced)
+	}
+	want := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: PolicyName(id), Namespace: r.opts.Namespace, Labels: r.labels(id)}}
+	if err := json.Unmarshal([]byte(s), &want.Spec); err != nil {
+		return fmt.Errorf("starting sandbox %s: decoding the NetworkPolicy kept on claim %s: %w", id, claim.Name, err)
+	}
+	_, err := r.ensurePolicy(ctx, id, want)
 	return err
 }
 
@@ -287,6 +350,9 @@ func (r *Runtime) ensurePolicy(ctx context.Context, id string, want *networkingv
 			return err
 		case !r.owns(id, cur.Labels):
 			return notOurs("NetworkPolicy", want.Name, cur.Labels, lifecycle.ErrIDTaken)
+		}
+		if apiequality.Semantic.DeepEqual(cur.Spec, want.Spec) {
+			return nil // a start's check: nothing to write
 		}
 		cur = cur.DeepCopy()
 		cur.Spec = want.Spec

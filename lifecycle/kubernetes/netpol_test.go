@@ -364,6 +364,78 @@ func TestCreateFailsClosed(t *testing.T) {
 	}
 }
 
+// TestStartMakesThePolicy: a start makes no pod without its policy: one
+// deleted by hand is made again from the claim first; a sandbox whose
+// claim keeps none (made while egress was unenforced) does not start
+// until an egress PATCH gives it one.
+func TestStartMakesThePolicy(t *testing.T) {
+	r, cs := newFakeEgress(t, Options{})
+	ctx := context.Background()
+	pols := cs.NetworkingV1().NetworkPolicies(testNS)
+	claims := cs.CoreV1().PersistentVolumeClaims(testNS)
+	spec := testSpec()
+	spec.Egress = lifecycle.Egress{Policy: lifecycle.EgressNone, Allow: []string{"198.51.100.7:443/tcp"}}
+	if _, err := r.Create(ctx, "abc", spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := pols.Delete(ctx, "s-abc", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	start := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Start(ctx, "abc")
+			done <- err
+		}()
+		return done
+	}
+	done := start()
+	eventually(t, "the pod", func() bool {
+		_, err := cs.CoreV1().Pods(testNS).Get(ctx, "s-abc", metav1.GetOptions{})
+		return err == nil
+	})
+	pol, err := pols.Get(ctx, "s-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the pod was made without its policy: %v", err)
+	}
+	if got := readRules(pol.Spec.Egress); len(got) != 1 || got[0].to[0] != "198.51.100.7/32" {
+		t.Fatalf("policy made again: %+v", got)
+	}
+	setPodStatus(t, cs, "abc", running("10.244.0.7"))
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Stop(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	// A claim that keeps no policy: no start.
+	c, _ := claims.Get(ctx, "s-abc-data", metav1.GetOptions{})
+	delete(c.Annotations, AnnotationPolicy)
+	if _, err := claims.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the claim without its policy in the cache", func() bool {
+		c, err := r.claims.Get("s-abc-data")
+		_, kept := c.Annotations[AnnotationPolicy]
+		return err == nil && !kept
+	})
+	if _, err := r.Start(ctx, "abc"); !errors.Is(err, lifecycle.ErrEgressUnenforced) || !strings.Contains(err.Error(), "PATCH") {
+		t.Fatalf("start of a sandbox without a policy: %v, want ErrEgressUnenforced with the fix", err)
+	}
+	if _, err := cs.CoreV1().Pods(testNS).Get(ctx, "s-abc", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a pod was made without a policy: %v", err)
+	}
+	// An egress PATCH keeps the policy on the claim again.
+	spec.Egress = lifecycle.Egress{Policy: lifecycle.EgressPublic}
+	if err := r.ApplyEgress(ctx, "abc", spec); err != nil {
+		t.Fatal(err)
+	}
+	c, _ = claims.Get(ctx, "s-abc-data", metav1.GetOptions{})
+	if !strings.Contains(c.Annotations[AnnotationPolicy], "0.0.0.0/0") {
+		t.Fatalf("the PATCH's policy is not kept on the claim: %q", c.Annotations[AnnotationPolicy])
+	}
+}
+
 // TestClaimRefusedTakesThePolicy: a create whose claim is refused leaves
 // no policy it made behind.
 func TestClaimRefusedTakesThePolicy(t *testing.T) {
