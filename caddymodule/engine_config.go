@@ -200,6 +200,16 @@ func (a *App) provisionEngine() error {
 		return refuse("min_free_memory", "it reads the gateway host's memory, which says nothing of the nodes' where pods run (their memory is the scheduler's business)")
 	}
 	for _, tc := range a.Templates {
+		if e := tc.Egress; e != nil && !a.EgressUnenforced {
+			if e.Policy == lifecycle.EgressLearn {
+				return refuse("template "+tc.Name, "egress learn records the names sandboxes look up, which a NetworkPolicy does not see; use public or none")
+			}
+			for _, entry := range slices.Concat(e.Allow, e.Deny) {
+				if r, err := lifecycle.ParseAllowRule(entry); err == nil && r.IsName() {
+					return refuse("template "+tc.Name, "egress entry "+entry+" is a name: a NetworkPolicy holds addresses only (names need a policy engine that resolves them, which sandwake does not drive yet)")
+				}
+			}
+		}
 		if tc.Pool != nil {
 			return refuse("template "+tc.Name, "warm pools are not built on the kubernetes engine yet")
 		}

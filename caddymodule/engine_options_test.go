@@ -87,6 +87,10 @@ func TestEngineOptions(t *testing.T) {
 		{"min_free_memory off", ok + "min_free_memory 0", "", nil},
 		{"template with a pool", ok + "template web {\n\timage x\n\tports 80\n\tpool {\n\t\tmin_idle 1\n\t}\n}", "warm pools", nil},
 		{"template without a pool", ok + "template web {\n\timage x\n\tports 80\n}", "", nil},
+		{"template egress by address", ok + "template web {\n\timage x\n\tports 80\n\tegress none 198.51.100.7:443\n}", "", nil},
+		{"template egress by name", ok + "template web {\n\timage x\n\tports 80\n\tegress none registry.npmjs.org\n}", "is a name", nil},
+		{"template egress deny by name", ok + "template web {\n\timage x\n\tports 80\n\tegress public\n\tegress_deny evil.example.com\n}", "is a name", nil},
+		{"template egress learn", ok + "template web {\n\timage x\n\tports 80\n\tegress learn\n}", "egress learn", nil},
 		{"template with a service", ok + "template web {\n\timage x\n\tports 80\n\tservice db {\n\t\timage pg\n\t}\n}", "services are not supported", nil},
 		{"docker settings on docker", "engine docker\nupstream_mode published\nlabel a b", "", nil},
 	}
