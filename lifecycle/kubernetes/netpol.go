@@ -120,18 +120,16 @@ func (r *Runtime) CheckEgress(e lifecycle.Egress) error {
 	return nil
 }
 
-// ApplyEgress implements lifecycle.EgressEnforcer: sandbox id's policy is
-// made, or replaced, with spec's egress, and kept on its claim for the
-// starts to come.
+// ApplyEgress implements lifecycle.EgressEnforcer: spec's egress is kept
+// on sandbox id's claim for the starts to come, then its policy is made,
+// or replaced, with it. In that order: should the policy's write fail, the
+// next start makes it from the claim, as the record says.
 func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spec) error {
 	if !r.EnforcesEgress() {
 		return nil
 	}
 	want, err := r.policyFor(id, spec)
 	if err != nil {
-		return err
-	}
-	if _, err := r.ensurePolicy(ctx, id, want); err != nil {
 		return err
 	}
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
@@ -153,7 +151,11 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 		_, err = claims.Update(ctx, c, metav1.UpdateOptions{})
 		return err
 	})
-	return classify("keeping the NetworkPolicy on claim "+ClaimName(id), err, lifecycle.ErrNotFound)
+	if err != nil {
+		return classify("keeping the NetworkPolicy on claim "+ClaimName(id), err, lifecycle.ErrNotFound)
+	}
+	_, err = r.ensurePolicy(ctx, id, want)
+	return err
 }
 
 // keepPolicy keeps policy's spec on claim c (AnnotationPolicy); nil (egress
