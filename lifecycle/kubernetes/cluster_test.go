@@ -321,7 +321,7 @@ func TestClusterNetworkPolicy(t *testing.T) {
 	}
 	got := readRules(pol.Spec.Egress)
 	want := []rule{
-		{to: []string{"0.0.0.0/0 except " + strings.NewReplacer("0.0.0.0/8,", "0.0.0.0/8,8.8.8.8/32,", "192.168.0.0/16,", "192.168.0.0/16,198.51.100.7/32,").Replace(publicExcepts)}},
+		{to: []string{"0.0.0.0/0 except 0.0.0.0/8,8.8.8.8/32,10.0.0.0/8,100.64.0.0/10,127.0.0.0/8,169.254.0.0/16,172.16.0.0/12,192.168.0.0/16,198.51.100.7/32,224.0.0.0/4,240.0.0.0/4"}},
 		dnsRule,
 		{to: []string{"198.51.100.0/24 except 198.51.100.7/32"}, ports: []string{"TCP/443"}},
 	}

@@ -91,8 +91,6 @@ func selector(s *metav1.LabelSelector) string {
 	return "{" + strings.Join(l, ",") + "}"
 }
 
-const publicExcepts = "0.0.0.0/8,10.0.0.0/8,100.64.0.0/10,127.0.0.0/8,169.254.0.0/16,172.16.0.0/12,192.168.0.0/16,224.0.0.0/4,240.0.0.0/4"
-
 var dnsRule = rule{to: []string{"ns {kubernetes.io/metadata.name=kube-system} pods {k8s-app=kube-dns}"}, ports: []string{"UDP/53", "TCP/53"}}
 
 func TestPolicyEgressRules(t *testing.T) {
