@@ -211,12 +211,12 @@ type App struct {
 	// ActiveMax bounds how long outbound work alone keeps a sandbox under
 	// activity any awake, from its last request. Default: 1h.
 	ActiveMax caddy.Duration `json:"active_max,omitempty"`
-	// EgressUnenforced runs sandboxes without the egress firewall:
-	// policies are stored and shown, nothing enforces them, and readyz,
-	// the dashboard and the start-up log say so. Without it, a gateway
-	// that cannot install the firewall (no CAP_NET_ADMIN in the engine
-	// host's network namespace, a remote engine) starts no sandbox.
-	// Default: false.
+	// EgressUnenforced runs sandboxes without the egress firewall (with
+	// engine kubernetes: without their NetworkPolicies): policies are
+	// stored and shown, nothing enforces them, and readyz, the dashboard
+	// and the start-up log say so. Without it, a gateway that cannot
+	// install the firewall (no CAP_NET_ADMIN in the engine host's network
+	// namespace, a remote engine) starts no sandbox. Default: false.
 	EgressUnenforced bool `json:"egress_unenforced,omitempty"`
 	// EgressDeny are CIDRs a public policy denies beyond the fixed private,
 	// link-local, loopback, multicast and reserved ranges and the host's
@@ -827,9 +827,18 @@ func openEngine(a *App) (*engine, error) {
 		AllowedImages:     a.AllowedImages,
 		Logger:            log,
 	}
-	mcfg.Egress, mcfg.Firewall = a.egress.config, a.egress.firewall(log)
-	mcfg.Apply(a.managerSettings())
 	kind, kube := a.Engine.options()
+	mcfg.Egress = a.egress.config
+	switch {
+	case kind == core.KindKubernetes && a.EgressUnenforced:
+		kube.Egress = core.KubernetesEgressUnenforced
+	case kind == core.KindKubernetes:
+		// The runtime enforces policies itself (a NetworkPolicy per
+		// sandbox): the kernel firewall does not apply to pods.
+	default:
+		mcfg.Firewall = a.egress.firewall(log)
+	}
+	mcfg.Apply(a.managerSettings())
 	c, err := core.Open(core.Options{
 		Kind:              kind,
 		Kubernetes:        kube,
@@ -896,6 +905,9 @@ func openEngine(a *App) (*engine, error) {
 		}
 	}
 	e.EgressUnenforced = a.EgressUnenforced
+	if e.Core.Kind() == core.KindKubernetes {
+		e.EgressCaveat = "a NetworkPolicy per sandbox, enforced only where the cluster's network plugin enforces NetworkPolicy"
+	}
 	e.Isolation = gateway.IsolationReport(c)
 	if !e.Isolation.OK {
 		log.Warn("sandbox isolation: " + e.Isolation.Detail)

@@ -103,8 +103,14 @@ func (s egressSettings) firewall(log *zap.Logger) lifecycle.Firewall {
 // warning when the operator turned it off, an error with the fix when it
 // cannot be installed (sandboxes then do not start).
 func (e *engine) reportEgress(a *App) {
-	if a.EgressUnenforced && e.Core.Kind() == core.KindKubernetes {
-		e.Log.Warn("egress unenforced (engine kubernetes: no egress policy is enforced on pods yet): sandboxes can reach other pods, the cluster's services and API server, the nodes, cloud metadata (169.254.169.254) and the internet, as far as the cluster's own NetworkPolicies let them")
+	if e.Core.Kind() == core.KindKubernetes {
+		if a.EgressUnenforced {
+			e.Log.Warn("egress unenforced (engine kubernetes: no NetworkPolicy is made for sandboxes): sandboxes can reach other pods, the cluster's services and API server, the nodes, cloud metadata (169.254.169.254) and the internet, as far as the cluster's own NetworkPolicies let them; " +
+				"remove `egress unenforced` from the sandwake block to give each sandbox a NetworkPolicy")
+			return
+		}
+		e.Log.Warn("egress policies are NetworkPolicies (one per sandbox, made before its pod): they are enforced only where the cluster's network plugin enforces NetworkPolicy (Calico, Cilium, …; the plain bridge plugin does not), which sandwake cannot see from the API",
+			zap.String("default_policy", a.egress.config.Default))
 		return
 	}
 	if a.EgressUnenforced {

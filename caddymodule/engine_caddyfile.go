@@ -13,13 +13,17 @@ import (
 //
 //	engine docker
 //	engine kubernetes {
-//		kubeconfig    <path>
-//		namespace     <namespace>
-//		storage_class <class>
-//		volume_size   <quantity>
-//		node_selector <key> <value>
-//		toleration    <key>[=<value>] [<effect>]
-//		runtime_class <name>
+//		kubeconfig       <path>
+//		namespace        <namespace>
+//		storage_class    <class>
+//		volume_size      <quantity>
+//		egress           networkpolicy
+//		cluster_cidrs    <cidr>...
+//		gateway_cidrs    <cidr>...
+//		gateway_selector <key>=<value>...
+//		node_selector    <key> <value>
+//		toleration       <key>[=<value>] [<effect>]
+//		runtime_class    <name>
 //	}
 //
 // node_selector and toleration may be given more than once.
@@ -46,7 +50,7 @@ func unmarshalEngine(d *caddyfile.Dispenser) (*EngineConfig, error) {
 		seen[opt] = true
 		var v string
 		switch opt {
-		case "kubeconfig", "namespace", "storage_class", "volume_size", "runtime_class":
+		case "kubeconfig", "namespace", "storage_class", "volume_size", "runtime_class", "egress":
 			if !d.AllArgs(&v) {
 				return nil, d.ArgErr()
 			}
@@ -79,13 +83,42 @@ func unmarshalEngine(d *caddyfile.Dispenser) (*EngineConfig, error) {
 			}
 			ec.Tolerations = append(ec.Tolerations, t)
 			continue
+		case "cluster_cidrs", "gateway_cidrs":
+			l := d.RemainingArgs()
+			if len(l) == 0 {
+				return nil, d.ArgErr()
+			}
+			if opt == "cluster_cidrs" {
+				ec.ClusterCIDRs = l
+			} else {
+				ec.GatewayCIDRs = l
+			}
+			continue
+		case "gateway_selector":
+			l := d.RemainingArgs()
+			if len(l) == 0 {
+				return nil, d.ArgErr()
+			}
+			ec.GatewaySelector = map[string]string{}
+			for _, kv := range l {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return nil, d.Errf("gateway_selector %q: want key=value", kv)
+				}
+				ec.GatewaySelector[k] = v
+			}
+			continue
 		default:
-			return nil, d.Errf("unknown engine kubernetes option %q (kubeconfig, namespace, storage_class, volume_size, node_selector, toleration, runtime_class)", opt)
+			return nil, d.Errf("unknown engine kubernetes option %q (kubeconfig, namespace, storage_class, volume_size, node_selector, toleration, runtime_class, egress, cluster_cidrs, gateway_cidrs, gateway_selector)", opt)
+		}
+		if opt == "egress" && v != core.KubernetesEgressNetworkPolicy {
+			return nil, d.Errf("engine kubernetes: egress %q: want networkpolicy (to make no policy, write `egress unenforced` in the sandwake block)", v)
 		}
 		*map[string]*string{
 			"kubeconfig": &ec.Kubeconfig, "namespace": &ec.Namespace,
 			"storage_class": &ec.StorageClass, "volume_size": &ec.VolumeSize,
 			"runtime_class": &ec.RuntimeClass,
+			"egress":        &ec.Egress,
 		}[opt] = v
 	}
 	return ec, nil

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 
 	"github.com/caddyserver/caddy/v2"
 
 	core "github.com/sandwake/sandwake/engine"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // EngineConfig chooses the container engine sandboxes run on (the engine
@@ -42,13 +44,53 @@ type EngineConfig struct {
 	// no runtime (kubernetes): gVisor or Kata, as runtime runsc is for
 	// Docker. Default: the cluster's default.
 	RuntimeClass string `json:"runtime_class,omitempty"`
+	// Egress is how the kubernetes engine enforces sandboxes' egress
+	// policies: "networkpolicy", a NetworkPolicy per sandbox, made before
+	// its pod and enforced where the cluster's network plugin enforces
+	// NetworkPolicy. `egress unenforced` in the sandwake block makes none.
+	// Default: networkpolicy.
+	Egress string `json:"egress,omitempty"`
+	// ClusterCIDRs are the cluster's pod and service ranges (IPv4 CIDRs,
+	// and the nodes' when they are public addresses): a public policy does
+	// not reach them and no allow entry opens them. Ranges inside the
+	// private ones (10.0.0.0/8, …) are denied already. Default: none.
+	ClusterCIDRs []string `json:"cluster_cidrs,omitempty"`
+	// GatewayCIDRs are the addresses of a gateway that runs outside the
+	// cluster, as the pods see its connections (the node's bridge address
+	// for a gateway on the node): they may reach the sandboxes' ports.
+	// Default: none (only the gateway's pods).
+	GatewayCIDRs []string `json:"gateway_cidrs,omitempty"`
+	// GatewaySelector is the labels of the gateway's pods, in any
+	// namespace: they alone (and GatewayCIDRs) reach the sandboxes' ports.
+	// Default: app.kubernetes.io/name=sandwake and
+	// app.kubernetes.io/component=gateway.
+	GatewaySelector map[string]string `json:"gateway_selector,omitempty"`
 }
 
 // kubernetesSettings reports whether ec sets anything only the kubernetes
 // engine reads.
 func (ec *EngineConfig) kubernetesSettings() bool {
 	return ec != nil && (ec.Kubeconfig != "" || ec.Namespace != "" || ec.StorageClass != "" || ec.VolumeSize != "" ||
-		len(ec.NodeSelector) > 0 || len(ec.Tolerations) > 0 || ec.RuntimeClass != "")
+		len(ec.NodeSelector) > 0 || len(ec.Tolerations) > 0 || ec.RuntimeClass != "" ||
+		ec.Egress != "" || len(ec.ClusterCIDRs) > 0 || len(ec.GatewayCIDRs) > 0 || ec.GatewaySelector != nil)
+
+}
+
+// parseCIDRs parses the CIDRs (or addresses) of an engine option.
+func parseCIDRs(option string, l []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(l))
+	for _, c := range l {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil {
+				return nil, fmt.Errorf("%s %q is not a CIDR or address", option, c)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // kind is the engine's name, docker when unset.
@@ -64,14 +106,21 @@ func (ec *EngineConfig) options() (kind string, k core.KubernetesOptions) {
 	if ec == nil {
 		return core.KindDocker, k
 	}
+	// The ranges were checked by provisionEngine.
+	cluster, _ := parseCIDRs("cluster_cidrs", ec.ClusterCIDRs)
+	gateway, _ := parseCIDRs("gateway_cidrs", ec.GatewayCIDRs)
 	return ec.kind(), core.KubernetesOptions{
-		Kubeconfig:   caddy.NewReplacer().ReplaceKnown(ec.Kubeconfig, ""),
-		Namespace:    ec.Namespace,
-		StorageClass: ec.StorageClass,
-		VolumeSize:   ec.VolumeSize,
-		NodeSelector: ec.NodeSelector,
-		Tolerations:  ec.Tolerations,
-		RuntimeClass: ec.RuntimeClass,
+		Kubeconfig:      caddy.NewReplacer().ReplaceKnown(ec.Kubeconfig, ""),
+		Namespace:       ec.Namespace,
+		StorageClass:    ec.StorageClass,
+		VolumeSize:      ec.VolumeSize,
+		Egress:          ec.Egress,
+		ClusterCIDRs:    cluster,
+		GatewayCIDRs:    gateway,
+		GatewaySelector: ec.GatewaySelector,
+		NodeSelector:    ec.NodeSelector,
+		Tolerations:     ec.Tolerations,
+		RuntimeClass:    ec.RuntimeClass,
 	}
 }
 
@@ -83,7 +132,9 @@ func engineChanges(running EngineConfig, next *EngineConfig) string {
 		want = *next
 	}
 	if running.kind() == want.kind() && running.Kubeconfig == want.Kubeconfig && running.Namespace == want.Namespace &&
-		running.StorageClass == want.StorageClass && running.VolumeSize == want.VolumeSize &&
+		running.StorageClass == want.StorageClass && running.VolumeSize == want.VolumeSize && running.Egress == want.Egress &&
+		slices.Equal(running.ClusterCIDRs, want.ClusterCIDRs) && slices.Equal(running.GatewayCIDRs, want.GatewayCIDRs) &&
+		maps.Equal(running.GatewaySelector, want.GatewaySelector) &&
 		maps.Equal(running.NodeSelector, want.NodeSelector) && slices.Equal(running.Tolerations, want.Tolerations) &&
 		running.RuntimeClass == want.RuntimeClass {
 		return ""
@@ -100,31 +151,49 @@ func (a *App) provisionEngine() error {
 	switch ec.kind() {
 	case core.KindDocker:
 		if ec.kubernetesSettings() {
-			return errors.New("sandwake: engine docker: kubeconfig, namespace, storage_class, volume_size, node_selector, tolerations and runtime_class are settings of engine kubernetes")
+			return errors.New("sandwake: engine docker: kubeconfig, namespace, storage_class, volume_size, node_selector, toleration, runtime_class, egress, cluster_cidrs, gateway_cidrs and gateway_selector are settings of engine kubernetes")
 		}
 		return nil
 	case core.KindKubernetes:
 	default:
 		return fmt.Errorf("sandwake: engine %q is not docker or kubernetes", ec.Name)
 	}
+	refuse := func(option, why string) error {
+		return fmt.Errorf("sandwake: engine kubernetes: %s: %s", option, why)
+	}
+	if _, err := parseCIDRs("cluster_cidrs", ec.ClusterCIDRs); err != nil {
+		return refuse("cluster_cidrs", err.Error())
+	}
+	if _, err := parseCIDRs("gateway_cidrs", ec.GatewayCIDRs); err != nil {
+		return refuse("gateway_cidrs", err.Error())
+	}
+	switch {
+	case ec.Egress == core.KubernetesEgressUnenforced:
+		return refuse("egress unenforced", "write `egress unenforced` in the sandwake block (readyz and the start-up log then say so), not in the engine's")
+	case ec.Egress != "" && a.EgressUnenforced:
+		return refuse("egress "+ec.Egress, "the sandwake block says `egress unenforced`: no policy is made; remove one of the two")
+	}
 	_, k := ec.options()
 	if err := k.Check(a.Instance); err != nil {
 		return fmt.Errorf("sandwake: engine kubernetes: %w", err)
 	}
-	refuse := func(option, why string) error {
-		return fmt.Errorf("sandwake: engine kubernetes: %s: %s", option, why)
-	}
-	// Fails closed: no egress policy is enforced on pods yet, and the
-	// operator must say they accept that.
 	if !a.EgressUnenforced {
-		return refuse("egress policies cannot be enforced", "the egress firewall (nftables on the Docker host's sandbox bridge) does not apply to pods, which are on the cluster's network, "+
-			"and egress through NetworkPolicy is not built yet; write `egress unenforced` in the sandwake block to run sandboxes whose egress nothing restricts (readyz and the start-up log then say so)")
+		// A NetworkPolicy holds addresses: what needs names is refused
+		// now rather than at every create.
+		if a.Egress == lifecycle.EgressLearn {
+			return refuse("egress learn", "learn records the names sandboxes look up, which a NetworkPolicy does not see; use public or none")
+		}
+		for _, e := range a.EgressAllow {
+			if r, err := lifecycle.ParseAllowRule(e); err == nil && r.IsName() {
+				return refuse("egress_allow "+e, "a name: a NetworkPolicy holds addresses only (names need a policy engine that resolves them, which sandwake does not drive yet)")
+			}
+		}
 	}
 	switch {
 	case len(a.EgressDeny) > 0:
-		return refuse("egress_deny", "it configures the egress firewall, which does not apply to pods")
+		return refuse("egress_deny", "it configures the egress firewall of engine docker; give the ranges pods must not reach as the engine's cluster_cidrs")
 	case len(a.EgressAllowPrivate) > 0:
-		return refuse("egress_allow_private", "it configures the egress firewall, which does not apply to pods")
+		return refuse("egress_allow_private", "it configures the egress firewall of engine docker, which does not apply to pods")
 	case len(a.EgressDNS) > 0:
 		return refuse("egress_dns", "it configures the egress firewall's DNS forwarder, which does not apply to pods (they use the cluster's DNS)")
 	case a.DockerHost != "":
@@ -152,6 +221,16 @@ func (a *App) provisionEngine() error {
 		return refuse("min_free_memory", "it reads the gateway host's memory, which says nothing of the nodes' where pods run (their memory is the scheduler's business)")
 	}
 	for _, tc := range a.Templates {
+		if e := tc.Egress; e != nil && !a.EgressUnenforced {
+			if e.Policy == lifecycle.EgressLearn {
+				return refuse("template "+tc.Name, "egress learn records the names sandboxes look up, which a NetworkPolicy does not see; use public or none")
+			}
+			for _, entry := range slices.Concat(e.Allow, e.Deny) {
+				if r, err := lifecycle.ParseAllowRule(entry); err == nil && r.IsName() {
+					return refuse("template "+tc.Name, "egress entry "+entry+" is a name: a NetworkPolicy holds addresses only (names need a policy engine that resolves them, which sandwake does not drive yet)")
+				}
+			}
+		}
 		if len(tc.Services) > 0 {
 			return refuse("template "+tc.Name, "services are not supported by the kubernetes engine yet")
 		}

@@ -9,11 +9,12 @@ import (
 
 // TestEngineOptions: engine docker is today's gateway, engine kubernetes
 // takes its block into the app, and everything the kubernetes engine
-// cannot honour is refused at provision naming the option, egress
-// enforcement first (fails closed until `egress unenforced` is written).
+// cannot honour is refused at provision naming the option (egress is a
+// NetworkPolicy per sandbox: what needs names is refused).
 func TestEngineOptions(t *testing.T) {
 	const k8s = "engine kubernetes {\n\tkubeconfig /etc/k.conf\n\tnamespace sb\n\tstorage_class local-path\n\tvolume_size 2Gi\n}\n"
-	const ok = k8s + "egress unenforced\n"
+	const ok = k8s
+	const netpol = "engine kubernetes {\n\tegress networkpolicy\n\tcluster_cidrs 10.244.0.0/16 198.18.0.0/15\n\tgateway_cidrs 10.88.0.1\n\tgateway_selector app=gw tier=edge\n}\n"
 	tests := []struct {
 		name    string
 		input   string
@@ -45,13 +46,34 @@ func TestEngineOptions(t *testing.T) {
 				t.Fatalf("json %s", b)
 			}
 		}},
-		{"kubernetes, no block", "engine kubernetes\negress unenforced", "", nil},
+		{"kubernetes, no block", "engine kubernetes", "", nil},
+		{"kubernetes, egress unenforced", "engine kubernetes\negress unenforced", "", nil},
+		{"kubernetes egress options", netpol, "", func(t *testing.T, a *App) {
+			_, k := a.Engine.options()
+			if k.Egress != "networkpolicy" || len(k.ClusterCIDRs) != 2 || k.ClusterCIDRs[1].String() != "198.18.0.0/15" ||
+				len(k.GatewayCIDRs) != 1 || k.GatewayCIDRs[0].String() != "10.88.0.1/32" || k.GatewaySelector["tier"] != "edge" || len(k.GatewaySelector) != 2 {
+				t.Fatalf("egress options %+v", k)
+			}
+			b, _ := json.Marshal(a.Engine)
+			if string(b) != `{"name":"kubernetes","egress":"networkpolicy","cluster_cidrs":["10.244.0.0/16","198.18.0.0/15"],"gateway_cidrs":["10.88.0.1"],"gateway_selector":{"app":"gw","tier":"edge"}}` {
+				t.Fatalf("json %s", b)
+			}
+		}},
+		{"egress networkpolicy and egress unenforced", netpol + "egress unenforced", "remove one of the two", nil},
+		{"engine egress unenforced", "engine kubernetes {\n\tegress unenforced\n}", "in the sandwake block", nil},
+		{"engine egress unknown", "engine kubernetes {\n\tegress cilium\n}", "want networkpolicy", nil},
+		{"bad cluster_cidrs", "engine kubernetes {\n\tcluster_cidrs 10.0.0.0/33\n}", "cluster_cidrs", nil},
+		{"IPv6 cluster_cidrs", "engine kubernetes {\n\tcluster_cidrs fd00::/8\n}", "IPv4", nil},
+		{"bad gateway_selector", "engine kubernetes {\n\tgateway_selector app\n}", "key=value", nil},
+		{"gateway_selector not a label", "engine kubernetes {\n\tgateway_selector app=a/b\n}", "label value", nil},
+		{"egress learn", ok + "egress learn", "egress learn", nil},
+		{"egress_allow with a name", ok + "egress none\negress_allow registry.npmjs.org 198.51.100.7:443", "egress_allow registry.npmjs.org", nil},
+		{"egress_allow addresses", ok + "egress none\negress_allow 198.51.100.7:443", "", nil},
 		{"kubernetes unknown option", "engine kubernetes {\n\tcontext x\n}", `unknown engine kubernetes option "context"`, nil},
 		{"kubernetes option twice", "engine kubernetes {\n\tnamespace a\n\tnamespace b\n}", "namespace is given twice", nil},
-		{"egress enforced", k8s, "write `egress unenforced`", nil},
-		{"egress policy but not unenforced", k8s + "egress none", "write `egress unenforced`", nil},
-		{"bad namespace", "engine kubernetes {\n\tnamespace Not_A_Name\n}\negress unenforced", "namespace", nil},
-		{"bad volume size", "engine kubernetes {\n\tvolume_size lots\n}\negress unenforced", "volume_size", nil},
+		{"egress none enforced", k8s + "egress none", "", nil},
+		{"bad namespace", "engine kubernetes {\n\tnamespace Not_A_Name\n}", "namespace", nil},
+		{"bad volume size", "engine kubernetes {\n\tvolume_size lots\n}", "volume_size", nil},
 		{"instance not a label value", ok + "instance gw-", "label value", nil},
 		{"egress_deny", ok + "egress_deny 10.0.0.0/8", "egress_deny", nil},
 		{"egress_dns", ok + "egress_dns 1.1.1.1", "egress_dns", nil},
@@ -84,6 +106,10 @@ func TestEngineOptions(t *testing.T) {
 		{"bad runtime_class", "engine kubernetes {\n\truntime_class Bad_Name\n}\negress unenforced", "runtime_class", nil},
 		{"placement on docker", "engine docker\n", "", nil},
 		{"template without a pool", ok + "template web {\n\timage x\n\tports 80\n}", "", nil},
+		{"template egress by address", ok + "template web {\n\timage x\n\tports 80\n\tegress none 198.51.100.7:443\n}", "", nil},
+		{"template egress by name", ok + "template web {\n\timage x\n\tports 80\n\tegress none registry.npmjs.org\n}", "is a name", nil},
+		{"template egress deny by name", ok + "template web {\n\timage x\n\tports 80\n\tegress public\n\tegress_deny evil.example.com\n}", "is a name", nil},
+		{"template egress learn", ok + "template web {\n\timage x\n\tports 80\n\tegress learn\n}", "egress learn", nil},
 		{"template with a service", ok + "template web {\n\timage x\n\tports 80\n\tservice db {\n\t\timage pg\n\t}\n}", "services are not supported", nil},
 		{"docker settings on docker", "engine docker\nupstream_mode published\nlabel a b", "", nil},
 	}
@@ -110,6 +136,8 @@ func TestEngineChanges(t *testing.T) {
 		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", RuntimeClass: "gvisor"}, true},
 		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", NodeSelector: map[string]string{"a": "b"}}, true},
 		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", Tolerations: []core.Toleration{{Key: "a"}}}, true},
+		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", ClusterCIDRs: []string{"198.18.0.0/15"}}, true},
+		{*k, &EngineConfig{Name: "kubernetes", Namespace: "a", GatewaySelector: map[string]string{"app": "gw"}}, true},
 	} {
 		if got := engineChanges(tt.running, tt.next) != ""; got != tt.changed {
 			t.Errorf("engineChanges(%+v, %+v) changed = %v, want %v", tt.running, tt.next, got, tt.changed)

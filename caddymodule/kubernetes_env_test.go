@@ -77,7 +77,6 @@ func newKubeEnv(t *testing.T, ctx context.Context, global, tokens string) *kubeE
 			volume_size 64Mi
 			%s
 		}
-		egress unenforced
 		%s
 	}
 }

@@ -23,12 +23,13 @@ import (
 // and a running pod), a preview request through the gate answered by the
 // pod, stop (pod gone, claim kept), a held API-style request that wakes it
 // (exactly one pod made), destroy (no pod, claim kept) and purge (no
-// claim).
+// claim); its NetworkPolicy made at create and gone at destroy, and a
+// create with a name entry refused (400, no record).
 func TestKubernetesEngine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	h := newKubeEnv(t, ctx, "", "")
-	cl, suffix := h.cl, h.suffix
+	cl, cs, ns, suffix := h.cl, h.cs, h.ns, h.suffix
 	pods, claims := h.cs.CoreV1().Pods(h.ns), h.cs.CoreV1().PersistentVolumeClaims(h.ns)
 	var ready map[string]any
 	h.API("GET", "/v1/readyz", nil, &ready)
@@ -52,6 +53,24 @@ func TestKubernetesEngine(t *testing.T) {
 	first := podOnBridge()
 	if _, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil {
 		t.Fatalf("claim of a running sandbox: %v", err)
+	}
+	// Its egress policy is a NetworkPolicy (the test cluster's bridge
+	// plugin does not enforce it: the object is what is checked); a
+	// create with a name entry is refused, 400, and leaves no record.
+	policies := cs.NetworkingV1().NetworkPolicies(ns)
+	if pol, err := policies.Get(ctx, "s-"+id, metav1.GetOptions{}); err != nil || len(pol.Spec.Egress) != 2 {
+		t.Fatalf("policy of a public sandbox: %+v, %v", pol, err)
+	}
+	named := "n" + suffix
+	if status := h.API("POST", "/v1/sandboxes", map[string]any{"id": named, "image": h.image, "ports": []int{8080},
+		"egress": map[string]any{"policy": "none", "allow": []string{"registry.npmjs.org"}}}, nil); status != http.StatusBadRequest {
+		t.Fatalf("create with a name entry: %d, want 400", status)
+	}
+	if status := h.API("GET", "/v1/sandboxes/"+named, nil, nil); status != http.StatusNotFound {
+		t.Fatalf("the refused create left a record: GET %d", status)
+	}
+	if _, err := policies.Get(ctx, "s-"+named, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the refused create left a policy: %v", err)
 	}
 	host := h.Host(id, 8080)
 	if res, body := h.Preview("GET", host, "/healthz", nil, gatewaytest.APIHeader()); res.StatusCode != 200 || body != "ok\n" {
@@ -108,6 +127,9 @@ func TestKubernetesEngine(t *testing.T) {
 	}
 	if _, err := pods.Get(ctx, "s-"+id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("pod after destroy: %v", err)
+	}
+	if _, err := policies.Get(ctx, "s-"+id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("policy after destroy: %v", err)
 	}
 	if _, err := claims.Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil {
 		t.Fatalf("claim after destroy (the workspace is kept until purge): %v", err)

@@ -47,6 +47,10 @@ const (
 const (
 	DefaultKubernetesNamespace  = kubernetes.DefaultNamespace
 	DefaultKubernetesVolumeSize = kubernetes.DefaultVolumeSize
+	// KubernetesEgressNetworkPolicy and KubernetesEgressUnenforced are
+	// the values of KubernetesOptions.Egress.
+	KubernetesEgressNetworkPolicy = kubernetes.EgressNetworkPolicy
+	KubernetesEgressUnenforced    = kubernetes.EgressUnenforced
 )
 
 // informerSyncTimeout bounds Start's wait for the Kubernetes informers'
@@ -141,6 +145,18 @@ type KubernetesOptions struct {
 	// RuntimeClass is the RuntimeClass of pods whose sandbox names no
 	// runtime (gVisor, Kata). Default: the cluster's default.
 	RuntimeClass string
+	// Egress is how egress policies are enforced: KubernetesEgressNetworkPolicy
+	// (default: a NetworkPolicy per sandbox) or KubernetesEgressUnenforced.
+	Egress string
+	// ClusterCIDRs are the cluster's pod and service ranges a public
+	// policy does not reach (beyond the private ranges).
+	ClusterCIDRs []netip.Prefix
+	// GatewayCIDRs are a gateway's addresses outside the cluster, as the
+	// pods see them: they may reach the sandboxes' ports.
+	GatewayCIDRs []netip.Prefix
+	// GatewaySelector is the labels of the gateway's pods, which may reach
+	// the sandboxes' ports. Default: kubernetes.DefaultGatewaySelector.
+	GatewaySelector map[string]string
 }
 
 // Toleration is one toleration of the sandboxes' pods: Key and Value
@@ -235,6 +251,10 @@ func (k KubernetesOptions) Check(instance string) error {
 			return fmt.Errorf("runtime_class %q is not a Kubernetes name: %s", k.RuntimeClass, strings.Join(errs, "; "))
 		}
 	}
+	ko := kubernetes.Options{Egress: k.Egress, ClusterCIDRs: k.ClusterCIDRs, GatewayCIDRs: k.GatewayCIDRs, GatewaySelector: k.GatewaySelector}
+	if err := kubernetes.CheckEgressOptions(&ko); err != nil {
+		return err
+	}
 	if instance != "" && len(validation.IsValidLabelValue(instance)) > 0 {
 		return fmt.Errorf("instance %q must also be a Kubernetes label value (ending with a letter or digit): the sandboxes' pods and claims carry it", instance)
 	}
@@ -294,11 +314,15 @@ func Open(opts Options) (*Engine, error) {
 			StopTimeout:  opts.StopTimeout,
 			// No registry check stands between a create and the
 			// kubelet's pull: only images the nodes have are used.
-			Pull:         kubernetes.PullNever,
-			TmpMB:        opts.TmpMB,
-			NodeSelector: opts.Kubernetes.NodeSelector,
-			Tolerations:  opts.Kubernetes.tolerations(),
-			RuntimeClass: opts.Kubernetes.RuntimeClass,
+			Pull:            kubernetes.PullNever,
+			TmpMB:           opts.TmpMB,
+			NodeSelector:    opts.Kubernetes.NodeSelector,
+			Tolerations:     opts.Kubernetes.tolerations(),
+			RuntimeClass:    opts.Kubernetes.RuntimeClass,
+			Egress:          opts.Kubernetes.Egress,
+			ClusterCIDRs:    opts.Kubernetes.ClusterCIDRs,
+			GatewayCIDRs:    opts.Kubernetes.GatewayCIDRs,
+			GatewaySelector: opts.Kubernetes.GatewaySelector,
 		})
 		if err != nil {
 			st.Close()

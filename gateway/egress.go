@@ -27,5 +27,8 @@ func EgressCheck(ctx context.Context, e *Gateway) (string, bool) {
 		}
 		return msg, false
 	}
+	if e.EgressCaveat != "" {
+		return "ok (" + e.EgressCaveat + ")", true
+	}
 	return "ok", true
 }

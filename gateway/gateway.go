@@ -74,6 +74,10 @@ type Gateway struct {
 	StoreWarning string
 	// EgressUnenforced: the operator turned the egress firewall off.
 	EgressUnenforced bool
+	// EgressCaveat, when set, qualifies readyz's egress "ok": what the
+	// gateway cannot see of the enforcement (NetworkPolicies need a
+	// network plugin that enforces them).
+	EgressCaveat string
 	// Clients are the per-client wake and hold budgets of the preview path.
 	Clients *ClientLimits
 	// Isolation is what the engine applies to sandboxes (readyz shows it).

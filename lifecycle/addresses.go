@@ -64,14 +64,56 @@ func (m *Manager) egressReady(ctx context.Context) error {
 }
 
 // EgressStatus reports whether egress policies are enforced: nil when they
-// are, an error wrapping ErrEgressUnenforced (with the fix) when they
+// are (the firewall is in place, or the runtime enforces them itself: an
+// EgressEnforcer), an error wrapping ErrEgressUnenforced (with the fix) when they
 // cannot be, and ErrEgressUnenforced itself when the operator turned
 // enforcement off.
 func (m *Manager) EgressStatus(ctx context.Context) error {
 	if m.built.Firewall == nil {
+		if m.runtimeEnforcesEgress() {
+			return nil
+		}
 		return ErrEgressUnenforced
 	}
 	return m.egressReady(ctx)
+}
+
+// runtimeEnforcesEgress reports whether the runtime enforces policies
+// itself (EgressEnforcer).
+func (m *Manager) runtimeEnforcesEgress() bool {
+	ee, ok := m.raw.(EgressEnforcer)
+	return ok && ee.EnforcesEgress()
+}
+
+// checkRuntimeEgress refuses a normalized policy the runtime cannot
+// enforce (EgressEnforcer.CheckEgress), before anything is stored.
+func (m *Manager) checkRuntimeEgress(e Egress) error {
+	ee, ok := m.raw.(EgressEnforcer)
+	if !ok || !ee.EnforcesEgress() {
+		return nil
+	}
+	if err := ee.CheckEgress(e); err != nil {
+		return fmt.Errorf("egress: %w", err)
+	}
+	return nil
+}
+
+// applyRuntimeEgress puts rec's changed policy in force on a runtime that
+// enforces policies itself.
+func (m *Manager) applyRuntimeEgress(rec *Record) error {
+	ee, ok := m.raw.(EgressEnforcer)
+	if !ok || !ee.EnforcesEgress() {
+		return nil
+	}
+	wakeTimeout, _ := m.limits()
+	ctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
+	defer cancel()
+	spec := rec.Spec
+	spec.Egress = m.effectiveEgress(spec.Egress)
+	if err := ee.ApplyEgress(ctx, rec.ID, spec); err != nil {
+		return fmt.Errorf("putting the egress policy of sandbox %s in force: %w", rec.ID, err)
+	}
+	return nil
 }
 
 // allocate reserves the lowest free address of the sandbox network for

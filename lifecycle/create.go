@@ -299,7 +299,10 @@ func (m *Manager) checkSpec(spec *Spec) error {
 		// floor: a PATCH, a lock or a create naming a list replaces it.
 		spec.Egress.Allow = slices.Clone(m.built.Egress.DefaultAllow)
 	}
-	return NormalizeEgress(&spec.Egress, m.built.Egress, m.deniedRanges())
+	if err := NormalizeEgress(&spec.Egress, m.built.Egress, m.deniedRanges()); err != nil {
+		return err
+	}
+	return m.checkRuntimeEgress(spec.Egress)
 }
 
 // discard removes the record of a create that made nothing, and its

@@ -165,6 +165,9 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 		if err := NormalizeEgress(p.Egress, m.built.Egress, m.deniedRanges()); err != nil {
 			return Record{}, err
 		}
+		if err := m.checkRuntimeEgress(*p.Egress); err != nil {
+			return Record{}, err
+		}
 	}
 	unlock := m.locks.lock(id)
 	defer unlock()
@@ -210,6 +213,9 @@ func (m *Manager) Update(id string, p Patch) (Record, error) {
 		// Stored first: should the kernel refuse, the next firewall sync
 		// installs what the record says.
 		if err := m.applyEgress(&rec); err != nil {
+			return Record{}, fmt.Errorf("updating sandbox %s: %w", id, err)
+		}
+		if err := m.applyRuntimeEgress(&rec); err != nil {
 			return Record{}, fmt.Errorf("updating sandbox %s: %w", id, err)
 		}
 		// Watchers and webhooks learn of it as of any change that matters.

@@ -162,3 +162,21 @@ type WorkspaceChecker interface {
 type DirectUpstreams interface {
 	Direct() bool
 }
+
+// EgressEnforcer is implemented by runtimes that enforce egress policies
+// themselves, with an object of their engine made beside each sandbox,
+// rather than through a Firewall. The Manager then needs no Firewall for
+// sandboxes to start, and asks the runtime what it can express before
+// anything is stored.
+type EgressEnforcer interface {
+	// EnforcesEgress reports whether the runtime enforces policies
+	// (false: the operator turned enforcement off).
+	EnforcesEgress() bool
+	// CheckEgress refuses, wrapping ErrInvalid and saying why, a
+	// normalized policy the runtime cannot enforce as written.
+	CheckEgress(e Egress) error
+	// ApplyEgress puts spec.Egress in force for sandbox id, replacing
+	// what was (a PATCH); Create puts its spec's in force before the
+	// container exists.
+	ApplyEgress(ctx context.Context, id string, spec Spec) error
+}

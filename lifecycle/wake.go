@@ -347,7 +347,11 @@ func (m *Manager) startContainer(ctx context.Context, rec Record) (Container, st
 }
 
 func (m *Manager) recreate(ctx context.Context, id string, spec *Spec) (Container, error) {
-	if err := m.createTraced(ctx, id, *spec); err != nil {
+	made := *spec
+	// A record made before egress policies follows the gateway's default:
+	// a runtime that enforces policies itself makes that one.
+	made.Egress = m.effectiveEgress(made.Egress)
+	if err := m.createTraced(ctx, id, made); err != nil {
 		return Container{}, err
 	}
 	return m.startTraced(ctx, id, spec.Address)

@@ -293,3 +293,81 @@ func TestClusterManager(t *testing.T) {
 	})
 	t.Logf("wake of a stopped sandbox (pod made, claim bound) → first byte: %v", wake)
 }
+
+// TestClusterNetworkPolicy: the API server takes the policies sandwake
+// makes (its validation is the fake's blind spot: an except outside its
+// cidr, a bad selector), a create makes one with the expected rules that
+// selects the sandbox's pod, a PATCH replaces it and a destroy deletes
+// it. The test cluster's bridge plugin does not enforce NetworkPolicy:
+// these are the objects, not packets dropped.
+func TestClusterNetworkPolicy(t *testing.T) {
+	cl := kubetest.Need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, ns, image, suffix := clusterRuntime(t, ctx, cl)
+	pols := r.cs.NetworkingV1().NetworkPolicies(ns)
+	id := "n" + suffix
+	spec := lifecycle.Spec{Image: image, Ports: []int{8080}, WorkspacePath: "/workspace", MemoryMB: 64, Incarnation: "i1",
+		Egress: lifecycle.Egress{Policy: lifecycle.EgressPublic, Allow: []string{"198.51.100.0/24:443/tcp"}, Deny: []string{"198.51.100.7", "8.8.8.8"}}}
+	if err := lifecycle.NormalizeEgress(&spec.Egress, lifecycle.EgressConfig{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Create(ctx, id, spec); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := pols.Get(ctx, PolicyName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("no policy after create: %v", err)
+	}
+	got := readRules(pol.Spec.Egress)
+	want := []rule{
+		{to: []string{"0.0.0.0/0 except 0.0.0.0/8,8.8.8.8/32,10.0.0.0/8,100.64.0.0/10,127.0.0.0/8,169.254.0.0/16,172.16.0.0/12,192.168.0.0/16,198.51.100.7/32,224.0.0.0/4,240.0.0.0/4"}},
+		dnsRule,
+		{to: []string{"198.51.100.0/24 except 198.51.100.7/32"}, ports: []string{"TCP/443"}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("egress rules as stored\n got %+v\nwant %+v", got, want)
+	}
+	if len(pol.Spec.Ingress) != 1 || len(pol.Spec.Ingress[0].Ports) != 1 || pol.Spec.Ingress[0].Ports[0].Port.IntValue() != 8080 {
+		t.Fatalf("ingress as stored: %+v", pol.Spec.Ingress)
+	}
+	// The pod it selects is the sandbox's.
+	if _, err := r.Start(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&pol.Spec.PodSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := r.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil || len(pods.Items) != 1 || pods.Items[0].Name != PodName(id) {
+		t.Fatalf("the policy selects %d pods (%v), want the sandbox's alone", len(pods.Items), err)
+	}
+	// A PATCH to none: no egress rule left.
+	spec.Egress = lifecycle.Egress{Policy: lifecycle.EgressNone}
+	if err := r.ApplyEgress(ctx, id, spec); err != nil {
+		t.Fatal(err)
+	}
+	if pol, err = pols.Get(ctx, PolicyName(id), metav1.GetOptions{}); err != nil || len(pol.Spec.Egress) != 0 {
+		t.Fatalf("after a PATCH to none: %+v, %v", pol.Spec.Egress, err)
+	}
+	// A name is refused before anything is made.
+	other := "m" + suffix
+	spec.Egress = lifecycle.Egress{Policy: lifecycle.EgressNone, Allow: []string{"registry.npmjs.org"}}
+	if _, err := r.Create(ctx, other, spec); !errors.Is(err, lifecycle.ErrInvalid) {
+		t.Fatalf("create with a name: %v, want ErrInvalid", err)
+	}
+	if _, err := pols.Get(ctx, PolicyName(other), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a refused create left a policy: %v", err)
+	}
+	// Destroy: the pod goes, then the policy.
+	if err := r.Remove(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pols.Get(ctx, PolicyName(id), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("policy after remove: %v", err)
+	}
+	if _, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("pod after remove: %v", err)
+	}
+}

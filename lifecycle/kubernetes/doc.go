@@ -1,7 +1,8 @@
 // Package kubernetes implements lifecycle.Runtime on a Kubernetes API
 // server with client-go: a sandbox is a PersistentVolumeClaim s-<id>-data
 // (its workspace, from create to purge, which also keeps the pod the create
-// asked for) and, while it runs, a Pod s-<id> that mounts it. Reads come
+// asked for) and, while it runs, a Pod s-<id> that mounts it, behind a
+// NetworkPolicy s-<id> (its egress policy, made before the pod). Reads come
 // from informers over the instance's objects, so the request path makes no
 // API call; the gateway dials the pod's own address.
 //

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,6 +48,10 @@ const (
 	// sandbox's container while it runs no pod. A claim without it has
 	// no container (made by a create, taken by Remove).
 	AnnotationPod = "sandwake.pod"
+	// AnnotationPolicy on a claim is the spec of the sandbox's
+	// NetworkPolicy (JSON): a start makes the policy again from it when
+	// it is missing.
+	AnnotationPolicy = "sandwake.networkpolicy"
 	// AnnotationLabelPrefix+<key> carries every record label on the pod.
 	AnnotationLabelPrefix = "sandwake.label."
 	// AnnotationPool and AnnotationPoolKey mark a pool's sandbox.
@@ -107,6 +112,23 @@ type Options struct {
 	// RuntimeClass is the RuntimeClass of a pod whose spec names no
 	// runtime (gVisor's runsc, Kata): the Docker runtime's `runtime`.
 	RuntimeClass string
+	// Egress is how sandboxes' egress policies are enforced:
+	// EgressNetworkPolicy (default: a NetworkPolicy per sandbox, made
+	// before its pod) or EgressUnenforced (none made).
+	Egress string
+	// ClusterCIDRs are the cluster's pod and service ranges (and any
+	// other, such as the nodes', when outside the private ranges): a
+	// public policy does not reach them and no allow entry opens them.
+	// IPv4. Default: none beyond lifecycle.EgressDeniedRanges.
+	ClusterCIDRs []netip.Prefix
+	// GatewayCIDRs are the addresses of a gateway outside the cluster as
+	// the pods see its traffic (the node's bridge address, say): they
+	// may reach the sandboxes' ports. Default: none.
+	GatewayCIDRs []netip.Prefix
+	// GatewaySelector is the labels of the gateway's pods (in any
+	// namespace), which may reach the sandboxes' ports. Default:
+	// DefaultGatewaySelector.
+	GatewaySelector map[string]string
 	// Client is the API client to use instead of one made from
 	// Kubeconfig (tests give a fake one).
 	Client kubernetes.Interface
@@ -153,6 +175,9 @@ func New(opts Options) (*Runtime, error) {
 	}
 	if opts.TmpMB <= 0 {
 		opts.TmpMB = DefaultTmpMB
+	}
+	if err := CheckEgressOptions(&opts); err != nil {
+		return nil, fmt.Errorf("kubernetes runtime: %w", err)
 	}
 	switch opts.Pull {
 	case "":
@@ -287,27 +312,53 @@ func (r *Runtime) ready() error {
 	return nil
 }
 
-// Create implements lifecycle.Runtime: the claim (when missing) with the
-// pod to start kept on it. An old pod of the sandbox (a recreate) is
-// deleted; a pod or claim under its names that is not this instance's
-// stops the create with ErrIDTaken, untouched.
+// Create implements lifecycle.Runtime: the sandbox's NetworkPolicy (made
+// or replaced first: no pod runs without it), then the claim (when
+// missing) with the pod to start kept on it. An old pod of the sandbox (a
+// recreate) is deleted; a pod, claim or policy under its names that is not
+// this instance's stops the create with ErrIDTaken, untouched.
 func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (lifecycle.Container, error) {
 	pod, err := r.podFor(id, spec)
 	if err != nil {
 		return lifecycle.Container{}, err
 	}
-	if old, err := r.cs.CoreV1().Pods(r.opts.Namespace).Get(ctx, PodName(id), metav1.GetOptions{}); err == nil {
-		if !r.owns(id, old.Labels) {
-			return lifecycle.Container{}, notOurs("pod", PodName(id), old.Labels, lifecycle.ErrIDTaken)
+	var policy *networkingv1.NetworkPolicy
+	if r.EnforcesEgress() {
+		if policy, err = r.policyFor(id, spec); err != nil {
+			return lifecycle.Container{}, err
 		}
+	}
+	old, err := r.cs.CoreV1().Pods(r.opts.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		old = nil
+	case err != nil:
+		return lifecycle.Container{}, classify("reading pod "+PodName(id), err, lifecycle.ErrContainerNotFound)
+	case !r.owns(id, old.Labels):
+		return lifecycle.Container{}, notOurs("pod", PodName(id), old.Labels, lifecycle.ErrIDTaken)
+	}
+	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
+	madePolicy := false
+	if policy != nil {
+		// An id whose claim is another's is refused before the policy is
+		// written (the claim's write checks again).
+		if cur, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{}); err == nil && !r.owns(id, cur.Labels) {
+			return lifecycle.Container{}, notOurs("claim", ClaimName(id), cur.Labels, lifecycle.ErrIDTaken)
+		}
+		// Fails closed: no policy, no pod.
+		if madePolicy, err = r.ensurePolicy(ctx, id, policy); err != nil {
+			return lifecycle.Container{}, err
+		}
+	}
+	if old != nil {
 		if err := r.deletePod(ctx, id, old); err != nil {
 			return lifecycle.Container{}, err
 		}
-	} else if !apierrors.IsNotFound(err) {
-		return lifecycle.Container{}, classify("reading pod "+PodName(id), err, lifecycle.ErrContainerNotFound)
 	}
-	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
 	want, err := r.claimFor(id, spec, pod)
+	if err == nil {
+		err = keepPolicy(want, policy)
+	}
 	if err != nil {
 		return lifecycle.Container{}, err
 	}
@@ -341,9 +392,19 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		if err := setPod(cur, pod); err != nil {
 			return err
 		}
+		if err := keepPolicy(cur, policy); err != nil {
+			return err
+		}
 		made, err = claims.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
+	if err != nil && madePolicy {
+		// No claim, no sandbox: the policy made for it goes too (a
+		// failure to delete it leaves a policy selecting no pod).
+		if derr := r.deletePolicy(ctx, id); derr != nil {
+			err = fmt.Errorf("%w (and its new NetworkPolicy is left: %v)", err, derr)
+		}
+	}
 	if err != nil {
 		if errors.Is(err, lifecycle.ErrIDTaken) || errors.Is(err, lifecycle.ErrUnavailable) {
 			return lifecycle.Container{}, err
@@ -356,7 +417,8 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 	// A start follows at once: it reads the claim from the cache, which
 	// must have seen this write first.
 	if err := r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
-		return c.UID == made.UID && c.Annotations[AnnotationPod] == made.Annotations[AnnotationPod]
+		return c.UID == made.UID && c.Annotations[AnnotationPod] == made.Annotations[AnnotationPod] &&
+			c.Annotations[AnnotationPolicy] == made.Annotations[AnnotationPolicy]
 	}); err != nil {
 		return lifecycle.Container{}, err
 	}
@@ -435,6 +497,11 @@ func (r *Runtime) Start(ctx context.Context, id string) (lifecycle.Container, er
 		if err := r.waitPodGone(ctx, id); err != nil {
 			return lifecycle.Container{}, err
 		}
+	}
+	// Fails closed: the pod is made only behind its policy (made again
+	// here when it went behind sandwake's back).
+	if err := r.startPolicy(ctx, id, claim); err != nil {
+		return lifecycle.Container{}, err
 	}
 	want.ResourceVersion = ""
 	_, err = r.cs.CoreV1().Pods(r.opts.Namespace).Create(ctx, want, metav1.CreateOptions{})
@@ -558,9 +625,10 @@ func (r *Runtime) waitPodGone(ctx context.Context, id string) error {
 	})
 }
 
-// Remove implements lifecycle.Runtime: the pod goes and the claim keeps no
-// pod, so the sandbox has no container; the claim (the workspace) stays. A
-// sandbox without them is not an error.
+// Remove implements lifecycle.Runtime: the pod goes, then its
+// NetworkPolicy, and the claim keeps no pod, so the sandbox has no
+// container; the claim (the workspace) stays. A sandbox without them is
+// not an error.
 func (r *Runtime) Remove(ctx context.Context, id string) error {
 	if err := r.ready(); err != nil {
 		return err
@@ -574,6 +642,10 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 		if err := r.waitPodGone(ctx, id); err != nil {
 			return err
 		}
+	}
+	// The pod is gone: its policy goes too (a create makes it again).
+	if err := r.deletePolicy(ctx, id); err != nil {
+		return err
 	}
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
 	var uid types.UID
