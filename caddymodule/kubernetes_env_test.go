@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ type kubeEnv struct {
 }
 
 // newKubeEnv starts the gateway; global is added to the sandwake block
-// (the image is given as %[1]s to it) and tokens to the sandwake_api block.
+// ({image} in it is the test image) and tokens to the sandwake_api block.
 func newKubeEnv(t *testing.T, ctx context.Context, global, tokens string) *kubeEnv {
 	t.Helper()
 	cl := kubetest.Need(t)
@@ -92,7 +93,7 @@ http://127.0.0.1:%d {
 	}
 }
 `, filepath.Join(e.Dir, "caddy"), filepath.Join(e.Dir, "sandwake"), e.PreviewPort,
-		cl.Kubeconfig, e.ns, class, fmt.Sprintf(global, e.image), e.PreviewPort, e.APIPort, gatewaytest.Token, tokens))
+		cl.Kubeconfig, e.ns, class, strings.ReplaceAll(global, "{image}", e.image), e.PreviewPort, e.APIPort, gatewaytest.Token, tokens))
 	e.WaitReady()
 	return e
 }

@@ -32,7 +32,7 @@ func TestKubernetesPromises(t *testing.T) {
 	defer cancel()
 	e := newKubeEnv(t, ctx, `
 		template web {
-			image %[1]s
+			image {image}
 			ports 8080
 			pool {
 				min_idle 1

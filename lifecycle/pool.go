@@ -734,9 +734,9 @@ func (m *Manager) sweepPool(containers []Container, known map[string]bool, liste
 				keep = append(keep, s) // made after the list was taken
 				continue
 			}
-			want := ContainerPaused
-			if tp.t.Pool.State == PoolRunning {
-				want = ContainerRunning
+			want := ContainerRunning
+			if tp.t.Pool.State == PoolPaused && m.canPause() {
+				want = ContainerPaused // a runtime that cannot pause runs them
 			}
 			if c == nil || c.State != want {
 				died = append(died, s)
