@@ -133,9 +133,6 @@ func (a *App) provisionEngine() error {
 		if tc.Pool != nil {
 			return refuse("template "+tc.Name, "warm pools are not built on the kubernetes engine yet")
 		}
-		if len(tc.Services) > 0 {
-			return refuse("template "+tc.Name, "services are not supported by the kubernetes engine yet")
-		}
 	}
 	return nil
 }

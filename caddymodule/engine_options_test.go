@@ -65,7 +65,11 @@ func TestEngineOptions(t *testing.T) {
 		{"min_free_memory off", ok + "min_free_memory 0", "", nil},
 		{"template with a pool", ok + "template web {\n\timage x\n\tports 80\n\tpool {\n\t\tmin_idle 1\n\t}\n}", "warm pools", nil},
 		{"template without a pool", ok + "template web {\n\timage x\n\tports 80\n}", "", nil},
-		{"template with a service", ok + "template web {\n\timage x\n\tports 80\n\tservice db {\n\t\timage pg\n\t}\n}", "services are not supported", nil},
+		{"template with a service", ok + "template web {\n\timage x\n\tports 80\n\tservice db {\n\t\timage pg\n\t}\n}", "", func(t *testing.T, a *App) {
+			if len(a.Templates) != 1 || a.Templates[0].Services["db"].Image != "pg" {
+				t.Fatalf("templates %+v", a.Templates)
+			}
+		}},
 		{"docker settings on docker", "engine docker\nupstream_mode published\nlabel a b", "", nil},
 	}
 	for _, tt := range tests {
