@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandwake/sandwake/internal/kubetest"
 	"github.com/sandwake/sandwake/lifecycle"
+	"github.com/sandwake/sandwake/store"
 )
 
 // TestClusterServices runs a sandbox with two services on a real cluster,
@@ -160,4 +161,63 @@ func TestClusterFailingService(t *testing.T) {
 	if _, err := r.RemoveVolume(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestClusterManagerServices drives a sandbox with a service through the
+// Manager: its service_states, and a service that dies while the sandbox
+// runs (the kubelet would restart it in place), which stops the sandbox
+// as a dead member of a Docker group does, with its exit code; the next
+// wake brings the whole group back.
+func TestClusterManagerServices(t *testing.T) {
+	cl := kubetest.Need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	r, _, image, suffix := clusterRuntime(t, ctx, cl)
+	st, err := store.Open(store.Options{InMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	m, err := lifecycle.NewManager(st, r, lifecycle.Config{WatchEvents: true, WakeTimeout: 2 * time.Minute, DefaultMemoryMB: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	id := "s" + suffix
+	rec, err := m.Create(ctx, lifecycle.CreateRequest{ID: id, Spec: lifecycle.Spec{Image: image, Ports: []int{8080},
+		Services: map[string]lifecycle.Service{"db": {Image: image, Env: map[string]string{"PORT": "9001"}, Ready: "tcp:9001"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != lifecycle.Running || rec.ServiceStates["db"] != lifecycle.ContainerRunning {
+		t.Fatalf("created: %s, services %v", rec.State, rec.ServiceStates)
+	}
+	ip := strings.TrimSuffix(rec.Upstreams[8080], ":8080")
+	cl.OnBridge(t, ip)
+	// db exits (code 3) behind sandwake's back.
+	get(t, "http://"+ip+":9001/exit?code=3")
+	eventuallyCluster(t, "the sandbox to stop with db's exit", func() bool {
+		rec, err := m.Get(id)
+		return err == nil && rec.State == lifecycle.Stopped && rec.Reason == "exited(3)"
+	})
+	eventuallyCluster(t, "the pod to be gone", func() bool {
+		_, err := r.cs.CoreV1().Pods(r.opts.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+	if rec, err = m.Wake(ctx, id); err != nil || rec.State != lifecycle.Running || rec.ServiceStates["db"] != lifecycle.ContainerRunning {
+		t.Fatalf("wake: %+v, %v", rec, err)
+	}
+	if got := get(t, "http://"+rec.Upstreams[8080]+"/dial?addr=127.0.0.1:9001"); !strings.HasPrefix(got, "ok ") {
+		t.Fatalf("the app's dial to db after the wake: %q", got)
+	}
+	if _, err := m.Purge(ctx, id, "test"); err != nil {
+		t.Fatal(err)
+	}
+	eventuallyCluster(t, "every claim to be gone", func() bool {
+		l, err := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelID + "=" + id})
+		return err == nil && len(l.Items) == 0
+	})
 }
