@@ -231,9 +231,6 @@ func (a *App) provisionEngine() error {
 				}
 			}
 		}
-		if len(tc.Services) > 0 {
-			return refuse("template "+tc.Name, "services are not supported by the kubernetes engine yet")
-		}
 	}
 	return nil
 }

@@ -110,7 +110,11 @@ func TestEngineOptions(t *testing.T) {
 		{"template egress by name", ok + "template web {\n\timage x\n\tports 80\n\tegress none registry.npmjs.org\n}", "is a name", nil},
 		{"template egress deny by name", ok + "template web {\n\timage x\n\tports 80\n\tegress public\n\tegress_deny evil.example.com\n}", "is a name", nil},
 		{"template egress learn", ok + "template web {\n\timage x\n\tports 80\n\tegress learn\n}", "egress learn", nil},
-		{"template with a service", ok + "template web {\n\timage x\n\tports 80\n\tservice db {\n\t\timage pg\n\t}\n}", "services are not supported", nil},
+		{"template with a service", ok + "template web {\n\timage x\n\tports 80\n\tservice db {\n\t\timage pg\n\t}\n}", "", func(t *testing.T, a *App) {
+			if len(a.Templates) != 1 || a.Templates[0].Services["db"].Image != "pg" {
+				t.Fatalf("templates %+v", a.Templates)
+			}
+		}},
 		{"docker settings on docker", "engine docker\nupstream_mode published\nlabel a b", "", nil},
 	}
 	for _, tt := range tests {

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,8 +107,8 @@ func (r *Runtime) why(id string) string {
 			return fmt.Sprintf(" (pod %s: %s: %s)", pod.Name, c.Reason, c.Message)
 		}
 	}
-	for _, s := range pod.Status.ContainerStatuses {
-		if w := s.State.Waiting; w != nil && w.Reason != "" {
+	for _, s := range slices.Concat(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses) {
+		if w := s.State.Waiting; w != nil && w.Reason != "" && w.Reason != "PodInitializing" {
 			return fmt.Sprintf(" (pod %s: %s: %s)", pod.Name, w.Reason, w.Message)
 		}
 	}

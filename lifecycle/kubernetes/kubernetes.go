@@ -362,6 +362,10 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 	if err != nil {
 		return lifecycle.Container{}, err
 	}
+	madeServiceClaims, err := r.ensureServiceClaims(ctx, id, spec)
+	if err != nil {
+		return lifecycle.Container{}, err
+	}
 	var made *corev1.PersistentVolumeClaim
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{})
@@ -406,6 +410,7 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		}
 	}
 	if err != nil {
+		r.deleteClaims(context.WithoutCancel(ctx), madeServiceClaims)
 		if errors.Is(err, lifecycle.ErrIDTaken) || errors.Is(err, lifecycle.ErrUnavailable) {
 			return lifecycle.Container{}, err
 		}
@@ -531,6 +536,9 @@ func (r *Runtime) waitRunning(ctx context.Context, id string) (lifecycle.Contain
 		if err := imageProblem(pod); err != nil {
 			return false, err
 		}
+		if err := serviceProblem(pod); err != nil {
+			return false, err
+		}
 		c = r.fromPod(id, pod)
 		switch c.State {
 		case lifecycle.ContainerRunning:
@@ -540,6 +548,9 @@ func (r *Runtime) waitRunning(ctx context.Context, id string) (lifecycle.Contain
 		}
 		return false, nil
 	})
+	if err != nil && ctx.Err() != nil {
+		err = r.serviceNotReady(id, err)
+	}
 	return c, err
 }
 
@@ -684,18 +695,28 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 	return classify("removing the pod kept on claim "+ClaimName(id), err, lifecycle.ErrContainerNotFound)
 }
 
-// RemoveVolume implements lifecycle.Runtime: the claim is deleted (what
-// its volume then becomes is its storage class's reclaim policy). The
+// RemoveVolume implements lifecycle.Runtime: the services' claims, then
+// the app's, are deleted (what their volumes then become is their storage
+// class's reclaim policy). The app's goes last, as on Docker: it is what a
+// create asks whose the id's past is, so a purge cut short leaves it. The
 // bytes freed are not known to the API: 0 is reported. A claim that is not
 // this instance's wraps ErrNotFound and is left alone.
 func (r *Runtime) RemoveVolume(ctx context.Context, id string) (int64, error) {
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
 	c, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{})
-	if err != nil {
+	appGone := apierrors.IsNotFound(err)
+	if err != nil && !appGone {
 		return 0, classify("reading claim "+ClaimName(id), err, lifecycle.ErrNotFound)
 	}
-	if !r.owns(id, c.Labels) {
+	if !appGone && !r.owns(id, c.Labels) {
 		return 0, notOurs("claim", ClaimName(id), c.Labels, lifecycle.ErrNotFound)
+	}
+	// With the app's claim gone (a purge cut short) the services' still go.
+	if n, serr := r.removeServiceClaims(ctx, id); serr != nil || appGone {
+		if serr == nil && n == 0 {
+			serr = classify("reading claim "+ClaimName(id), err, lifecycle.ErrNotFound)
+		}
+		return 0, serr
 	}
 	err = claims.Delete(ctx, c.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &c.UID}})
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
@@ -762,6 +783,7 @@ func (r *Runtime) fromPod(id string, pod *corev1.Pod) lifecycle.Container {
 	default:
 		c.State = lifecycle.ContainerCreated
 	}
+	serviceStates(pod, &c)
 	if c.State == lifecycle.ContainerRunning {
 		c.Upstreams = upstreams(pod)
 	}

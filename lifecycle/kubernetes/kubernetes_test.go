@@ -133,9 +133,9 @@ func TestPodSpec(t *testing.T) {
 		}
 	}
 	spec.User = ""
-	spec.Services = map[string]lifecycle.Service{"db": {}}
+	spec.Services = map[string]lifecycle.Service{"db": {Image: "x", DependsOn: []string{"db"}}}
 	if _, err := r.podFor("abc", spec); !errors.Is(err, lifecycle.ErrInvalid) {
-		t.Errorf("services: err = %v, want ErrInvalid", err)
+		t.Errorf("services in a cycle: err = %v, want ErrInvalid", err)
 	}
 }
 

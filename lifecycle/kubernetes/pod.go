@@ -31,16 +31,9 @@ const (
 // podFor is the pod that runs sandbox id's spec. It is made at create,
 // kept on the claim (AnnotationPod) and created at every start.
 func (r *Runtime) podFor(id string, spec lifecycle.Spec) (*corev1.Pod, error) {
-	if len(spec.Services) > 0 {
-		return nil, fmt.Errorf("%w: services are not supported by the kubernetes engine yet", lifecycle.ErrInvalid)
-	}
 	workspace := spec.WorkspacePath
 	if workspace == "" {
 		workspace = lifecycle.DefaultWorkspacePath
-	}
-	env := make([]corev1.EnvVar, 0, len(spec.Env))
-	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
-		env = append(env, corev1.EnvVar{Name: k, Value: spec.Env[k]})
 	}
 	ports := make([]corev1.ContainerPort, 0, len(spec.Ports))
 	for _, p := range spec.Ports {
@@ -55,7 +48,7 @@ func (r *Runtime) podFor(id string, spec lifecycle.Spec) (*corev1.Pod, error) {
 		Name:            appContainer,
 		Image:           spec.Image,
 		Args:            spec.Cmd, // Docker's Cmd: the image's entrypoint stays
-		Env:             env,
+		Env:             envVars(spec.Env),
 		Ports:           ports,
 		ImagePullPolicy: r.pullPolicy(),
 		VolumeMounts:    []corev1.VolumeMount{{Name: workspaceVolume, MountPath: workspace}},
@@ -70,27 +63,7 @@ func (r *Runtime) podFor(id string, spec lifecycle.Spec) (*corev1.Pod, error) {
 		},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
-	res := corev1.ResourceList{}
-	if spec.MemoryMB > 0 {
-		res[corev1.ResourceMemory] = *resource.NewQuantity(spec.MemoryMB<<20, resource.BinarySI)
-	}
-	if spec.CPUs > 0 {
-		res[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(spec.CPUs*1000), resource.DecimalSI)
-	}
-	if len(res) > 0 {
-		// Requests equal to limits: the scheduler places the sandbox where
-		// what it may use is free, as max_resident admits it on Docker.
-		app.Resources.Requests = res
-		app.Resources.Limits = maps.Clone(res)
-	}
-	if spec.DiskMB > 0 {
-		// The kubelet evicts a pod past it (writable layer, logs, /tmp):
-		// the nearest to Docker's quota on the writable layer.
-		if app.Resources.Limits == nil {
-			app.Resources.Limits = corev1.ResourceList{}
-		}
-		app.Resources.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(spec.DiskMB<<20, resource.BinarySI)
-	}
+	app.Resources = resources(spec.MemoryMB, spec.CPUs, spec.DiskMB)
 	volumes := []corev1.Volume{{
 		Name:         workspaceVolume,
 		VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: ClaimName(id)}},
@@ -102,6 +75,13 @@ func (r *Runtime) podFor(id string, spec lifecycle.Spec) (*corev1.Pod, error) {
 		}})
 		app.VolumeMounts = append(app.VolumeMounts, corev1.VolumeMount{Name: tmpVolume, MountPath: "/tmp"})
 	}
+	// The services: native sidecars, started in depends_on order before
+	// the app (services.go).
+	sidecars, svcVolumes, err := r.serviceContainers(id, spec, app.SecurityContext, readonly)
+	if err != nil {
+		return nil, err
+	}
+	volumes = append(volumes, svcVolumes...)
 	psc := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	if spec.User != "" {
 		uid, gid, err := numericUser(spec.User)
@@ -122,8 +102,9 @@ func (r *Runtime) podFor(id string, spec lifecycle.Spec) (*corev1.Pod, error) {
 			Annotations: map[string]string{},
 		},
 		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{app},
-			Volumes:    volumes,
+			InitContainers: sidecars,
+			Containers:     []corev1.Container{app},
+			Volumes:        volumes,
 			// A sandbox that exits is stopped, as on Docker: the next
 			// request wakes it.
 			RestartPolicy:                 corev1.RestartPolicyNever,
@@ -163,6 +144,43 @@ func (r *Runtime) podFor(id string, spec lifecycle.Spec) (*corev1.Pod, error) {
 	return pod, nil
 }
 
+// envVars are env as a container's, sorted by name.
+func envVars(env map[string]string) []corev1.EnvVar {
+	out := make([]corev1.EnvVar, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, corev1.EnvVar{Name: k, Value: env[k]})
+	}
+	return out
+}
+
+// resources are a container's memory and CPU, as equal requests and
+// limits, and its disk as an ephemeral-storage limit; 0 is none.
+func resources(memoryMB int64, cpus float64, diskMB int64) corev1.ResourceRequirements {
+	var rr corev1.ResourceRequirements
+	res := corev1.ResourceList{}
+	if memoryMB > 0 {
+		res[corev1.ResourceMemory] = *resource.NewQuantity(memoryMB<<20, resource.BinarySI)
+	}
+	if cpus > 0 {
+		res[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(cpus*1000), resource.DecimalSI)
+	}
+	if len(res) > 0 {
+		// Requests equal to limits: the scheduler places the sandbox where
+		// what it may use is free, as max_resident admits it on Docker.
+		rr.Requests = res
+		rr.Limits = maps.Clone(res)
+	}
+	if diskMB > 0 {
+		// The kubelet evicts a pod past it (writable layer, logs, /tmp):
+		// the nearest to Docker's quota on the writable layer.
+		if rr.Limits == nil {
+			rr.Limits = corev1.ResourceList{}
+		}
+		rr.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(diskMB<<20, resource.BinarySI)
+	}
+	return rr
+}
+
 // numericUser parses Docker's uid[:gid]; Kubernetes takes no user names.
 // gid is -1 when not given.
 func numericUser(user string) (uid, gid int64, err error) {
@@ -184,15 +202,29 @@ func numericUser(user string) (uid, gid int64, err error) {
 // claimFor is sandbox id's workspace claim, carrying the pod to start
 // (AnnotationPod) and whose the workspace is (as Docker's volume labels).
 func (r *Runtime) claimFor(id string, spec lifecycle.Spec, pod *corev1.Pod) (*corev1.PersistentVolumeClaim, error) {
+	c, err := r.newClaim(ClaimName(id), r.labels(id), spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := setPod(c, pod); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newClaim is a workspace claim of the configured class and size, with
+// labels and spec's owner annotations.
+func (r *Runtime) newClaim(name string, labels map[string]string, spec lifecycle.Spec) (*corev1.PersistentVolumeClaim, error) {
 	size, err := resource.ParseQuantity(r.opts.VolumeSize)
 	if err != nil {
 		return nil, fmt.Errorf("volume size %q: %w", r.opts.VolumeSize, err)
 	}
 	c := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      ClaimName(id),
-			Namespace: r.opts.Namespace,
-			Labels:    r.labels(id),
+			Name:        name,
+			Namespace:   r.opts.Namespace,
+			Labels:      labels,
+			Annotations: ownerAnnotations(spec),
 		},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -201,10 +233,6 @@ func (r *Runtime) claimFor(id string, spec lifecycle.Spec, pod *corev1.Pod) (*co
 	}
 	if r.opts.StorageClass != "" {
 		c.Spec.StorageClassName = &r.opts.StorageClass
-	}
-	c.Annotations = ownerAnnotations(spec)
-	if err := setPod(c, pod); err != nil {
-		return nil, err
 	}
 	return c, nil
 }
