@@ -85,6 +85,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kube.kubeconfig, "kubeconfig", os.Getenv("SANDWAKE_KUBECONFIG"), "kubernetes: the cluster's admin kubeconfig (default $SANDWAKE_KUBECONFIG); the scenario also reads SANDWAKE_K8S_CONTAINERD_SOCK, SANDWAKE_K8S_BRIDGE and SANDWAKE_K8S_STORAGECLASS (scripts/kubernetes/up.sh's env file)")
 	fs.IntVar(&o.kube.pods, "kube-pods", 10000, "kubernetes: pods (each with its claim) the informer memory cell creates")
 	fs.IntVar(&o.kube.rate, "kube-rate", 150, "kubernetes: objects the informer memory cell creates per second, at most")
+	fs.StringVar(&o.kube.cells, "kube-cells", strings.Join(kubeCells, ","), "kubernetes: the cells to run, comma-separated")
 	fs.IntVar(&o.kube.resizeRounds, "kube-resize-rounds", 0, "kubernetes: rounds of the in-place resize (pause tier) cell (default 10, 5 with --quick)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -129,6 +130,11 @@ func parseFlags(args []string) (options, error) {
 	def(&o.kube.resizeRounds, 10, 5)
 	if o.kube.pods < 1 || o.kube.rate < 1 {
 		return o, errors.New("--kube-pods and --kube-rate must be at least 1")
+	}
+	for _, c := range strings.Split(o.kube.cells, ",") {
+		if c = strings.TrimSpace(c); c != "" && !slices.Contains(kubeCells, c) {
+			return o, fmt.Errorf("--kube-cells: unknown cell %q (%s)", c, strings.Join(kubeCells, ", "))
+		}
 	}
 	if o.soak.clients < 1 || o.soak.sandboxes < 1 || o.soak.duration <= 0 || o.soak.duration > 2*time.Hour || o.soak.maxBody < 0 || o.soak.sample <= 0 {
 		return o, errors.New("--soak-*: want clients and sandboxes >= 1, a duration up to 2h, a body size >= 0 and a sample interval > 0")
