@@ -212,13 +212,14 @@ func holdState(ctx context.Context, addr string, n int) error {
 
 // appStatus is what tells one run of the app container from another.
 func appStatus(p *corev1.Pod) (started time.Time, restarts int32, id string) {
-	for _, s := range p.Status.ContainerStatuses {
-		if s.State.Running != nil {
-			started = s.State.Running.StartedAt.Time
-		}
-		return started, s.RestartCount, s.ContainerID
+	if len(p.Status.ContainerStatuses) == 0 {
+		return
 	}
-	return
+	s := p.Status.ContainerStatuses[0] // the pod's one container
+	if s.State.Running != nil {
+		started = s.State.Running.StartedAt.Time
+	}
+	return started, s.RestartCount, s.ContainerID
 }
 
 // resizeTo PATCHes pod name's resize subresource to cpu (requests and
@@ -280,13 +281,11 @@ func resized(p *corev1.Pod, cpu resource.Quantity) (ok bool, why string) {
 			return false, ""
 		}
 	}
-	for _, s := range p.Status.ContainerStatuses {
-		if s.Resources == nil {
-			return false, ""
-		}
-		return s.Resources.Requests.Cpu().Cmp(cpu) == 0 && s.Resources.Limits.Cpu().Cmp(cpu) == 0, ""
+	if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].Resources == nil {
+		return false, ""
 	}
-	return false, ""
+	r := p.Status.ContainerStatuses[0].Resources // the pod's one container
+	return r.Requests.Cpu().Cmp(cpu) == 0 && r.Limits.Cpu().Cmp(cpu) == 0, ""
 }
 
 // resizeConditions tells a pod's resize conditions and its container's
