@@ -602,20 +602,26 @@ func (b *bench) summary() {
 			fmt.Printf("%-34s %5.2f  (goal %s, %s; %s)\n", s.what+":", r.ratio, s.g, r.verdict, r.cell)
 		}
 	}
-	// The kubernetes scenario's cells, each against its goal.
+	// The kubernetes scenario's cells, each against its goal (or why it
+	// has none: n/a).
 	for _, t := range b.tables {
 		if !strings.HasPrefix(t.title, kubeTitlePrefix) {
 			continue
 		}
+		cell, _, _ := strings.Cut(strings.TrimPrefix(t.title, kubeTitlePrefix), ":")
 		for _, r := range t.rows {
-			if r.goal == "" {
+			if r.goal == "" && !strings.HasPrefix(r.sandwake, "n/a") {
 				continue
 			}
 			v := r.sandwake
 			if !math.IsNaN(r.ratio) {
 				v = fmt.Sprintf("%.2f", r.ratio)
 			}
-			fmt.Printf("%-34s %s  (goal %s, %s; %s)\n", "kubernetes, "+strings.TrimPrefix(t.title, kubeTitlePrefix)+":", v, r.goal, r.verdict, r.cell)
+			if r.goal == "" {
+				fmt.Printf("k8s %s: %s\n", cell, v)
+				continue
+			}
+			fmt.Printf("k8s %s, %s: %s  (goal %s, %s)\n", cell, r.cell, v, r.goal, r.verdict)
 		}
 	}
 	misses := 0
@@ -633,7 +639,7 @@ func (b *bench) worst(title, suffix string, worstHigh bool) (row, bool) {
 	var w row
 	found := false
 	for _, t := range b.tables {
-		if title != "" && t.title != title {
+		if (title != "" && t.title != title) || (title == "" && strings.HasPrefix(t.title, kubeTitlePrefix)) {
 			continue
 		}
 		for _, r := range t.rows {
