@@ -169,6 +169,7 @@ feed:
 		claimSize = size(&cl.Items[0])
 	}
 	// The cluster can start on the namespace's deletion now.
+	kb.releaseClaims(ctx, ns)
 	if err := kb.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 		progress("kubernetes: deleting namespace %s: %v", ns, err)
 	}

@@ -11,12 +11,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -219,9 +221,10 @@ func (kb *kubeBench) namespace(ctx context.Context, ns string) error {
 // cleanup deletes the bench's namespaces (with everything in them) and its
 // image, and waits a while for the namespaces to go.
 func (kb *kubeBench) cleanup() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	for _, ns := range kb.namespaces {
+		kb.releaseClaims(ctx, ns)
 		err := kb.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
 			fmt.Fprintf(os.Stderr, "sandwake-bench: deleting namespace %s: %v\n", ns, err)
@@ -245,6 +248,44 @@ func (kb *kubeBench) cleanup() {
 		if err := kb.cl.RemoveImage(kb.image); err != nil {
 			fmt.Fprintln(os.Stderr, "sandwake-bench:", err)
 		}
+	}
+}
+
+// releaseClaims removes the protection finalizer of namespace ns's claims
+// that were never bound (the informer cell's thousands): the cluster's
+// pvc-protection controller releases them one at a time, about 2 a second
+// on this machine, and a namespace of 10,000 would take over an hour to go
+// (and hold up the local-path provisioner meanwhile). A bound claim keeps
+// its finalizer: its volume may still be in use.
+func (kb *kubeBench) releaseClaims(ctx context.Context, ns string) {
+	claims := kb.cs.CoreV1().PersistentVolumeClaims(ns)
+	list, err := claims.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandwake-bench: listing the claims of %s: %v\n", ns, err)
+		return
+	}
+	names := make(chan string)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range names {
+				claims.Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+			}
+		}()
+	}
+	n := 0
+	for _, c := range list.Items {
+		if c.Spec.VolumeName == "" && len(c.Finalizers) > 0 {
+			names <- c.Name
+			n++
+		}
+	}
+	close(names)
+	wg.Wait()
+	if n > 100 {
+		progress("kubernetes: %d unbound claims of %s released", n, ns)
 	}
 }
 
