@@ -168,7 +168,10 @@ feed:
 		cl.Items[0].ManagedFields = nil
 		claimSize = size(&cl.Items[0])
 	}
-	// The cluster can start on the namespace's deletion now.
+	// The cluster can start on the namespace's deletion now. Its pods go
+	// first, a few at a time: the namespace controller deletes them as one
+	// collection, which times out at the API server at these numbers.
+	deletePods(ctx, cs, ns, kb.suffix, created)
 	kb.releaseClaims(ctx, ns)
 	if err := kb.cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 		progress("kubernetes: deleting namespace %s: %v", ns, err)
@@ -193,6 +196,26 @@ feed:
 	t.add(valueRow("JSON of a claim (keeps its pod as an annotation)", "", claimSize, fmtBytes, info))
 	progress("kubernetes: informer memory: %s per sandbox over %d (sync %s)", fmtBytes(per), created, fmtDuration(syncTime))
 	return t, nil
+}
+
+// deletePods deletes the cell's pods of namespace ns, 32 at a time.
+func deletePods(ctx context.Context, cs kubernetes.Interface, ns, suffix string, n int) {
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				cs.CoreV1().Pods(ns).Delete(ctx, k8srt.PodName(fmt.Sprintf("m%s-%05d", suffix, i)), metav1.DeleteOptions{})
+			}
+		}()
+	}
+	for i := range n + 1 { // and the one a cut-short create may have left
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 }
 
 // createSandboxObjects makes sandbox sid's claim and pod in namespace ns
