@@ -252,11 +252,11 @@ func (kb *kubeBench) cleanup() {
 }
 
 // releaseClaims removes the protection finalizer of namespace ns's claims
-// that were never bound (the informer cell's thousands): the cluster's
-// pvc-protection controller releases them one at a time, about 2 a second
-// on this machine, and a namespace of 10,000 would take over an hour to go
-// (and hold up the local-path provisioner meanwhile). A bound claim keeps
-// its finalizer: its volume may still be in use.
+// that were never bound (the informer cell's thousands), and deletes them:
+// the cluster's pvc-protection controller releases them one at a time,
+// about 2 a second on this machine, and a namespace of 10,000 would take
+// over an hour to go (and hold up the local-path provisioner meanwhile). A
+// bound claim keeps its finalizer: its volume may still be in use.
 func (kb *kubeBench) releaseClaims(ctx context.Context, ns string) {
 	claims := kb.cs.CoreV1().PersistentVolumeClaims(ns)
 	list, err := claims.List(ctx, metav1.ListOptions{})
@@ -272,12 +272,15 @@ func (kb *kubeBench) releaseClaims(ctx context.Context, ns string) {
 			defer wg.Done()
 			for name := range names {
 				claims.Patch(ctx, name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+				// One by one: the namespace controller's delete of them as
+				// a collection times out at the API server, as the pods'.
+				claims.Delete(ctx, name, metav1.DeleteOptions{})
 			}
 		}()
 	}
 	n := 0
 	for _, c := range list.Items {
-		if c.Spec.VolumeName == "" && len(c.Finalizers) > 0 {
+		if c.Spec.VolumeName == "" {
 			names <- c.Name
 			n++
 		}
@@ -285,7 +288,7 @@ func (kb *kubeBench) releaseClaims(ctx context.Context, ns string) {
 	close(names)
 	wg.Wait()
 	if n > 100 {
-		progress("kubernetes: %d unbound claims of %s released", n, ns)
+		progress("kubernetes: %d unbound claims of %s released and deleted", n, ns)
 	}
 }
 
