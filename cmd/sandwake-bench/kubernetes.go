@@ -238,7 +238,7 @@ func (kb *kubeBench) cleanup() {
 				break
 			}
 			if ctx.Err() != nil {
-				progress("kubernetes: namespace %s still terminating after 2 min (deleted in the background)", ns)
+				progress("kubernetes: namespace %s still terminating after 3 min (deleted in the background)", ns)
 				break
 			}
 			time.Sleep(time.Second)
