@@ -63,7 +63,7 @@ lint:
 	@$(GO) mod tidy -diff >/dev/null || { echo "go.mod and go.sum are not tidy (run go mod tidy):"; $(GO) mod tidy -diff; exit 1; }
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
-## bench: side-by-side benchmarks (hot path, wake latency, wake storm, scale, cluster: 3-member etcd + 3 nodes, skipped without etcd), < 10 min; BENCH_FLAGS=--quick for ~2-3 min, BENCH_FLAGS="--only cluster" for one scenario
+## bench: side-by-side benchmarks (hot path, wake latency, wake storm, scale, cluster: 3-member etcd + 3 nodes, skipped without etcd; kubernetes with a cluster: SANDWAKE_KUBECONFIG), < 10 min; BENCH_FLAGS=--quick for ~2-3 min, BENCH_FLAGS="--only cluster" for one scenario
 bench: build
 	$(GO) run ./cmd/sandwake-bench --caddy bin/caddy $(BENCH_FLAGS)
 

@@ -24,6 +24,14 @@
 //     a wake storm spread over the three gateways vs all on the owner
 //     (Docker start calls, answers, time to the last answer, p50, p99);
 //     skipped when etcd is not installed, unless asked for with --only;
+//   - kubernetes (with --only kubernetes, or when a cluster is configured:
+//     --kubeconfig, default $SANDWAKE_KUBECONFIG): a gateway with engine
+//     kubernetes on a real cluster; wake from stopped through sandwake vs a
+//     raw pod create → running → first byte at the pod's IP, a 1,000-request
+//     wake storm (pods made counted from a watch), the hot path vs a plain
+//     reverse_proxy to the pod's IP, in-place resize as a pause tier (CPU
+//     cut to 1m and given back), and the informers' heap per sandbox over
+//     10,000 pending pods and their claims;
 //   - soak (only with --only soak): clients posting random bodies to random
 //     sandboxes of a fleet larger than max_resident, with short idle tiers,
 //     for minutes: bare 502s, wrong bodies, 503s by code, wakes per request,
@@ -31,10 +39,12 @@
 //
 // Everything listens on loopback, every scenario is bounded, and everything
 // the run creates on the Docker engine (image, containers, volumes, labelled
-// with the run's id) is removed at the end, also after an error or Ctrl-C.
+// with the run's id) is removed at the end, also after an error or Ctrl-C;
+// on a cluster, its namespaces (bench-<random>) and image.
 //
 //	go run ./cmd/sandwake-bench [--quick] [--skip-containers] [--caddy bin/caddy]
-//	    [--only hotpath,wake,storm,create,containers,egress,records,cluster,soak] [--profile cpu.prof]
+//	    [--only hotpath,wake,storm,create,containers,egress,records,cluster,soak,kubernetes] [--profile cpu.prof]
+//	    [--kubeconfig FILE --kube-pods 10000 --kube-rate 150 --kube-resize-rounds 10]
 //	    [--markdown results.md] [--soak-duration 8m --soak-clients 12 …]
 //
 // `make bench` builds bin/caddy and runs it (BENCH_FLAGS passes flags). The

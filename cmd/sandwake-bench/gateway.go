@@ -41,6 +41,7 @@ type gateway struct {
 	twinPort    int    // port of a second plain reverse_proxy site
 	twinTo      string // its upstream (a published port); "" = none
 	extra       string // extra lines in the sandwake global option
+	unlabelled  bool   // no label option (engine kubernetes refuses it)
 
 	cmd    *exec.Cmd
 	log    *os.File
@@ -120,6 +121,10 @@ func (g *gateway) caddyfile() string {
 	if g.adminPort != 0 {
 		admin = fmt.Sprintf("admin 127.0.0.1:%d", g.adminPort)
 	}
+	label := fmt.Sprintf("\n\t\tlabel %s %s", testenv.LabelRun, testenv.RunID())
+	if g.unlabelled {
+		label = ""
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `{
 	%s
@@ -128,8 +133,7 @@ func (g *gateway) caddyfile() string {
 	storage file_system %s
 	sandwake {
 		storage %s
-		preview_url http://*.preview.localhost:%d
-		label %s %s
+		preview_url http://*.preview.localhost:%d%s
 		wake_rate_per_client 0
 		max_held_per_client 0
 		%s
@@ -145,7 +149,7 @@ http://127.0.0.1:%d {
 		token %s
 	}
 }
-`, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, testenv.LabelRun, testenv.RunID(),
+`, admin, filepath.Join(g.dir, "caddy"), g.storage, g.previewPort, label,
 		withDefaults(g.extra), g.previewPort, g.apiPort, benchToken)
 	if g.baseTo != "" {
 		var host string

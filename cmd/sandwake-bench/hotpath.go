@@ -128,6 +128,9 @@ type hotPathConfig struct {
 	warmup  time.Duration // per side, before each cell
 	rounds  int           // the measured time is split in this many alternated slices
 	concs   []int
+	// title and what name the table and its baseline ("": the Docker
+	// hot path's, hotPathTitle and the container's address).
+	title, what string
 }
 
 const hotPathTitle = "Hot path: plain reverse_proxy to the container's address (baseline) vs sandwake_preview"
@@ -164,9 +167,9 @@ func hotPath(ctx context.Context, g *gateway, id string, cfg hotPathConfig) (*ta
 	}
 
 	t := &table{
-		title: hotPathTitle,
-		note: fmt.Sprintf("same Caddy; baseline and sandwake reach the same container at its address, the twin row a twin container's port published on 127.0.0.1; %s per side per cell after %s warm-up, alternated in %d slices; ratio = sandwake / baseline (twin rows: sandwake / published twin)",
-			cfg.perSide, cfg.warmup, cfg.rounds),
+		title: cmp.Or(cfg.title, hotPathTitle),
+		note: fmt.Sprintf("same Caddy; %s; %s per side per cell after %s warm-up, alternated in %d slices; ratio = sandwake / baseline (twin rows: sandwake / published twin)",
+			cmp.Or(cfg.what, "baseline and sandwake reach the same container at its address, the twin row a twin container's port published on 127.0.0.1"), cfg.perSide, cfg.warmup, cfg.rounds),
 	}
 	slice := cfg.perSide / time.Duration(cfg.rounds)
 	// measured runs one slice, noting the CPU time Caddy used meanwhile: a

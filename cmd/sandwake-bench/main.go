@@ -50,6 +50,7 @@ type options struct {
 	profile        string
 	markdown       string
 	soak           soakConfig
+	kube           kubeOptions
 }
 
 func parseFlags(args []string) (options, error) {
@@ -58,7 +59,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.caddy, "caddy", "bin/caddy", "the built Caddy with sandwake (`make build`); built from ./cmd/caddy when missing")
 	fs.BoolVar(&o.quick, "quick", false, "a run of about 2-3 minutes: shorter cells, fewer wakes, one storm, 20 containers")
 	fs.BoolVar(&o.skipContainers, "skip-containers", false, "skip the real-containers part of the scale scenario")
-	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, create, containers, egress, records, cluster, soak (default: all but soak)")
+	fs.StringVar(&o.only, "only", "", "comma-separated scenarios to run: hotpath, wake, storm, create, containers, egress, records, cluster, soak, kubernetes (default: all but soak, and kubernetes only with a cluster: --kubeconfig)")
 	fs.DurationVar(&o.perSide, "duration", 0, "hot path: measured time per side per cell (default 3s, 1s with --quick)")
 	fs.IntVar(&o.wakes, "wakes", 0, "wake latency: wakes of each kind and side (default 20, 6 with --quick)")
 	fs.StringVar(&o.stormList, "storm", "", "wake storm: concurrent requests, a comma-separated list of storm sizes (default 100,1000,5000; 1000 with --quick); the cluster storm takes the largest up to 1000 (the smallest when all are larger)")
@@ -81,6 +82,11 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.soak.maxSleep, "soak-max-sleep", 3*time.Second, "soak: longest random pause between a client's requests")
 	fs.DurationVar(&o.soak.sample, "soak-sample", 15*time.Second, "soak: how often Caddy's RSS and goroutines are sampled")
 	fs.StringVar(&o.soak.extra, "soak-options", "", "soak: more lines for the sandwake global option (e.g. \"min_resident 30s\")")
+	fs.StringVar(&o.kube.kubeconfig, "kubeconfig", os.Getenv("SANDWAKE_KUBECONFIG"), "kubernetes: the cluster's admin kubeconfig (default $SANDWAKE_KUBECONFIG); the scenario also reads SANDWAKE_K8S_CONTAINERD_SOCK, SANDWAKE_K8S_BRIDGE and SANDWAKE_K8S_STORAGECLASS (scripts/kubernetes/up.sh's env file)")
+	fs.IntVar(&o.kube.pods, "kube-pods", 10000, "kubernetes: pods (each with its claim) the informer memory cell creates")
+	fs.IntVar(&o.kube.rate, "kube-rate", 150, "kubernetes: objects the informer memory cell creates per second, at most")
+	fs.StringVar(&o.kube.cells, "kube-cells", strings.Join(kubeCells, ","), "kubernetes: the cells to run, comma-separated")
+	fs.IntVar(&o.kube.resizeRounds, "kube-resize-rounds", 0, "kubernetes: rounds of the in-place resize (pause tier) cell (default 10, 5 with --quick)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -121,6 +127,15 @@ func parseFlags(args []string) (options, error) {
 	def(&o.stormRounds, 3, 1)
 	def(&o.containers, 100, 20)
 	def(&o.burst, 20, 5)
+	def(&o.kube.resizeRounds, 10, 5)
+	if o.kube.pods < 1 || o.kube.rate < 1 {
+		return o, errors.New("--kube-pods and --kube-rate must be at least 1")
+	}
+	for _, c := range strings.Split(o.kube.cells, ",") {
+		if c = strings.TrimSpace(c); c != "" && !slices.Contains(kubeCells, c) {
+			return o, fmt.Errorf("--kube-cells: unknown cell %q (%s)", c, strings.Join(kubeCells, ", "))
+		}
+	}
 	if o.soak.clients < 1 || o.soak.sandboxes < 1 || o.soak.duration <= 0 || o.soak.duration > 2*time.Hour || o.soak.maxBody < 0 || o.soak.sample <= 0 {
 		return o, errors.New("--soak-*: want clients and sandboxes >= 1, a duration up to 2h, a body size >= 0 and a sample interval > 0")
 	}
@@ -135,7 +150,7 @@ func parseFlags(args []string) (options, error) {
 	return o, nil
 }
 
-var scenarios = []string{"hotpath", "wake", "storm", "create", "containers", "egress", "records", "cluster", "soak"}
+var scenarios = []string{"hotpath", "wake", "storm", "create", "containers", "egress", "records", "cluster", "soak", "kubernetes"}
 
 func validScenario(s string) bool {
 	for _, v := range scenarios {
@@ -151,7 +166,9 @@ func (o *options) runs(s string) bool {
 		return false
 	}
 	if o.only == "" {
-		return s != "soak" // the soak runs only when asked for: it takes minutes
+		// The soak runs only when asked for: it takes minutes; the
+		// kubernetes scenario when asked for or a cluster is configured.
+		return s != "soak" && (s != "kubernetes" || o.kube.kubeconfig != "")
 	}
 	for _, v := range strings.Split(o.only, ",") {
 		if strings.TrimSpace(v) == s {
@@ -204,29 +221,38 @@ type bench struct {
 	image    string
 	gateways []*gateway
 	etcd     *etcdtest.Cluster // the cluster scenario's
+	kube     *kubeBench        // the kubernetes scenario's
 	tables   []*table
 	machine  string
 }
 
 func run(ctx context.Context, o options) (err error) {
 	b := &bench{o: o}
-	cli, err := client.New(client.FromEnv)
-	if err != nil {
-		return fmt.Errorf("docker client: %w", err)
+	if o.runs("kubernetes") && o.kube.kubeconfig == "" {
+		return errors.New("--only kubernetes needs a cluster: --kubeconfig, or SANDWAKE_KUBECONFIG (set -a; . /tmp/sandwake-k8s/env; set +a; export SANDWAKE_KUBECONFIG=$KUBECONFIG after scripts/kubernetes/up.sh)")
 	}
-	b.cli = cli
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	ping, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("docker engine not usable: %w", err)
+	// The kubernetes scenario alone needs no Docker engine.
+	api := ""
+	if slices.ContainsFunc(scenarios, func(s string) bool { return s != "kubernetes" && o.runs(s) }) {
+		cli, err := client.New(client.FromEnv)
+		if err != nil {
+			return fmt.Errorf("docker client: %w", err)
+		}
+		b.cli = cli
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ping, err := cli.Ping(pctx, client.PingOptions{NegotiateAPIVersion: true})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("docker engine not usable: %w", err)
+		}
+		api = ping.APIVersion
 	}
 	if b.tmp, err = os.MkdirTemp("", "sandwake-bench-"); err != nil {
 		return err
 	}
 	defer b.cleanup()
 
-	b.machine = machine(ctx, cli, ping.APIVersion)
+	b.machine = machine(ctx, b.cli, api)
 	fmt.Printf("sandwake-bench, run %s\nmachine: %s\n", testenv.RunID(), b.machine)
 	if o.caddy, err = ensureCaddy(ctx, o.caddy); err != nil {
 		return err
@@ -299,6 +325,11 @@ func run(ctx context.Context, o options) (err error) {
 			return err
 		}
 		b.show(t)
+	}
+	if o.runs("kubernetes") {
+		if err := b.runKubernetes(ctx); err != nil {
+			return err
+		}
 	}
 	if o.runs("records") {
 		progress("scale: records")
@@ -490,6 +521,14 @@ func (b *bench) cleanup() {
 	if b.etcd != nil {
 		b.etcd.Close()
 	}
+	if b.kube != nil {
+		b.kube.cleanup()
+	}
+	if b.cli == nil {
+		os.RemoveAll(b.tmp)
+		progress("cleaned up")
+		return
+	}
 	if err := removeRunContainers(ctx, b.cli); err != nil {
 		fmt.Fprintln(os.Stderr, "sandwake-bench: cleanup:", err)
 	}
@@ -530,6 +569,9 @@ func machine(ctx context.Context, cli *client.Client, api string) string {
 	if total, err := lifecycle.HostMemTotal(); err == nil {
 		mem = fmt.Sprintf("%.0f GiB", float64(total)/(1<<30))
 	}
+	if cli == nil {
+		return fmt.Sprintf("%d cores, %s, %s %s/%s", runtime.NumCPU(), mem, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	}
 	engine := "Docker ?"
 	if v, err := cli.ServerVersion(ctx, client.ServerVersionOptions{}); err == nil {
 		engine = fmt.Sprintf("Docker Engine %s (API %s)", v.Version, api)
@@ -560,6 +602,28 @@ func (b *bench) summary() {
 			fmt.Printf("%-34s %5.2f  (goal %s, %s; %s)\n", s.what+":", r.ratio, s.g, r.verdict, r.cell)
 		}
 	}
+	// The kubernetes scenario's cells, each against its goal (or why it
+	// has none: n/a).
+	for _, t := range b.tables {
+		if !strings.HasPrefix(t.title, kubeTitlePrefix) {
+			continue
+		}
+		cell, _, _ := strings.Cut(strings.TrimPrefix(t.title, kubeTitlePrefix), ":")
+		for _, r := range t.rows {
+			if r.goal == "" && !strings.HasPrefix(r.sandwake, "n/a") {
+				continue
+			}
+			v := r.sandwake
+			if !math.IsNaN(r.ratio) {
+				v = fmt.Sprintf("%.2f", r.ratio)
+			}
+			if r.goal == "" {
+				fmt.Printf("k8s %s: %s\n", cell, v)
+				continue
+			}
+			fmt.Printf("k8s %s, %s: %s  (goal %s, %s)\n", cell, r.cell, v, r.goal, r.verdict)
+		}
+	}
 	misses := 0
 	for _, t := range b.tables {
 		misses += t.misses()
@@ -575,7 +639,7 @@ func (b *bench) worst(title, suffix string, worstHigh bool) (row, bool) {
 	var w row
 	found := false
 	for _, t := range b.tables {
-		if title != "" && t.title != title {
+		if (title != "" && t.title != title) || (title == "" && strings.HasPrefix(t.title, kubeTitlePrefix)) {
 			continue
 		}
 		for _, r := range t.rows {

@@ -44,6 +44,20 @@ func fire(ctx context.Context, cli *client.Client, id string, gws []*gateway, n 
 
 // fireAt is fire with c sending request i to urlOf(i).
 func fireAt(ctx context.Context, cli *client.Client, id string, c *http.Client, urlOf func(int) string, n int, probe *cpuProbe) (stormResult, error) {
+	since := time.Now()
+	res := fireRequests(ctx, c, urlOf, n, probe)
+	// The engine stamps events itself; a margin on both sides keeps
+	// clock granularity from losing one.
+	until := time.Now().Add(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	starts, err := startEvents(ctx, cli, docker.ContainerName(id), since.Add(-50*time.Millisecond), until)
+	res.starts = starts
+	return res, err
+}
+
+// fireRequests sends n concurrent GETs, request i to urlOf(i) through c,
+// and tells what they got and how long each took.
+func fireRequests(ctx context.Context, c *http.Client, urlOf func(int) string, n int, probe *cpuProbe) stormResult {
 	res := stormResult{failures: map[string]int{}}
 	var (
 		mu   sync.Mutex
@@ -97,13 +111,7 @@ func fireAt(ctx context.Context, cli *client.Client, id string, c *http.Client, 
 	}
 	// The next storm starts from no open connection, as this one did.
 	c.CloseIdleConnections()
-	// The engine stamps events itself; a margin on both sides keeps
-	// clock granularity from losing one.
-	until := time.Now().Add(100 * time.Millisecond)
-	time.Sleep(100 * time.Millisecond)
-	starts, err := startEvents(ctx, cli, docker.ContainerName(id), since.Add(-50*time.Millisecond), until)
-	res.starts = starts
-	return res, err
+	return res
 }
 
 // startEvents counts the engine's "start" events of a container between

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -30,17 +31,24 @@ type Cluster struct {
 	Kubeconfig, Sock, Bridge, StorageClass string
 }
 
-// Need returns the cluster, or skips the test without one (fails it under
-// SANDWAKE_REQUIRE_KUBERNETES=1), and skips it under -short.
-func Need(t testing.TB) Cluster {
-	t.Helper()
-	c := Cluster{
+// FromEnv reads the cluster's facts from the environment; ok says whether
+// the three needed (kubeconfig, containerd socket, bridge) are set.
+func FromEnv() (c Cluster, ok bool) {
+	c = Cluster{
 		Kubeconfig:   os.Getenv("SANDWAKE_KUBECONFIG"),
 		Sock:         os.Getenv("SANDWAKE_K8S_CONTAINERD_SOCK"),
 		Bridge:       os.Getenv("SANDWAKE_K8S_BRIDGE"),
 		StorageClass: os.Getenv("SANDWAKE_K8S_STORAGECLASS"),
 	}
-	if c.Kubeconfig == "" || c.Sock == "" || c.Bridge == "" {
+	return c, c.Kubeconfig != "" && c.Sock != "" && c.Bridge != ""
+}
+
+// Need returns the cluster, or skips the test without one (fails it under
+// SANDWAKE_REQUIRE_KUBERNETES=1), and skips it under -short.
+func Need(t testing.TB) Cluster {
+	t.Helper()
+	c, ok := FromEnv()
+	if !ok {
 		msg := "no cluster: SANDWAKE_KUBECONFIG, SANDWAKE_K8S_CONTAINERD_SOCK and SANDWAKE_K8S_BRIDGE are needed"
 		if os.Getenv("SANDWAKE_REQUIRE_KUBERNETES") == "1" {
 			t.Fatal(msg)
@@ -66,24 +74,47 @@ func (c Cluster) Image(t testing.TB) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	bin, err := testenv.BuildTestApp(ctx, dir)
+	ref, err := c.ImportTestApp(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.RemoveImage(ref) })
+	return ref
+}
+
+// ImportTestApp builds internal/testapp in dir into a one-layer image and
+// imports it into the cluster's containerd under a new reference, which
+// it returns; RemoveImage removes it.
+func (c Cluster) ImportTestApp(ctx context.Context, dir string) (string, error) {
+	bin, err := testenv.BuildTestApp(ctx, dir)
+	if err != nil {
+		return "", err
 	}
 	ref := "sandwake.local/testapp-k8s:" + Suffix()
 	tarball := filepath.Join(dir, "image.tar")
 	if err := writeImage(ref, bin, tarball); err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	ctr := func(args ...string) ([]byte, error) {
-		return exec.Command("ctr", append([]string{"-a", c.Sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
+	if out, err := c.ctr(ctx, "images", "import", tarball); err != nil {
+		return "", fmt.Errorf("importing %s: %v\n%s", ref, err, out)
 	}
-	if out, err := ctr("images", "import", tarball); err != nil {
-		t.Fatalf("importing %s: %v\n%s", ref, err, out)
+	return ref, nil
+}
+
+// RemoveImage removes ref from the cluster's containerd.
+func (c Cluster) RemoveImage(ref string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := c.ctr(ctx, "images", "rm", ref); err != nil {
+		return fmt.Errorf("removing %s: %v\n%s", ref, err, out)
 	}
-	t.Cleanup(func() { ctr("images", "rm", ref) })
-	return ref
+	return nil
+}
+
+// ctr runs containerd's ctr on the cluster's socket, in the kubelet's
+// namespace.
+func (c Cluster) ctr(ctx context.Context, args ...string) ([]byte, error) {
+	return exec.CommandContext(ctx, "ctr", append([]string{"-a", c.Sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
 }
 
 // writeImage writes a docker-archive tarball of one layer holding bin as
@@ -139,23 +170,31 @@ func writeImage(ref, bin, out string) error {
 // cluster's CNI bridge: nothing is sent anywhere else.
 func (c Cluster) OnBridge(t testing.TB, addr string) {
 	t.Helper()
+	if err := c.CheckOnBridge(addr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// CheckOnBridge returns an error unless addr (an ip or ip:port) is on the
+// cluster's CNI bridge.
+func (c Cluster) CheckOnBridge(addr string) error {
 	ip, err := netip.ParseAddr(addr)
 	if err != nil {
 		ap, err := netip.ParseAddrPort(addr)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		ip = ap.Addr()
 	}
 	ifc, err := net.InterfaceByName(c.Bridge)
 	if err != nil {
-		t.Fatalf("CNI bridge %s: %v", c.Bridge, err)
+		return fmt.Errorf("CNI bridge %s: %w", c.Bridge, err)
 	}
 	addrs, _ := ifc.Addrs()
 	for _, a := range addrs {
 		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Masked().Contains(ip) {
-			return
+			return nil
 		}
 	}
-	t.Fatalf("%s is not on the CNI bridge %s (%v): not dialled", addr, c.Bridge, addrs)
+	return fmt.Errorf("%s is not on the CNI bridge %s (%v): not dialled", addr, c.Bridge, addrs)
 }
