@@ -36,7 +36,14 @@ func newFake(t *testing.T, objs ...any) (*Runtime, *fake.Clientset) {
 			}
 		}
 	}
-	r, err := New(Options{Client: cs, Namespace: testNS, Instance: "t1", StopTimeout: time.Second})
+	return startFake(t, cs, Options{})
+}
+
+// startFake is a runtime with opts on cs, its informers synced.
+func startFake(t *testing.T, cs *fake.Clientset, opts Options) (*Runtime, *fake.Clientset) {
+	t.Helper()
+	opts.Client, opts.Namespace, opts.Instance, opts.StopTimeout = cs, testNS, "t1", time.Second
+	r, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -30,19 +29,7 @@ import (
 // newFakeEgress is newFake with egress options.
 func newFakeEgress(t *testing.T, opts Options) (*Runtime, *fake.Clientset) {
 	t.Helper()
-	cs := fake.NewClientset()
-	opts.Client, opts.Namespace, opts.Instance, opts.StopTimeout = cs, testNS, "t1", time.Second
-	r, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := r.StartInformers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Close() })
-	return r, cs
+	return startFake(t, fake.NewClientset(), opts)
 }
 
 // rule is an egress rule read back as strings: its peers and its ports.
