@@ -31,6 +31,7 @@ func TestKubernetesPromises(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	e := newKubeEnv(t, ctx, `
+		reconcile_interval 1s
 		template web {
 			image {image}
 			ports 8080
@@ -179,21 +180,32 @@ func TestKubernetesPromises(t *testing.T) {
 
 	t.Run("a pool hit makes no pod", func(t *testing.T) {
 		var pooled string
-		e.eventually(t, "a ready pool pod of template web", func() bool {
-			var st struct {
-				Templates []struct {
-					Name string `json:"name"`
-					Idle int    `json:"idle"`
-				} `json:"templates"`
+		pool := func() client.PoolStatus {
+			var list client.TemplateList
+			e.API("GET", "/v1/templates", nil, &list)
+			if len(list.Templates) != 1 || list.Templates[0].Pool == nil {
+				t.Fatalf("templates: %+v", list)
 			}
-			e.API("GET", "/v1/templates", nil, &st)
-			for _, tp := range st.Templates {
-				if tp.Name == "web" && tp.Idle > 0 {
-					return true
-				}
+			return *list.Templates[0].Pool
+		}
+		e.eventually(t, "a ready pool pod of template web", func() bool { return pool().Idle > 0 })
+		// Two full reconciles later (the first may have listed before the
+		// pod was ready), the pod is still the pool's: a runtime that
+		// cannot pause runs its pool pods, and the sweep expects them to.
+		lastReconcile := func() string {
+			var ready struct {
+				LastReconcile string `json:"last_reconcile"`
 			}
-			return false
-		})
+			e.API("GET", "/v1/readyz", nil, &ready)
+			return ready.LastReconcile
+		}
+		for range 2 {
+			at := lastReconcile()
+			e.eventually(t, "a reconcile after "+at, func() bool { return lastReconcile() > at })
+		}
+		if p := pool(); p.Idle != 1 || p.Refills != 1 {
+			t.Fatalf("the pool after two reconciles: %+v (want the one pod it made, idle)", p)
+		}
 		list, err := e.cs.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)

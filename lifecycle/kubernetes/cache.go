@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/cache"
@@ -20,12 +21,56 @@ import (
 var everything = labels.Everything()
 
 // dropManagedFields is the informers' transform: the server-side apply
-// bookkeeping is most of a pod's size and nothing here reads it.
+// bookkeeping is most of a pod's size and nothing here reads it; of a pod
+// the cache keeps only what the runtime reads (slimPod).
 func dropManagedFields(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
 	}
+	if pod, ok := obj.(*corev1.Pod); ok {
+		slimPod(pod)
+	}
 	return obj, nil
+}
+
+// slimPod keeps of a pod what the runtime reads from the cache: its
+// identity, labels, deletion, the pool's annotations, each container's
+// name and ports (the upstreams) and a sidecar's restart policy and
+// startup probe (its ready), and the whole status. The spec the pod was
+// made from is on its claim (AnnotationPod); the record's labels as
+// annotations, the containers' images, env, resources, volumes and
+// security contexts are dropped: they are most of a pod's size, and an
+// informer holds every pod of the instance.
+func slimPod(pod *corev1.Pod) {
+	var keep map[string]string
+	for k, v := range pod.Annotations {
+		if k == AnnotationPool || k == AnnotationPoolKey {
+			if keep == nil {
+				keep = make(map[string]string, 2)
+			}
+			keep[k] = v
+		}
+	}
+	pod.Annotations = keep
+	pod.OwnerReferences = nil
+	pod.Spec = corev1.PodSpec{
+		Containers:     slimContainers(pod.Spec.Containers),
+		InitContainers: slimContainers(pod.Spec.InitContainers),
+		NodeName:       pod.Spec.NodeName,
+	}
+}
+
+// slimContainers are cs with only their names, ports, restart policies
+// and startup probes.
+func slimContainers(cs []corev1.Container) []corev1.Container {
+	if len(cs) == 0 {
+		return nil
+	}
+	out := make([]corev1.Container, len(cs))
+	for i, c := range cs {
+		out[i] = corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy, StartupProbe: c.StartupProbe}
+	}
+	return out
 }
 
 // idOf is the sandbox an informer's object (or its tombstone) belongs to.

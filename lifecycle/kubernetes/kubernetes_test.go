@@ -2,7 +2,9 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -314,6 +316,41 @@ func TestDropManagedFields(t *testing.T) {
 	if err != nil || out.(*corev1.Pod).ManagedFields != nil {
 		t.Fatalf("managed fields kept: %v", err)
 	}
+}
+
+// TestSlimPod: the cache keeps of a pod what the runtime reads, and the
+// container it reads from a cached pod is the one it reads from the whole
+// pod; the rest (images, env, resources, volumes, security, the record's
+// labels as annotations) is dropped.
+func TestSlimPod(t *testing.T) {
+	r, _ := newFake(t)
+	spec := servicesSpec()
+	spec.Pool = lifecycle.PoolTag{Template: "web", Key: "k1"}
+	full, err := r.podFor("abc", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full.UID, full.Status = "u1", running("10.244.0.9")
+	for _, n := range []string{"aa", "db", "cache", "worker"} {
+		full.Status.InitContainerStatuses = append(full.Status.InitContainerStatuses, sidecarStatus(n, true, 0))
+	}
+	slim := full.DeepCopy()
+	slimPod(slim)
+	if a, b := r.fromPod("abc", full), r.fromPod("abc", slim); !reflect.DeepEqual(a, b) {
+		t.Fatalf("the slim pod reads as %+v, the whole one as %+v", b, a)
+	}
+	for i, c := range sidecars(full) {
+		if readyOf(c) != readyOf(sidecars(slim)[i]) {
+			t.Fatalf("sidecar %s: ready %q kept as %q", c.Name, readyOf(c), readyOf(sidecars(slim)[i]))
+		}
+	}
+	wb, _ := json.Marshal(full)
+	sb, _ := json.Marshal(slim)
+	if len(sb)*2 > len(wb) || slim.Spec.Volumes != nil || slim.Spec.Containers[0].Image != "" || slim.Spec.Containers[0].Env != nil ||
+		slim.Annotations[AnnotationLabelPrefix+"tenant"] != "" || slim.Labels[LabelID] != "abc" {
+		t.Fatalf("slim pod %d bytes of %d: %+v", len(sb), len(wb), slim)
+	}
+	t.Logf("a pod with four services: %d bytes as JSON, %d as cached", len(wb), len(sb))
 }
 
 func TestPauseUnsupported(t *testing.T) {
