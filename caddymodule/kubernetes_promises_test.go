@@ -221,7 +221,7 @@ func TestKubernetesPromises(t *testing.T) {
 		made := e.podsAdded(t, ctx, "s-"+pooled)
 		t0 := time.Now()
 		var rec client.Sandbox
-		if status := e.API("POST", "/v1/sandboxes", map[string]any{"template": "web"}, &rec); status != http.StatusCreated || rec.ID != pooled {
+		if status := e.API("POST", "/v1/sandboxes", map[string]any{"template": "web", "egress": map[string]any{"policy": "none"}}, &rec); status != http.StatusCreated || rec.ID != pooled {
 			t.Fatalf("create from the pool: %d %+v (pool pod of %s)", status, rec, pooled)
 		}
 		res, _ := e.Preview("GET", e.Host(rec.ID, 8080), "/healthz", nil, api)
@@ -229,6 +229,12 @@ func TestKubernetesPromises(t *testing.T) {
 			t.Fatalf("the pool hit's first request: %d", res.StatusCode)
 		}
 		t.Logf("pool hit: create → first answer %v", time.Since(t0))
+		// The pool pod was made under the template's policy (public); the
+		// claimant asked for none, and its NetworkPolicy says so.
+		np, err := e.cs.NetworkingV1().NetworkPolicies(e.ns).Get(ctx, "s-"+rec.ID, metav1.GetOptions{})
+		if err != nil || len(np.Spec.Egress) != 0 {
+			t.Fatalf("the claimed sandbox's NetworkPolicy (egress none): %v %+v", err, np.Spec.Egress)
+		}
 		if m := made.Load(); m != 0 {
 			t.Fatalf("pods made for a pool hit: %d, want 0", m)
 		}

@@ -299,6 +299,11 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 	fwDone := m.firewallShared()
 	err = m.applyEgress(&rec)
 	fwDone()
+	if err == nil && !sameEgress(m.effectiveEgress(spec.Egress), m.effectiveEgress(t.Spec.Egress)) {
+		// A runtime that enforces egress itself made the pool container
+		// with the template's policy: the claimant's replaces it.
+		err = m.applyRuntimeEgress(&rec)
+	}
 	if err == nil && t.Pool.State == PoolPaused && m.canPause() {
 		wakeTimeout, _ := m.limits()
 		wctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
@@ -324,6 +329,11 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 	m.recordOwner(&rec)
 	m.log.Info("sandbox claimed from the pool", zap.String("id", id), zap.String("template", t.Name))
 	return rec, true, nil
+}
+
+// sameEgress reports whether a and b are the same policy.
+func sameEgress(a, b Egress) bool {
+	return a.Policy == b.Policy && slices.Equal(a.Allow, b.Allow) && slices.Equal(a.Deny, b.Deny)
 }
 
 // effectiveEgress is e with the gateway's default policy filled in.

@@ -317,7 +317,7 @@ func (r *Runtime) ready() error {
 // missing) with the pod to start kept on it. An old pod of the sandbox (a
 // recreate) is deleted; a pod, claim or policy under its names that is not
 // this instance's stops the create with ErrIDTaken, untouched.
-func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (lifecycle.Container, error) {
+func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (_ lifecycle.Container, err error) {
 	pod, err := r.podFor(id, spec)
 	if err != nil {
 		return lifecycle.Container{}, err
@@ -350,6 +350,15 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 			return lifecycle.Container{}, err
 		}
 	}
+	defer func() {
+		if err != nil && madePolicy {
+			// No sandbox: the policy made for it goes too (a failure to
+			// delete it leaves a policy selecting no pod).
+			if derr := r.deletePolicy(context.WithoutCancel(ctx), id); derr != nil {
+				err = fmt.Errorf("%w (and its new NetworkPolicy is left: %v)", err, derr)
+			}
+		}
+	}()
 	if old != nil {
 		if err := r.deletePod(ctx, id, old); err != nil {
 			return lifecycle.Container{}, err
@@ -402,13 +411,6 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (l
 		made, err = claims.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
 	})
-	if err != nil && madePolicy {
-		// No claim, no sandbox: the policy made for it goes too (a
-		// failure to delete it leaves a policy selecting no pod).
-		if derr := r.deletePolicy(ctx, id); derr != nil {
-			err = fmt.Errorf("%w (and its new NetworkPolicy is left: %v)", err, derr)
-		}
-	}
 	if err != nil {
 		r.deleteClaims(context.WithoutCancel(ctx), madeServiceClaims)
 		if errors.Is(err, lifecycle.ErrIDTaken) || errors.Is(err, lifecycle.ErrUnavailable) {
@@ -654,7 +656,24 @@ func (r *Runtime) Remove(ctx context.Context, id string) error {
 			return err
 		}
 	}
-	// The pod is gone: its policy goes too (a create makes it again).
+	// The pod is gone: its policy goes too (a create makes it again). The
+	// API server, not the cache, says so: a pod made by a start whose
+	// answer was lost may not have reached the cache yet, and must not run
+	// without its policy.
+	if live, err := r.cs.CoreV1().Pods(r.opts.Namespace).Get(ctx, PodName(id), metav1.GetOptions{}); err == nil {
+		if r.owns(id, live.Labels) {
+			if live.DeletionTimestamp == nil {
+				if err := r.deletePod(ctx, id, live); err != nil {
+					return err
+				}
+			}
+			if err := r.waitPodGone(ctx, id); err != nil {
+				return err
+			}
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return classify("reading pod "+PodName(id), err, lifecycle.ErrContainerNotFound)
+	}
 	if err := r.deletePolicy(ctx, id); err != nil {
 		return err
 	}

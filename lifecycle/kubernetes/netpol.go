@@ -133,6 +133,7 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 		return err
 	}
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
+	var kept *corev1.PersistentVolumeClaim
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		c, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -148,11 +149,21 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 		if err := keepPolicy(c, want); err != nil {
 			return err
 		}
-		_, err = claims.Update(ctx, c, metav1.UpdateOptions{})
+		kept, err = claims.Update(ctx, c, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
 		return classify("keeping the NetworkPolicy on claim "+ClaimName(id), err, lifecycle.ErrNotFound)
+	}
+	if kept != nil {
+		// A start reads the claim from the cache and puts back the policy
+		// it keeps: a wake right after this change must see it, or it
+		// would restore the old policy.
+		if err := r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
+			return c.UID == kept.UID && c.Annotations[AnnotationPolicy] == kept.Annotations[AnnotationPolicy]
+		}); err != nil {
+			return err
+		}
 	}
 	_, err = r.ensurePolicy(ctx, id, want)
 	return err

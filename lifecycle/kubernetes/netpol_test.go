@@ -437,6 +437,31 @@ func TestClaimRefusedTakesThePolicy(t *testing.T) {
 	}
 }
 
+// TestServiceClaimRefusedTakesThePolicy: a create refused before the
+// app's claim (a service's claim held by another instance) leaves no
+// policy it made behind either.
+func TestServiceClaimRefusedTakesThePolicy(t *testing.T) {
+	r, cs := newFakeEgress(t, Options{})
+	ctx := context.Background()
+	spec := servicesSpec()
+	var name string
+	for n := range spec.Services {
+		name = n
+		break
+	}
+	other := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: ServiceClaimName("abc", name), Namespace: testNS,
+		Labels: map[string]string{LabelManaged: "true", LabelInstance: "another", LabelID: "abc"}}}
+	if _, err := cs.CoreV1().PersistentVolumeClaims(testNS).Create(ctx, other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Create(ctx, "abc", spec); !errors.Is(err, lifecycle.ErrIDTaken) {
+		t.Fatalf("create with a service's claim another's: %v, want ErrIDTaken", err)
+	}
+	if _, err := cs.NetworkingV1().NetworkPolicies(testNS).Get(ctx, "s-abc", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("policy left by a refused create: %v", err)
+	}
+}
+
 func TestEgressOptions(t *testing.T) {
 	for _, o := range []Options{
 		{Egress: "cilium"},
