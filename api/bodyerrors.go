@@ -393,10 +393,7 @@ func (w *dupWalker) walk(t reflect.Type) (key string, found bool, err error) {
 			elem = t.Elem()
 		}
 		for i := 0; w.dec.More(); i++ {
-			w.segs = append(w.segs, "["+strconv.Itoa(i)+"]")
-			key, found, err = w.walk(elem)
-			w.segs = w.segs[:len(w.segs)-1]
-			if found || err != nil {
+			if key, found, err = w.child("["+strconv.Itoa(i)+"]", elem); found || err != nil {
 				return key, found, err
 			}
 		}
@@ -426,15 +423,20 @@ func (w *dupWalker) walk(t reflect.Type) (key string, found bool, err error) {
 			return k, true, nil
 		}
 		seen[name] = true
-		w.segs = append(w.segs, k)
-		key, found, err = w.walk(elem)
-		w.segs = w.segs[:len(w.segs)-1]
-		if found || err != nil {
+		if key, found, err = w.child(k, elem); found || err != nil {
 			return key, found, err
 		}
 	}
 	_, err = w.dec.Token()
 	return "", false, err
+}
+
+// child walks the value at path segment seg, of type elem.
+func (w *dupWalker) child(seg string, elem reflect.Type) (key string, found bool, err error) {
+	w.segs = append(w.segs, seg)
+	key, found, err = w.walk(elem)
+	w.segs = w.segs[:len(w.segs)-1]
+	return key, found, err
 }
 
 // errTooDeep ends a walk at maxDupDepth.

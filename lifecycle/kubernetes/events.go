@@ -22,13 +22,8 @@ const eventBuffer = 1024
 // podChanged fires the waits on the pod's sandbox and reports its app's
 // end (die, after oom for an OOM kill) and its start.
 func (r *Runtime) podChanged(old, obj any) {
-	pod, ok := obj.(*corev1.Pod)
+	pod, id, ok := r.changedPod(obj)
 	if !ok {
-		return
-	}
-	id := pod.Labels[LabelID]
-	r.changes.fire(id)
-	if !r.owns(id, pod.Labels) {
 		return
 	}
 	now := r.fromPod(id, pod)
@@ -48,19 +43,26 @@ func (r *Runtime) podChanged(old, obj any) {
 	}
 }
 
+// changedPod fires the waits on the sandbox of obj, a pod the informer
+// changed, and returns it when this instance owns it.
+func (r *Runtime) changedPod(obj any) (pod *corev1.Pod, id string, ok bool) {
+	pod, ok = obj.(*corev1.Pod)
+	if !ok {
+		return nil, "", false
+	}
+	id = pod.Labels[LabelID]
+	r.changes.fire(id)
+	return pod, id, r.owns(id, pod.Labels)
+}
+
 // podDeleted reports a pod's deletion as its app's end, unless its end was
 // reported already.
 func (r *Runtime) podDeleted(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	pod, ok := obj.(*corev1.Pod)
+	_, id, ok := r.changedPod(obj)
 	if !ok {
-		return
-	}
-	id := pod.Labels[LabelID]
-	r.changes.fire(id)
-	if !r.owns(id, pod.Labels) {
 		return
 	}
 	// The claim keeps the pod: to the Manager the container is there,
