@@ -295,7 +295,7 @@ func (r *Runtime) serviceLabels(id, svc string) map[string]string {
 // instance's, this service's and (kept from before) the spec's owner's, as
 // the lifecycle checks the app's. It returns the claims it made, for the
 // caller to delete if the create fails after it.
-func (r *Runtime) ensureServiceClaims(ctx context.Context, id string, spec lifecycle.Spec) (made []string, err error) {
+func (r *Runtime) ensureServiceClaims(ctx context.Context, id string, spec lifecycle.Spec) (made []*corev1.PersistentVolumeClaim, err error) {
 	if len(spec.Services) == 0 {
 		return nil, nil
 	}
@@ -319,7 +319,8 @@ func (r *Runtime) ensureServiceClaims(ctx context.Context, id string, spec lifec
 		for {
 			cur, err := claims.Get(ctx, cname, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
-				_, err = claims.Create(ctx, want, metav1.CreateOptions{})
+				var c *corev1.PersistentVolumeClaim
+				c, err = claims.Create(ctx, want, metav1.CreateOptions{})
 				if apierrors.IsAlreadyExists(err) {
 					continue // made meanwhile: check it
 				}
@@ -329,7 +330,7 @@ func (r *Runtime) ensureServiceClaims(ctx context.Context, id string, spec lifec
 				if err != nil {
 					return made, &lifecycle.ServiceError{Service: name, Err: classify("creating claim "+cname, err, lifecycle.ErrNotFound)}
 				}
-				made = append(made, cname)
+				made = append(made, c)
 				break
 			}
 			if err != nil {
@@ -371,9 +372,10 @@ func sameOwner(a map[string]string, spec lifecycle.Spec) bool {
 
 // deleteClaims deletes the claims a failed create made (its own, just
 // made), as far as it can.
-func (r *Runtime) deleteClaims(ctx context.Context, names []string) {
-	for _, name := range names {
-		r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+func (r *Runtime) deleteClaims(ctx context.Context, made []*corev1.PersistentVolumeClaim) {
+	for _, c := range made {
+		// That very claim (its UID), not one made under its name since.
+		r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace).Delete(ctx, c.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &c.UID}})
 	}
 }
 
