@@ -2,6 +2,8 @@ package kubernetes
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"sync"
@@ -27,10 +29,48 @@ func dropManagedFields(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
 	}
-	if pod, ok := obj.(*corev1.Pod); ok {
-		slimPod(pod)
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		slimPod(o)
+	case *corev1.PersistentVolumeClaim:
+		slimClaim(o)
 	}
 	return obj, nil
+}
+
+// slimClaim keeps of a claim what the runtime reads from the cache:
+// whether it keeps a pod and a NetworkPolicy, as digests of them (kept),
+// not the JSON itself, which is most of a claim's size; the owner's
+// annotations go (VolumeOwner and Start read the claim from the API
+// server). The spec and status stay.
+func slimClaim(c *corev1.PersistentVolumeClaim) {
+	var keep map[string]string
+	for k, v := range c.Annotations {
+		if k == AnnotationPod || k == AnnotationPolicy {
+			if keep == nil {
+				keep = make(map[string]string, 2)
+			}
+			keep[k] = digestOf(v)
+		}
+	}
+	c.Annotations = keep
+	c.OwnerReferences = nil
+}
+
+// digestOf is what the cache holds of a claim's kept pod or policy: a
+// digest that tells one write from another.
+func digestOf(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:12])
+}
+
+// keptSame reports whether cached, a claim from the cache, holds what
+// written, the claim as written, keeps under annotation key (or, alike,
+// nothing).
+func keptSame(cached, written *corev1.PersistentVolumeClaim, key string) bool {
+	c, inCache := cached.Annotations[key]
+	w, inWrite := written.Annotations[key]
+	return inCache == inWrite && (!inWrite || c == digestOf(w))
 }
 
 // slimPod keeps of a pod what the runtime reads from the cache: its

@@ -421,11 +421,10 @@ func (r *Runtime) Create(ctx context.Context, id string, spec lifecycle.Spec) (_
 		}
 		return lifecycle.Container{}, classify("creating claim "+ClaimName(id), err, lifecycle.ErrNotFound)
 	}
-	// A start follows at once: it reads the claim from the cache, which
-	// must have seen this write first.
+	// Inspect and List read the claim from the cache, which must have
+	// seen this write first (the sandbox has a container from now on).
 	if err := r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
-		return c.UID == made.UID && c.Annotations[AnnotationPod] == made.Annotations[AnnotationPod] &&
-			c.Annotations[AnnotationPolicy] == made.Annotations[AnnotationPolicy]
+		return c.UID == made.UID && keptSame(c, made, AnnotationPod) && keptSame(c, made, AnnotationPolicy)
 	}); err != nil {
 		return lifecycle.Container{}, err
 	}
@@ -477,7 +476,9 @@ func (r *Runtime) Start(ctx context.Context, id string) (lifecycle.Container, er
 	if err := r.ready(); err != nil {
 		return lifecycle.Container{}, err
 	}
-	claim, err := r.claims.Get(ClaimName(id))
+	// The pod and policy to make are on the claim, which the cache keeps
+	// only digests of (slimClaim): one read of the API server per start.
+	claim, err := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace).Get(ctx, ClaimName(id), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) || (err == nil && !r.owns(id, claim.Labels)) {
 		return lifecycle.Container{}, fmt.Errorf("starting sandbox %s: %w: it has no claim %s", id, lifecycle.ErrContainerNotFound, ClaimName(id))
 	}

@@ -353,6 +353,43 @@ func TestSlimPod(t *testing.T) {
 	t.Logf("a pod with four services: %d bytes as JSON, %d as cached", len(wb), len(sb))
 }
 
+// TestSlimClaim: the cache keeps digests of the claim's kept pod and
+// policy, which tell one write from another, and the claim's size falls.
+func TestSlimClaim(t *testing.T) {
+	r, _ := newFake(t)
+	spec := servicesSpec()
+	spec.Incarnation, spec.Labels = "inc1", map[string]string{"tenant": "acme"}
+	pod, err := r.podFor("abc", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := r.claimFor("abc", spec, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full.Annotations[AnnotationPolicy] = `{"podSelector":{}}`
+	slim := full.DeepCopy()
+	slimClaim(slim)
+	if !keptSame(slim, full, AnnotationPod) || !keptSame(slim, full, AnnotationPolicy) {
+		t.Fatalf("the cached claim's digests do not match what was written: %v", slim.Annotations)
+	}
+	other := full.DeepCopy()
+	other.Annotations[AnnotationPolicy] = `{"podSelector":{},"policyTypes":["Egress"]}`
+	delete(other.Annotations, AnnotationPod)
+	if keptSame(slim, other, AnnotationPolicy) || keptSame(slim, other, AnnotationPod) {
+		t.Fatal("another policy, or no pod, reads as the same as the cached claim's")
+	}
+	if _, ok := slim.Annotations[AnnotationOwnerIncarnation]; ok || slim.Labels[LabelID] != "abc" || slim.Spec.Resources.Requests == nil {
+		t.Fatalf("slim claim: %+v", slim)
+	}
+	wb, _ := json.Marshal(full)
+	sb, _ := json.Marshal(slim)
+	if len(sb)*3 > len(wb) {
+		t.Fatalf("slim claim %d bytes of %d", len(sb), len(wb))
+	}
+	t.Logf("a claim keeping a pod with four services: %d bytes as JSON, %d as cached", len(wb), len(sb))
+}
+
 func TestPauseUnsupported(t *testing.T) {
 	r, _ := newFake(t)
 	if r.CanPause() {

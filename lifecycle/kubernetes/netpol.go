@@ -156,11 +156,9 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 		return classify("keeping the NetworkPolicy on claim "+ClaimName(id), err, lifecycle.ErrNotFound)
 	}
 	if kept != nil {
-		// A start reads the claim from the cache and puts back the policy
-		// it keeps: a wake right after this change must see it, or it
-		// would restore the old policy.
+		// What the cache holds of the claim follows this change.
 		if err := r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
-			return c.UID == kept.UID && c.Annotations[AnnotationPolicy] == kept.Annotations[AnnotationPolicy]
+			return c.UID == kept.UID && keptSame(c, kept, AnnotationPolicy)
 		}); err != nil {
 			return err
 		}
