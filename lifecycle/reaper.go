@@ -203,7 +203,16 @@ func (m *Manager) reapOne(ctx context.Context, id string) (reaper, action string
 	reaper, action = m.reapDecision(&rec, &cfg, cfg.Now())
 	switch action {
 	case ActionPause:
-		_, err = m.goDown(id, false, func() (Record, error) { return m.pauseLocked(ctx, rec, "idle") })
+		_, err = m.goDown(id, false, func() (Record, error) {
+			out, err := m.pauseLocked(ctx, rec, "idle")
+			if errors.Is(err, ErrPauseUnsupported) {
+				// The runtime cannot pause this one sandbox (Pauser): its
+				// idle tiers collapse to a stop.
+				action = ActionStop
+				return m.stopLocked(ctx, rec, "idle")
+			}
+			return out, err
+		})
 	case ActionStop:
 		_, err = m.goDown(id, false, func() (Record, error) { return m.stopLocked(ctx, rec, "idle") })
 	case ActionExpire:

@@ -648,3 +648,37 @@ func TestIdlePauseStopsOnRuntimeWithoutPause(t *testing.T) {
 		t.Fatalf("Pause called %d times on a runtime that cannot pause", n)
 	}
 }
+
+// pauseRefuses is the fake engine as one that can pause, but not one
+// sandbox (Kubernetes: a pod whose CPU no resize can cut).
+type pauseRefuses struct {
+	*lifecycletest.Runtime
+	refused string
+}
+
+func (p pauseRefuses) Pause(ctx context.Context, id string) error {
+	if id == p.refused {
+		return fmt.Errorf("pausing sandbox %s: %w", id, lifecycle.ErrPauseUnsupported)
+	}
+	return p.Runtime.Pause(ctx, id)
+}
+
+func TestIdlePauseStopsASandboxTheRuntimeCannotPause(t *testing.T) {
+	clock := newFakeClock()
+	e := newTestEnvWith(t, lifecycle.Config{Now: clock.Now, IdlePause: 3 * time.Minute, IdleStop: 30 * time.Minute},
+		func(rt *lifecycletest.Runtime) lifecycle.Runtime { return pauseRefuses{Runtime: rt, refused: "old1"} })
+	e.seed(t, "app1", lifecycle.Running)
+	e.seed(t, "old1", lifecycle.Running)
+	clock.at(3 * time.Minute)
+	stats := reap(t, e.m)
+	if stats.Errors != 0 {
+		t.Fatalf("%d reaper errors, want 0 (a refused pause stops the sandbox)", stats.Errors)
+	}
+	wantActions(t, stats, map[string]map[string]int{"idle": {lifecycle.ActionPause: 1, lifecycle.ActionStop: 1}})
+	if got := e.state(t, "app1"); got != lifecycle.Paused {
+		t.Fatalf("app1: state = %s, want paused", got)
+	}
+	if got := e.state(t, "old1"); got != lifecycle.Stopped {
+		t.Fatalf("old1: state = %s, want stopped (its pause was refused)", got)
+	}
+}

@@ -93,12 +93,13 @@ type Runtime interface {
 	Ping(ctx context.Context) error
 }
 
-// Pauser is implemented by runtimes that can tell whether they freeze
+// Pauser is implemented by runtimes that can tell whether they pause
 // sandboxes at all. A runtime without it can (Docker). One whose CanPause is
-// false (Kubernetes has no freeze) answers Pause with an error wrapping
-// ErrPauseUnsupported: the reaper then stops a sandbox that reaches its
-// idle_pause (the idle tiers collapse to a stop), and a template's pool keeps
-// its containers running.
+// false answers Pause with an error wrapping ErrPauseUnsupported: the
+// reaper then stops a sandbox that reaches its idle_pause (the idle tiers
+// collapse to a stop), and a template's pool keeps its containers running.
+// A runtime that can pause may still refuse one sandbox so (Kubernetes: a
+// pod it cannot resize); the reaper stops that one.
 type Pauser interface {
 	CanPause() bool
 }
