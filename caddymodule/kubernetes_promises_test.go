@@ -24,9 +24,9 @@ const (
 // on a real cluster, through a real Caddy with engine kubernetes: files
 // kept across stop and wake, one pod for a storm of 1,000 requests at a
 // stopped sandbox, a pod deleted behind sandwake's back seen from the
-// informer and woken again, an idle tier that stops (no pause on
-// Kubernetes), a tenant's create that never mounts another tenant's
-// claim, and a template's warm pool whose hit makes no pod.
+// informer and woken again, idle tiers that pause a pod in place (its CPU
+// cut) and then stop it, a tenant's create that never mounts another
+// tenant's claim, and a template's warm pool whose hit makes no pod.
 func TestKubernetesPromises(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -131,9 +131,35 @@ func TestKubernetesPromises(t *testing.T) {
 		}
 	})
 
-	t.Run("an idle tier stops the pod", func(t *testing.T) {
+	t.Run("idle tiers: paused in place, woken by a request, then stopped", func(t *testing.T) {
 		idle := "i" + e.suffix
-		create(t, map[string]any{"id": idle, "image": e.image, "ports": []int{8080}, "idle_pause": "1s", "idle_stop": "3s"})
+		create(t, map[string]any{"id": idle, "image": e.image, "ports": []int{8080}, "idle_pause": "1s", "idle_stop": "8s"})
+		ih := e.Host(idle, 8080)
+		// State only the process holds: 3 /wait requests served at once.
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() { e.Preview("GET", ih, "/wait?ms=300", nil, api) })
+		}
+		wg.Wait()
+		before := e.pod(ctx, idle)
+		e.eventually(t, "the idle sandbox paused, its pod's CPU cut in place", func() bool {
+			p := e.pod(ctx, idle)
+			return e.State(idle) == "paused" && p != nil && p.UID == before.UID &&
+				p.Spec.Containers[0].Resources.Limits.Cpu().MilliValue() <= 2
+		})
+		t0 := time.Now()
+		res, body := e.Preview("GET", ih, "/inflight", nil, api)
+		woke := time.Since(t0)
+		if res.StatusCode != http.StatusOK || body != "0 3\n" {
+			t.Fatalf("a request to the paused sandbox: %d %q, want 200 and the process's own state (0 3)", res.StatusCode, body)
+		}
+		if p := e.pod(ctx, idle); p == nil || p.UID != before.UID || p.Spec.Containers[0].Resources.Limits.Cpu().MilliValue() <= 2 {
+			t.Fatalf("after the wake: pod %v, want the same pod (%s) with its CPU back", p, before.UID)
+		}
+		if s := e.State(idle); s != "running" {
+			t.Fatalf("after the wake: %s", s)
+		}
+		t.Logf("wake from paused through the gateway: request → answer %v", woke)
 		e.eventually(t, "the idle sandbox stopped and its pod gone", func() bool {
 			return e.State(idle) == "stopped" && e.pod(ctx, idle) == nil
 		})
@@ -190,8 +216,8 @@ func TestKubernetesPromises(t *testing.T) {
 		}
 		e.eventually(t, "a ready pool pod of template web", func() bool { return pool().Idle > 0 })
 		// Two full reconciles later (the first may have listed before the
-		// pod was ready), the pod is still the pool's: a runtime that
-		// cannot pause runs its pool pods, and the sweep expects them to.
+		// pod was ready), the pod is still the pool's: the sweep reads
+		// the pool's pod, paused in place, as the pool's.
 		lastReconcile := func() string {
 			var ready struct {
 				LastReconcile string `json:"last_reconcile"`

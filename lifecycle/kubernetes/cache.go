@@ -75,10 +75,10 @@ func keptSame(cached, written *corev1.PersistentVolumeClaim, key string) bool {
 
 // slimPod keeps of a pod what the runtime reads from the cache: its
 // identity, labels, deletion, the pool's annotations, each container's
-// name and ports (the upstreams) and a sidecar's restart policy and
-// startup probe (its ready), and the whole status. The spec the pod was
+// name and ports (the upstreams), CPU (a pause) and a sidecar's restart
+// policy and startup probe (its ready), and the whole status. The spec the pod was
 // made from is on its claim (AnnotationPod); the record's labels as
-// annotations, the containers' images, env, resources, volumes and
+// annotations, the containers' images, env, memory and disk, volumes and
 // security contexts are dropped: they are most of a pod's size, and an
 // informer holds every pod of the instance.
 func slimPod(pod *corev1.Pod) {
@@ -100,15 +100,15 @@ func slimPod(pod *corev1.Pod) {
 	}
 }
 
-// slimContainers are cs with only their names, ports, restart policies
-// and startup probes.
+// slimContainers are cs with only their names, ports, restart policies,
+// startup probes and CPU (whether the pod is paused: pause.go).
 func slimContainers(cs []corev1.Container) []corev1.Container {
 	if len(cs) == 0 {
 		return nil
 	}
 	out := make([]corev1.Container, len(cs))
 	for i, c := range cs {
-		out[i] = corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy, StartupProbe: c.StartupProbe}
+		out[i] = corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy, StartupProbe: c.StartupProbe, Resources: cpuOf(c.Resources)}
 	}
 	return out
 }

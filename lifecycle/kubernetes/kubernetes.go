@@ -571,19 +571,6 @@ func imageProblem(pod *corev1.Pod) error {
 	return nil
 }
 
-// Pause implements lifecycle.Runtime: Kubernetes cannot freeze a pod.
-func (r *Runtime) Pause(ctx context.Context, id string) error {
-	return fmt.Errorf("pausing sandbox %s: %w", id, lifecycle.ErrPauseUnsupported)
-}
-
-// Unpause implements lifecycle.Runtime: nothing is ever paused.
-func (r *Runtime) Unpause(ctx context.Context, id string) error {
-	return fmt.Errorf("unpausing sandbox %s: %w", id, lifecycle.ErrPauseUnsupported)
-}
-
-// CanPause implements lifecycle.Pauser.
-func (r *Runtime) CanPause() bool { return false }
-
 // Stop implements lifecycle.Runtime: the pod is deleted (its app gets the
 // grace period) and gone when Stop returns; the claim, and the pod it
 // keeps, stay.
@@ -798,6 +785,8 @@ func (r *Runtime) fromPod(id string, pod *corev1.Pod) lifecycle.Container {
 		c.State = lifecycle.ContainerDead
 	case st != nil && st.State.Terminated != nil:
 		c.State = lifecycle.ContainerExited
+	case pod.Status.Phase == corev1.PodRunning && st != nil && st.State.Running != nil && paused(pod):
+		c.State = lifecycle.ContainerPaused // its CPU cut (pause.go)
 	case pod.Status.Phase == corev1.PodRunning && st != nil && st.State.Running != nil:
 		c.State = lifecycle.ContainerRunning
 	default:

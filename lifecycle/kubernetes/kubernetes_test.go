@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sandwake/sandwake/internal/testenv"
@@ -390,12 +391,129 @@ func TestSlimClaim(t *testing.T) {
 	t.Logf("a claim keeping a pod with four services: %d bytes as JSON, %d as cached", len(wb), len(sb))
 }
 
-func TestPauseUnsupported(t *testing.T) {
-	r, _ := newFake(t)
-	if r.CanPause() {
-		t.Fatal("CanPause")
+// pausable makes sandbox id's claim (keeping its pod) and its pod,
+// running, on the fake cluster.
+func pausable(t *testing.T, cs *fake.Clientset, r *Runtime, id string, spec lifecycle.Spec) {
+	t.Helper()
+	pod, err := r.podFor(id, spec)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := r.Pause(context.Background(), "abc"); !errors.Is(err, lifecycle.ErrPauseUnsupported) {
-		t.Fatalf("pause: %v", err)
+	claim, err := r.claimFor(id, spec, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := cs.CoreV1().PersistentVolumeClaims(testNS).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod.UID, pod.Status = types.UID("u-"+id), running("10.244.0.9")
+	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the pod in the cache", func() bool { _, err := r.pods.Get(PodName(id)); return err == nil })
+}
+
+// cpuOfPod is the app container's CPU request and limit as the fake
+// cluster holds them, in millicores.
+func cpuOfPod(t *testing.T, cs *fake.Clientset, id string) (req, lim int64) {
+	t.Helper()
+	p, err := cs.CoreV1().Pods(testNS).Get(context.Background(), PodName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := p.Spec.Containers[0].Resources
+	return rr.Requests.Cpu().MilliValue(), rr.Limits.Cpu().MilliValue()
+}
+
+// TestPauseCutsCPU: a pause cuts the app's CPU in place through the
+// pod's resize subresource, keeping the relation of request to limit (its
+// QoS class), and reads as paused; a wake gives back what the pod was made
+// with. Both shapes: cpus given (request = limit) and cpus 0 (a request of
+// 1m under a limit that bounds nothing).
+func TestPauseCutsCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		cpus                   float64
+		req, lim, cutR, cutLim int64
+	}{
+		{"cpus 0.5", 0.5, 500, 500, pausedCPUMilli, pausedCPUMilli},
+		{"cpus 0", 0, idleCPUMilli, unlimitedCPUMilli, idleCPUMilli, pausedBurstCPUMilli},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, cs := newFake(t)
+			if !r.CanPause() {
+				t.Fatal("CanPause is false")
+			}
+			spec := testSpec()
+			spec.MemoryMB, spec.CPUs = 256, tc.cpus
+			pausable(t, cs, r, "abc", spec)
+			if req, lim := cpuOfPod(t, cs, "abc"); req != tc.req || lim != tc.lim {
+				t.Fatalf("made with cpu %dm/%dm, want %dm/%dm", req, lim, tc.req, tc.lim)
+			}
+			ctx := context.Background()
+			if err := r.Pause(ctx, "abc"); err != nil {
+				t.Fatal(err)
+			}
+			var resized int
+			for _, a := range cs.Actions() {
+				if a.GetVerb() == "patch" && a.GetSubresource() == "resize" {
+					resized++
+				}
+			}
+			if resized != 1 {
+				t.Fatalf("%d patches of pods/resize, want 1", resized)
+			}
+			if req, lim := cpuOfPod(t, cs, "abc"); req != tc.cutR || lim != tc.cutLim {
+				t.Fatalf("paused with cpu %dm/%dm, want %dm/%dm", req, lim, tc.cutR, tc.cutLim)
+			}
+			p, _ := cs.CoreV1().Pods(testNS).Get(ctx, "s-abc", metav1.GetOptions{})
+			if p.Spec.Containers[0].Resources.Limits.Memory().Value() != 256<<20 {
+				t.Fatalf("the pause changed the memory limit: %v", p.Spec.Containers[0].Resources.Limits)
+			}
+			if c, err := r.Inspect(ctx, "abc"); err != nil || c.State != lifecycle.ContainerPaused {
+				t.Fatalf("inspect after pause: %+v %v, want paused", c, err)
+			}
+			if err := r.Pause(ctx, "abc"); err != nil { // paused already: no call
+				t.Fatal(err)
+			}
+			if err := r.Unpause(ctx, "abc"); err != nil {
+				t.Fatal(err)
+			}
+			if req, lim := cpuOfPod(t, cs, "abc"); req != tc.req || lim != tc.lim {
+				t.Fatalf("woken with cpu %dm/%dm, want %dm/%dm", req, lim, tc.req, tc.lim)
+			}
+			if c, err := r.Inspect(ctx, "abc"); err != nil || c.State != lifecycle.ContainerRunning || c.Upstreams[8080] != "10.244.0.9:8080" {
+				t.Fatalf("inspect after unpause: %+v %v, want running at its address", c, err)
+			}
+		})
+	}
+}
+
+// TestPauseRefusesAPodWithoutCPULimit: a pod made before every pod had a
+// CPU limit cannot be cut (a resize cannot add one without changing its
+// QoS class): ErrPauseUnsupported, with no call, so the reaper stops it.
+func TestPauseRefusesAPodWithoutCPULimit(t *testing.T) {
+	r, cs := newFake(t)
+	spec := testSpec()
+	pod, err := r.podFor("old", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{}
+	pod.Status = running("10.244.0.7")
+	if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the pod in the cache", func() bool { _, err := r.pods.Get("s-old"); return err == nil })
+	cs.ClearActions()
+	if err := r.Pause(context.Background(), "old"); !errors.Is(err, lifecycle.ErrPauseUnsupported) {
+		t.Fatalf("pause = %v, want ErrPauseUnsupported", err)
+	}
+	if n := len(cs.Actions()); n != 0 {
+		t.Fatalf("%d API calls for a pause that cannot be, want 0: %v", n, cs.Actions())
+	}
+	if err := r.Pause(context.Background(), "none"); !errors.Is(err, lifecycle.ErrContainerNotFound) {
+		t.Fatalf("pause of a sandbox with no pod = %v, want ErrContainerNotFound", err)
 	}
 }

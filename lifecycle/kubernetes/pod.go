@@ -153,29 +153,29 @@ func envVars(env map[string]string) []corev1.EnvVar {
 	return out
 }
 
-// resources are a container's memory and CPU, as equal requests and
-// limits, and its disk as an ephemeral-storage limit; 0 is none.
+// resources are a container's memory and CPU, and its disk as an
+// ephemeral-storage limit; 0 is none. A CPU is always given, in a shape a
+// pause can cut in place (pause.go): cpus as equal request and limit (at
+// least minCPUMilli), or, for cpus 0, a request of idleCPUMilli and a
+// limit of unlimitedCPUMilli, which bounds nothing.
 func resources(memoryMB int64, cpus float64, diskMB int64) corev1.ResourceRequirements {
-	var rr corev1.ResourceRequirements
-	res := corev1.ResourceList{}
+	rr := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	if memoryMB > 0 {
-		res[corev1.ResourceMemory] = *resource.NewQuantity(memoryMB<<20, resource.BinarySI)
-	}
-	if cpus > 0 {
-		res[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(cpus*1000), resource.DecimalSI)
-	}
-	if len(res) > 0 {
 		// Requests equal to limits: the scheduler places the sandbox where
 		// what it may use is free, as max_resident admits it on Docker.
-		rr.Requests = res
-		rr.Limits = maps.Clone(res)
+		m := *resource.NewQuantity(memoryMB<<20, resource.BinarySI)
+		rr.Requests[corev1.ResourceMemory], rr.Limits[corev1.ResourceMemory] = m, m.DeepCopy()
+	}
+	if cpus > 0 {
+		c := *resource.NewMilliQuantity(max(int64(cpus*1000), minCPUMilli), resource.DecimalSI)
+		rr.Requests[corev1.ResourceCPU], rr.Limits[corev1.ResourceCPU] = c, c.DeepCopy()
+	} else {
+		rr.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(idleCPUMilli, resource.DecimalSI)
+		rr.Limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(unlimitedCPUMilli, resource.DecimalSI)
 	}
 	if diskMB > 0 {
 		// The kubelet evicts a pod past it (writable layer, logs, /tmp):
 		// the nearest to Docker's quota on the writable layer.
-		if rr.Limits == nil {
-			rr.Limits = corev1.ResourceList{}
-		}
 		rr.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(diskMB<<20, resource.BinarySI)
 	}
 	return rr

@@ -99,10 +99,11 @@ func TestServicesPodSpec(t *testing.T) {
 		{"db cpu 250m request=limit", db.Resources.Limits.Cpu().MilliValue() == 250 && db.Resources.Requests.Cpu().MilliValue() == 250},
 		{"db ephemeral storage 50Mi", db.Resources.Limits.StorageEphemeral().Value() == 50<<20},
 		{"cache http startup probe", cache.StartupProbe != nil && cache.StartupProbe.HTTPGet != nil && cache.StartupProbe.HTTPGet.Port.IntValue() == 6379 && cache.StartupProbe.HTTPGet.Path == "/health"},
-		{"cache memory only", cache.Resources.Limits.Memory().Value() == 64<<20 && cache.Resources.Limits.Cpu().IsZero()},
+		{"cache: memory, and cpu 0 as a request of 1m under an unbounding limit", cache.Resources.Limits.Memory().Value() == 64<<20 &&
+			cache.Resources.Requests.Cpu().MilliValue() == idleCPUMilli && cache.Resources.Limits.Cpu().MilliValue() == unlimitedCPUMilli},
 		{"worker: no probe", worker.StartupProbe == nil},
 		{"worker: default workspace", worker.VolumeMounts[0].MountPath == lifecycle.DefaultWorkspacePath},
-		{"worker: no resources", worker.Resources.Limits == nil && worker.Resources.Requests == nil},
+		{"worker: cpu alone (a pause can cut it)", worker.Resources.Limits.Memory().IsZero() && len(worker.Resources.Limits) == 1 && len(worker.Resources.Requests) == 1},
 		{"ready strings read back", readyOf(&db) == "tcp:5432" && readyOf(&cache) == "http:6379/health" && readyOf(&worker) == ""},
 		{"the app's claim and /tmp", ps.Volumes[0].PersistentVolumeClaim.ClaimName == "s-abc-data" && vols[tmpVolume].EmptyDir != nil},
 		{"the pod still never restarts", ps.RestartPolicy == corev1.RestartPolicyNever},
