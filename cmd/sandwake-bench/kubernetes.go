@@ -152,6 +152,13 @@ func (b *bench) kubeGatewayCells(ctx context.Context, kb *kubeBench, id string) 
 		b.show(t)
 		oneWake = w
 	}
+	if k.runs("wake") {
+		t, err := kubePausedWake(ctx, g, id, b.o.wakes)
+		if err != nil {
+			return err
+		}
+		b.show(t)
+	}
 	if k.runs("storm") {
 		t, err := kubeStorm(ctx, kb, g, id, b.o.stormN, b.o.stormRounds, oneWake)
 		if t != nil && len(t.rows) > 0 {
@@ -554,6 +561,36 @@ func kubeWake(ctx context.Context, kb *kubeBench, g *gateway, id string, n int) 
 		t.add(ratioRow("from stopped, of which the engine's wake, mean", mean(rs).Seconds(), d.Seconds(), fmtSeconds, info))
 	}
 	return t, percentile(rs, 50), nil
+}
+
+// kubePausedWake pauses sandbox id through the API (its pod's CPU cut in
+// place) and times a held GET through sandwake to its first byte, n
+// times: the pause tier's wake (the resize cell measures the kubelet's
+// side of it).
+func kubePausedWake(ctx context.Context, g *gateway, id string, n int) (*table, error) {
+	c := loopbackClient(4)
+	url := g.previewURL(id, "/healthz")
+	var ts []time.Duration
+	for range n {
+		if err := g.act(ctx, id, "pause", "paused"); err != nil {
+			return nil, err
+		}
+		d, err := firstByte(ctx, c, url)
+		if err != nil {
+			return nil, fmt.Errorf("wake from paused through sandwake: %w", err)
+		}
+		ts = append(ts, d)
+	}
+	t := &table{
+		title: kubeTitlePrefix + "wake from paused (CPU cut in place): first byte through sandwake",
+		note:  fmt.Sprintf("%d rounds: pause through the API (PATCH pods/resize to cpu 1m, until the informer reads it), then a held GET at the preview host; the wake PATCHes the CPU back and forwards as soon as the API server took it", n),
+	}
+	s := sortedCopy(ts)
+	t.add(valueRow("wake from paused, p50", "", percentile(s, 50).Seconds(), fmtSeconds, goal{op: "<=", limit: resizeWakeGoal.Seconds(), format: fmtSeconds}))
+	t.add(valueRow("wake from paused, p90", "", percentile(s, 90).Seconds(), fmtSeconds, info))
+	t.add(valueRow("wake from paused, max", "", s[len(s)-1].Seconds(), fmtSeconds, info))
+	progress("kubernetes: wake from paused: p50 %s p90 %s", fmtDuration(percentile(s, 50)), fmtDuration(percentile(s, 90)))
+	return t, nil
 }
 
 // kubeStorm fires n concurrent held GETs at sandbox id stopped, rounds
