@@ -204,8 +204,6 @@ func (a *App) provisionEngine() error {
 		return refuse("sandbox_network", "a setting of engine docker: pods are on the cluster's network")
 	case a.SandboxSubnet != "":
 		return refuse("sandbox_subnet", "a setting of engine docker: pod addresses are the cluster's")
-	case len(a.Labels) > 0:
-		return refuse("label", "the kubernetes engine does not put configured labels on its pods and claims yet (they carry sandwake.instance)")
 	case a.Nofile != 0:
 		return refuse("nofile", "Kubernetes has no per-pod open-file limit (the node's container runtime sets it)")
 	case a.Pull == core.PullAlways:
@@ -214,6 +212,9 @@ func (a *App) provisionEngine() error {
 		return refuse("allowed_registries", "the kubelet, not sandwake, would pull, and no registry check stands before it yet: the kubernetes engine uses only images the nodes have")
 	case a.Cluster != nil:
 		return refuse("cluster", "a cluster of gateways on the kubernetes engine is not built yet")
+	}
+	if err := core.CheckKubernetesLabels(a.Labels); err != nil {
+		return refuse("label", err.Error()+" (the pods, claims and NetworkPolicies carry the configured labels)")
 	}
 	if a.MinFreeMemory == "" {
 		a.MinFreeMemory = "0"

@@ -80,7 +80,13 @@ func TestEngineOptions(t *testing.T) {
 		{"docker_host", ok + "docker_host unix:///x.sock", "docker_host", nil},
 		{"upstream_mode", ok + "upstream_mode published", "upstream_mode", nil},
 		{"sandbox_network", ok + "sandbox_network sn", "sandbox_network", nil},
-		{"label", ok + "label a b", "label", nil},
+		{"label", ok + "label team previews\nlabel example.com/cost-center c42", "", func(t *testing.T, a *App) {
+			if a.Labels["team"] != "previews" || a.Labels["example.com/cost-center"] != "c42" {
+				t.Fatalf("labels %v", a.Labels)
+			}
+		}},
+		{"label not a Kubernetes label", ok + "label team a/b", `value "a/b" is not a Kubernetes label value`, nil},
+		{"label of sandwake's own", ok + "label sandwake.id x", "sandwake's own", nil},
 		{"nofile", ok + "nofile 1024", "nofile", nil},
 		{"pull always", ok + "pull always", "pull always", nil},
 		{"pull never", ok + "pull never", "", nil},

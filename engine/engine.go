@@ -89,7 +89,8 @@ type Options struct {
 	Network string
 	// StopTimeout is the grace period of a container stop. Default: 10s.
 	StopTimeout time.Duration
-	// Labels are added to every container and volume made.
+	// Labels are added to every container and volume made (every pod,
+	// claim and NetworkPolicy on Kubernetes).
 	Labels map[string]string
 	// SandboxNetwork is the network sandboxes join in published mode.
 	// Default: DefaultSandboxNetwork-<instance>.
@@ -214,6 +215,13 @@ func (k KubernetesOptions) tolerations() []corev1.Toleration {
 	return out
 }
 
+// CheckKubernetesLabels refuses configured labels the kubernetes engine
+// cannot put on its pods, claims and NetworkPolicies (not Kubernetes
+// labels, or sandwake's own keys).
+func CheckKubernetesLabels(labels map[string]string) error {
+	return kubernetes.CheckLabels(labels)
+}
+
 // Check reports a setting Kubernetes would refuse, and an instance name
 // ("": none configured) that is not a Kubernetes label value (its objects
 // carry it), before anything is opened.
@@ -323,6 +331,7 @@ func Open(opts Options) (*Engine, error) {
 			ClusterCIDRs:    opts.Kubernetes.ClusterCIDRs,
 			GatewayCIDRs:    opts.Kubernetes.GatewayCIDRs,
 			GatewaySelector: opts.Kubernetes.GatewaySelector,
+			Labels:          opts.Labels,
 		})
 		if err != nil {
 			st.Close()

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,6 +131,10 @@ type Options struct {
 	// namespace), which may reach the sandboxes' ports. Default:
 	// DefaultGatewaySelector.
 	GatewaySelector map[string]string
+	// Labels are put on every pod, claim and NetworkPolicy made, beside
+	// sandwake's own (the Docker engine's configured labels). Keys and
+	// values must be Kubernetes labels' (CheckLabels).
+	Labels map[string]string
 	// Client is the API client to use instead of one made from
 	// Kubeconfig (tests give a fake one).
 	Client kubernetes.Interface
@@ -185,6 +191,9 @@ func New(opts Options) (*Runtime, error) {
 	case PullMissing, PullNever, PullAlways:
 	default:
 		return nil, fmt.Errorf("kubernetes runtime: unknown pull policy %q (missing, never or always)", opts.Pull)
+	}
+	if err := CheckLabels(opts.Labels); err != nil {
+		return nil, fmt.Errorf("kubernetes runtime: %w", err)
 	}
 	cs := opts.Client
 	if cs == nil {
@@ -282,8 +291,31 @@ func PodName(id string) string { return "s-" + id }
 // ClaimName is the name of sandbox id's workspace claim.
 func ClaimName(id string) string { return "s-" + id + "-data" }
 
+// labels are the labels of every object made for sandbox id: the
+// configured ones and sandwake's.
 func (r *Runtime) labels(id string) map[string]string {
-	return map[string]string{LabelManaged: "true", LabelInstance: r.opts.Instance, LabelID: id}
+	l := make(map[string]string, len(r.opts.Labels)+3)
+	maps.Copy(l, r.opts.Labels)
+	l[LabelManaged], l[LabelInstance], l[LabelID] = "true", r.opts.Instance, id
+	return l
+}
+
+// CheckLabels refuses configured labels (Options.Labels) that are not
+// Kubernetes labels, or that take a name of sandwake's own ("sandwake."
+// keys).
+func CheckLabels(labels map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return fmt.Errorf("label key %q is not a Kubernetes label key: %s", k, strings.Join(errs, "; "))
+		}
+		if strings.HasPrefix(k, "sandwake.") {
+			return fmt.Errorf("label key %q: keys starting with sandwake. are sandwake's own", k)
+		}
+		if errs := validation.IsValidLabelValue(labels[k]); len(errs) > 0 {
+			return fmt.Errorf("label %s value %q is not a Kubernetes label value: %s", k, labels[k], strings.Join(errs, "; "))
+		}
+	}
+	return nil
 }
 
 // owns reports whether an object of sandbox id with these labels is this

@@ -1,11 +1,13 @@
 package kubernetes
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -41,5 +43,39 @@ func TestPodPlacement(t *testing.T) {
 	plain, _ := newFake(t)
 	if pod, _ = plain.podFor("abc", testSpec()); pod.Spec.NodeSelector != nil || pod.Spec.Tolerations != nil || pod.Spec.RuntimeClassName != nil {
 		t.Fatalf("no placement configured: %+v", pod.Spec)
+	}
+}
+
+// TestConfiguredLabels: the configured labels are on every object made
+// (pod, claim, NetworkPolicy) beside sandwake's own, which they cannot
+// replace; labels Kubernetes would refuse are refused at New.
+func TestConfiguredLabels(t *testing.T) {
+	cs := fake.NewClientset()
+	r, _ := startFake(t, cs, Options{Labels: map[string]string{"team": "previews", "example.com/cost-center": "c42"}})
+	ctx := context.Background()
+	if _, err := r.Create(ctx, "abc", testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := r.podFor("abc", testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := cs.CoreV1().PersistentVolumeClaims(testNS).Get(ctx, ClaimName("abc"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy, err := cs.NetworkingV1().NetworkPolicies(testNS).Get(ctx, PolicyName("abc"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kind, l := range map[string]map[string]string{"pod": pod.Labels, "claim": claim.Labels, "policy": policy.Labels} {
+		if l["team"] != "previews" || l["example.com/cost-center"] != "c42" || !r.owns("abc", l) {
+			t.Fatalf("%s labels %v: want the configured ones and sandwake's", kind, l)
+		}
+	}
+	for _, bad := range []map[string]string{{"sandwake.id": "x"}, {"team": "a/b"}, {"bad key!": "x"}} {
+		if _, err := New(Options{Client: cs, Namespace: testNS, Instance: "t1", Labels: bad}); err == nil {
+			t.Fatalf("labels %v accepted", bad)
+		}
 	}
 }
