@@ -2,12 +2,14 @@ package caddymodule_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandwake/sandwake/client"
@@ -26,7 +28,8 @@ const (
 // stopped sandbox, a pod deleted behind sandwake's back seen from the
 // informer and woken again, idle tiers that pause a pod in place (its CPU
 // cut) and then stop it, a tenant's create that never mounts another
-// tenant's claim, and a template's warm pool whose hit makes no pod.
+// tenant's claim, a template's warm pool whose hit makes no pod, and the
+// dashboard, in a real browser, pausing and waking a pod.
 func TestKubernetesPromises(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -264,5 +267,38 @@ func TestKubernetesPromises(t *testing.T) {
 		if m := made.Load(); m != 0 {
 			t.Fatalf("pods made for a pool hit: %d, want 0", m)
 		}
+	})
+
+	t.Run("the dashboard pauses and wakes a pod", func(t *testing.T) {
+		row := func(inner string) chromedp.CSS {
+			return chromedp.CSS(fmt.Sprintf(`tr[data-id=%q] %s`, id, inner))
+		}
+		before := e.pod(ctx, id)
+		if before == nil || e.State(id) != "running" {
+			t.Fatalf("sandbox %s: %s, pod %v; want running", id, e.State(id), before)
+		}
+		bctx := gatewaytest.NewBrowser(t, chromedp.WindowSize(1280, 800))
+		gatewaytest.Browse(t, bctx, "signing in to the dashboard",
+			chromedp.Navigate(e.APIURL("/")),
+			chromedp.WaitVisible(chromedp.ID("token-form")),
+			chromedp.SendKeys(chromedp.ID("token-input"), gatewaytest.Token),
+			chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+			chromedp.WaitVisible(row(`td.state[data-state="running"]`)),
+		)
+		gatewaytest.Browse(t, bctx, "pausing from the row",
+			chromedp.Click(row(`button[data-action="pause"]`)),
+			chromedp.WaitVisible(row(`td.state[data-state="paused"]`)),
+		)
+		if p := e.pod(ctx, id); p == nil || p.UID != before.UID || p.Spec.Containers[0].Resources.Limits.Cpu().MilliValue() > 2 {
+			t.Fatalf("after the dashboard's pause: pod %v, want the same pod (%s) with its CPU cut", p, before.UID)
+		}
+		gatewaytest.Browse(t, bctx, "waking from the row",
+			chromedp.Click(row(`button[data-action="wake"]`)),
+			chromedp.WaitVisible(row(`td.state[data-state="running"]`)),
+		)
+		if p := e.pod(ctx, id); p == nil || p.UID != before.UID || p.Spec.Containers[0].Resources.Limits.Cpu().MilliValue() <= 2 {
+			t.Fatalf("after the dashboard's wake: pod %v, want the same pod (%s) with its CPU back", p, before.UID)
+		}
+		gatewaytest.Screenshot(t, bctx, "kubernetes-dashboard.png")
 	})
 }
