@@ -169,8 +169,23 @@ func (f *Firewall) opensPrivate(a netip.Addr, r lifecycle.AllowRule) bool {
 	if p := f.deniedRef.Load(); p != nil {
 		for _, d := range *p {
 			if d.Contains(a) {
-				return lifecycle.EgressConfig{AllowPrivate: f.opts.AllowPrivate}.OpensPrivate(a, r)
+				return privateOpened(f.opts.AllowPrivate, a, r)
 			}
+		}
+	}
+	return true
+}
+
+// privateOpened reports whether the operator's egress_allow_private
+// entries open addr on every port and protocol an answer to a name rule r
+// may be used for: the forwarder puts a private answer into a set only
+// then.
+func privateOpened(allowPrivate []lifecycle.AllowRule, addr netip.Addr, r lifecycle.AllowRule) bool {
+	for _, p := range protos(r) {
+		if !slices.ContainsFunc(allowPrivate, func(a lifecycle.AllowRule) bool {
+			return a.Prefix.Contains(addr) && a.Proto == p && (a.Port == 0 || a.Port == r.Port)
+		}) {
+			return false
 		}
 	}
 	return true

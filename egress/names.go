@@ -114,7 +114,7 @@ func (sb *sandbox) setRules(e lifecycle.FirewallEntry) {
 func keysOf(rules []lifecycle.AllowRule) []setKey {
 	var out []setKey
 	for _, r := range rules {
-		for _, p := range r.Protos() {
+		for _, p := range protos(r) {
 			if k := (setKey{p, r.Port}); !slices.Contains(out, k) {
 				out = append(out, k)
 			}
@@ -217,10 +217,10 @@ func (sb *sandbox) fill(sets map[string][]element, name string, addrs []netip.Ad
 // that each matching rule takes (all of them when keep is nil).
 func (sb *sandbox) fillRules(sets map[string][]element, rules []lifecycle.AllowRule, prefix, name string, addrs []netip.Addr, left time.Duration, keep func(netip.Addr, lifecycle.AllowRule) bool) {
 	for _, r := range rules {
-		if !r.MatchName(name) {
+		if !matchName(r, name) {
 			continue
 		}
-		for _, p := range r.Protos() {
+		for _, p := range protos(r) {
 			set := sb.setName(prefix, setKey{p, r.Port})
 			for _, a := range addrs {
 				if keep == nil || keep(a, r) {
@@ -253,11 +253,20 @@ func (sb *sandbox) judge(name string) (policy string, allowed, denied bool) {
 // allowed reports whether a name entry allows name; denied whether one
 // denies it.
 func (sb *sandbox) allowed(name string) bool {
-	return slices.ContainsFunc(sb.allow, func(r lifecycle.AllowRule) bool { return r.MatchName(name) })
+	return slices.ContainsFunc(sb.allow, func(r lifecycle.AllowRule) bool { return matchName(r, name) })
 }
 
 func (sb *sandbox) denied(name string) bool {
-	return slices.ContainsFunc(sb.deny, func(r lifecycle.AllowRule) bool { return r.MatchName(name) })
+	return slices.ContainsFunc(sb.deny, func(r lifecycle.AllowRule) bool { return matchName(r, name) })
+}
+
+// matchName reports whether the name entry r covers the DNS name n (lower
+// case, without the final dot).
+func matchName(r lifecycle.AllowRule, n string) bool {
+	if base, ok := strings.CutPrefix(r.Name, "*."); ok {
+		return len(n) > len(base)+1 && strings.HasSuffix(n, base) && n[len(n)-len(base)-1] == '.'
+	}
+	return r.Name != "" && n == r.Name
 }
 
 // remember keeps an answer (bounded: the one expiring first goes). The

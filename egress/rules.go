@@ -140,6 +140,15 @@ func rejectOther() expr.Any {
 
 func cat(parts ...[]expr.Any) []expr.Any { return slices.Concat(parts...) }
 
+// protos are the protocols rule r opens: its own, or both for a name
+// entry that names none.
+func protos(r lifecycle.AllowRule) []string {
+	if r.Proto == "" {
+		return []string{"tcp", "udp"}
+	}
+	return []string{r.Proto}
+}
+
 // sandboxRules are the rules of one sandbox's chain, in order:
 //
 //	ip daddr <gateway> meta l4proto udp|tcp th dport 53 accept       (the forwarder)
@@ -195,7 +204,7 @@ func sandboxRules(sb *sandbox, gateway netip.Addr, resolvers []netip.Addr, count
 				rules = append(rules, cat(ipPrefix(offDaddr, r.Prefix), refuse)) // every protocol, ICMP too
 				continue
 			}
-			for _, p := range r.Protos() {
+			for _, p := range protos(r) {
 				rules = append(rules, cat(ipPrefix(offDaddr, r.Prefix), protoPort(p, r.Port), refuse))
 			}
 		}

@@ -81,23 +81,6 @@ type AllowRule struct {
 // IsName reports whether r is a name entry.
 func (r AllowRule) IsName() bool { return r.Name != "" }
 
-// MatchName reports whether the name entry r covers the DNS name n (lower
-// case, without the final dot).
-func (r AllowRule) MatchName(n string) bool {
-	if base, ok := strings.CutPrefix(r.Name, "*."); ok {
-		return len(n) > len(base)+1 && strings.HasSuffix(n, base) && n[len(n)-len(base)-1] == '.'
-	}
-	return r.Name != "" && n == r.Name
-}
-
-// Protos are the protocols the rule opens.
-func (r AllowRule) Protos() []string {
-	if r.Proto == "" {
-		return []string{"tcp", "udp"}
-	}
-	return []string{r.Proto}
-}
-
 // MaxAllowRules bounds a sandbox's allow list (and its deny list).
 const MaxAllowRules = 64
 
@@ -298,20 +281,6 @@ type EgressConfig struct {
 	// Unenforced runs sandboxes without a firewall: policies are stored
 	// and shown but nothing enforces them. The operator's explicit choice.
 	Unenforced bool
-}
-
-// OpensPrivate reports whether the operator's AllowPrivate opens addr on
-// every port and protocol an answer to a name rule r may be used for:
-// the forwarder puts a private answer into a set only then.
-func (c EgressConfig) OpensPrivate(addr netip.Addr, r AllowRule) bool {
-	for _, p := range r.Protos() {
-		if !slices.ContainsFunc(c.AllowPrivate, func(a AllowRule) bool {
-			return a.Prefix.Contains(addr) && a.Proto == p && (a.Port == 0 || a.Port == r.Port)
-		}) {
-			return false
-		}
-	}
-	return true
 }
 
 // NormalizeEgress checks e against the operator's settings and the ranges

@@ -224,45 +224,6 @@ func TestNormalizeEgressDeny(t *testing.T) {
 	}
 }
 
-func TestMatchName(t *testing.T) {
-	for _, tc := range []struct {
-		rule, name string
-		want       bool
-	}{
-		{"registry.npmjs.org", "registry.npmjs.org", true},
-		{"registry.npmjs.org", "x.registry.npmjs.org", false},
-		{"*.githubusercontent.com", "raw.githubusercontent.com", true},
-		{"*.githubusercontent.com", "a.b.githubusercontent.com", true},
-		{"*.githubusercontent.com", "githubusercontent.com", false},
-		{"*.githubusercontent.com", "evilgithubusercontent.com", false},
-	} {
-		r, err := lifecycle.ParseAllowRule(tc.rule)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := r.MatchName(tc.name); got != tc.want {
-			t.Errorf("%s matches %s: %v, want %v", tc.rule, tc.name, got, tc.want)
-		}
-	}
-}
-
-func TestOpensPrivate(t *testing.T) {
-	mirror := netip.MustParseAddr("10.0.5.20")
-	tcpOnly := lifecycle.EgressConfig{AllowPrivate: []lifecycle.AllowRule{{Prefix: netip.MustParsePrefix("10.0.5.0/24"), Proto: "tcp"}}}
-	both := lifecycle.EgressConfig{AllowPrivate: append(slices.Clone(tcpOnly.AllowPrivate), lifecycle.AllowRule{Prefix: netip.MustParsePrefix("10.0.5.0/24"), Proto: "udp"})}
-	bare, _ := lifecycle.ParseAllowRule("mirror.internal.example")
-	tcp443, _ := lifecycle.ParseAllowRule("mirror.internal.example:443/tcp")
-	if tcpOnly.OpensPrivate(mirror, bare) {
-		t.Errorf("a tcp-only allowance opened a bare name (tcp and udp)")
-	}
-	if !tcpOnly.OpensPrivate(mirror, tcp443) || !both.OpensPrivate(mirror, bare) {
-		t.Errorf("an allowance covering the rule did not open it")
-	}
-	if both.OpensPrivate(netip.MustParseAddr("10.0.6.1"), bare) {
-		t.Errorf("an address outside the allowance opened")
-	}
-}
-
 func TestLearned(t *testing.T) {
 	a, b := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("198.51.100.2")
 	l := lifecycle.EgressLog{
