@@ -256,11 +256,7 @@ type Manager struct {
 	reapPasses int
 	reserved   int // admissions granted to wakes and creates in flight
 	waking     map[string]time.Time
-	// ooms are the sandboxes the engine reported an OOM kill of, and when
-	// (see sawOOM): Docker 20.10 on cgroup v2 may report a container's
-	// exit before its OOM, with OOMKilled false.
-	ooms  map[string]time.Time
-	cards cards
+	cards      cards
 	// lastWakes are the phases of each sandbox's last wake (LastWake).
 	lastWakes map[string]WakePhases
 	// wakeSpans holds the span of each traced wake's leader while its
@@ -578,9 +574,6 @@ func (m *Manager) setState(id string, to State) {
 		if !Resident(to) {
 			m.freeRoomLocked()
 		}
-	}
-	if to == "" || to == Running {
-		delete(m.ooms, id) // an OOM report speaks of the run before
 	}
 	if to == "" {
 		delete(m.states, id)

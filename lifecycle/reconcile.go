@@ -308,9 +308,9 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 			return m.correct(rec, Correction{Kind: CorrectionPaused, To: Paused, Reason: "paused_outside"}, nil, "")
 		}
 	case ContainerExited, ContainerDead, ContainerCreated:
-		oom := c.OOMKilled || (c.ExitCode == oomExitCode && m.tookOOM(id))
-		if rec.State == Stopped && rec.Reason == exitedReason(oomExitCode) && oom {
-			// The engine told the exit first and the OOM kill after it:
+		if rec.State == Stopped && rec.Reason == exitedReason(oomExitCode) && c.OOMKilled {
+			// The engine told the exit first and the OOM kill after it
+			// (the runtime reports the exit OOM-killed once it heard):
 			// the stop was an OOM kill, and says so now.
 			return m.relabelOOM(rec)
 		}
@@ -318,7 +318,7 @@ func (m *Manager) reconcileLocked(ctx context.Context, id string, listed *Contai
 			// A member of a group exited (or the app did): the next
 			// request wakes all of it, in order.
 			m.stopBrokenGroup(ctx, &rec)
-			if oom {
+			if c.OOMKilled {
 				return m.correct(rec, Correction{Kind: CorrectionOOM, To: Stopped, Reason: "oom"}, nil, "")
 			}
 			return m.correct(rec, Correction{Kind: CorrectionExited, To: Stopped, Reason: exitedReason(c.ExitCode)}, nil, "")
@@ -343,41 +343,8 @@ func (m *Manager) stopBrokenGroup(ctx context.Context, rec *Record) {
 // (128 + SIGKILL).
 const oomExitCode = 137
 
-// oomMemory is how long an OOM event is kept for the exit it explains.
-const oomMemory = 30 * time.Second
-
 // exitedReason is the reason of a sandbox whose container exited.
 func exitedReason(code int) string { return fmt.Sprintf("exited(%d)", code) }
-
-// sawOOM notes the engine's report of an OOM kill in sandbox id's container.
-// Docker 20.10 takes it from containerd's TaskOOM event, which may arrive
-// after the task's exit: the exit then says OOMKilled false, and only this
-// note tells the two apart.
-func (m *Manager) sawOOM(id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := m.cfg.Now()
-	for k, at := range m.ooms {
-		if now.Sub(at) > oomMemory {
-			delete(m.ooms, k)
-		}
-	}
-	if m.ooms == nil {
-		m.ooms = make(map[string]time.Time)
-	}
-	m.ooms[id] = now
-}
-
-// tookOOM reports, and forgets, a recent OOM report for sandbox id. A
-// report is also forgotten when the sandbox runs again (setState): it
-// speaks of the run before.
-func (m *Manager) tookOOM(id string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	at, ok := m.ooms[id]
-	delete(m.ooms, id)
-	return ok && m.cfg.Now().Sub(at) <= oomMemory
-}
 
 // errMovedOn: a record changed between its read and the relabel's write.
 var errMovedOn = errors.New("the record moved on")
@@ -563,9 +530,6 @@ func (m *Manager) handleRuntimeEvent(ev RuntimeEvent) {
 		if rec, err := m.store.Get(ev.SandboxID); err == nil && rec.State == Running {
 			return
 		}
-	}
-	if ev.Action == "oom" {
-		m.sawOOM(ev.SandboxID)
 	}
 	m.events.add(ev.SandboxID)
 }

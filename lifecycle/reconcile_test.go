@@ -537,7 +537,8 @@ func TestRuntimeEvents(t *testing.T) {
 
 	// Docker 20.10 on cgroup v2 may report the exit before the OOM kill,
 	// with OOMKilled false: the die makes the sandbox exited(137), and the
-	// late oom event gives it its true reason.
+	// late oom event, after which the runtime reports the exit OOM-killed
+	// (lifecycle/docker keeps the report), gives it its true reason.
 	t.Run("oom after die", func(t *testing.T) {
 		e, er := eventsEnv(t, lifecycle.Config{WatchEvents: true})
 		s := receive(t, er.streams, "the subscription")
@@ -549,6 +550,7 @@ func TestRuntimeEvents(t *testing.T) {
 		if r := e.lastReason(t, "app1"); r != "exited(137)" {
 			t.Fatalf("reason after die = %q, want exited(137)", r)
 		}
+		e.rt.Edit("app1", func(c *lifecycle.Container) { c.OOMKilled = true })
 		s.send(t, lifecycle.RuntimeEvent{SandboxID: "app1", Action: "oom"})
 		waitFor(t, "the oom to relabel the stop", func() bool {
 			rec, err := e.m.Get("app1")

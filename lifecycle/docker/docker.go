@@ -152,6 +152,8 @@ type Runtime struct {
 	// noQuota: the storage driver refused a size quota; creates no longer
 	// ask for one.
 	noQuota atomic.Bool
+	// ooms are the engine's late OOM reports (oom.go).
+	ooms oomReports
 
 	netMu sync.Mutex
 	// mode is the upstream mode in force (see upstream.go); nil until an
@@ -844,6 +846,7 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (lifecycle.Container, 
 			return lifecycle.Container{}, err
 		}
 	}
+	r.ooms.explain(id, &c, time.Now())
 	return c, nil
 }
 
@@ -982,6 +985,9 @@ func (r *Runtime) Events(ctx context.Context) (<-chan lifecycle.RuntimeEvent, <-
 		id := msg.Actor.Attributes[LabelID]
 		if !r.owns(id, msg.Actor.Attributes) {
 			return lifecycle.RuntimeEvent{}, false // another instance's container
+		}
+		if action == "oom" {
+			r.ooms.saw(id, time.Now()) // before the Manager's inspect it brings
 		}
 		return lifecycle.RuntimeEvent{SandboxID: id, Action: action}, true
 	})
