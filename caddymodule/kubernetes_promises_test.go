@@ -219,8 +219,8 @@ func TestKubernetesPromises(t *testing.T) {
 		}
 		e.eventually(t, "a ready pool pod of template web", func() bool { return pool().Idle > 0 })
 		// Two full reconciles later (the first may have listed before the
-		// pod was ready), the pod is still the pool's: the sweep reads
-		// the pool's pod, paused in place, as the pool's.
+		// pod was ready), the pod is still the pool's: the sweep expects
+		// it running (a pause that only throttles keeps pool pods running).
 		lastReconcile := func() string {
 			var ready struct {
 				LastReconcile string `json:"last_reconcile"`
@@ -242,6 +242,11 @@ func TestKubernetesPromises(t *testing.T) {
 		for _, p := range list.Items {
 			if p.Annotations["sandwake.pool"] == "web" {
 				pooled = p.Labels["sandwake.id"]
+				// A pause here only throttles: pool pods run, so a hit
+				// does not wait for the kubelet to give the CPU back.
+				if p.Spec.Containers[0].Resources.Limits.Cpu().MilliValue() <= 2 {
+					t.Fatalf("pool pod %s has its CPU cut (paused); pool pods run on Kubernetes", p.Name)
+				}
 			}
 		}
 		if pooled == "" {

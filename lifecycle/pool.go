@@ -304,7 +304,7 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 		// with the template's policy: the claimant's replaces it.
 		err = m.applyRuntimeEgress(&rec)
 	}
-	if err == nil && t.Pool.State == PoolPaused && m.canPause() {
+	if err == nil && m.poolPaused(t) {
 		wakeTimeout, _ := m.limits()
 		wctx, cancel := context.WithTimeout(m.ctx, wakeTimeout)
 		err = m.runtime.Unpause(wctx, id)
@@ -329,6 +329,15 @@ func (m *Manager) claim(s *poolSlot, t *Template, spec Spec) (rec Record, admitt
 	m.recordOwner(&rec)
 	m.log.Info("sandbox claimed from the pool", zap.String("id", id), zap.String("template", t.Name))
 	return rec, true, nil
+}
+
+// poolPaused reports whether template t's pool keeps its containers
+// paused: as the template says, on a runtime whose pause is a freeze. One
+// that cannot pause, or whose pause only throttles (Pauser), runs them: a
+// hit would wait out the throttle the pool exists to spare.
+func (m *Manager) poolPaused(t *Template) bool {
+	p, ok := m.raw.(Pauser)
+	return t.Pool.State == PoolPaused && (!ok || p.CanPause() && p.PauseFreezes())
 }
 
 // sameEgress reports whether a and b are the same policy.
@@ -659,7 +668,7 @@ func (m *Manager) fillOne(t Template, key, id string) (counted bool, err error) 
 	if err == nil {
 		err = m.waitReady(ctx, id, &spec, c.Upstreams)
 	}
-	if err == nil && t.Pool.State == PoolPaused && m.canPause() {
+	if err == nil && m.poolPaused(&t) {
 		err = m.runtime.Pause(ctx, id)
 	}
 	if err != nil {
@@ -745,8 +754,8 @@ func (m *Manager) sweepPool(containers []Container, known map[string]bool, liste
 				continue
 			}
 			want := ContainerRunning
-			if tp.t.Pool.State == PoolPaused && m.canPause() {
-				want = ContainerPaused // a runtime that cannot pause runs them
+			if m.poolPaused(&tp.t) {
+				want = ContainerPaused
 			}
 			if c == nil || c.State != want {
 				died = append(died, s)

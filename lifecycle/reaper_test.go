@@ -614,7 +614,8 @@ func TestReapResidentPass(t *testing.T) {
 // (Kubernetes): lifecycle.Pauser says so.
 type noPause struct{ *lifecycletest.Runtime }
 
-func (noPause) CanPause() bool { return false }
+func (noPause) CanPause() bool     { return false }
+func (noPause) PauseFreezes() bool { return false }
 
 func TestIdlePauseStopsOnRuntimeWithoutPause(t *testing.T) {
 	clock := newFakeClock()

@@ -99,9 +99,13 @@ type Runtime interface {
 // reaper then stops a sandbox that reaches its idle_pause (the idle tiers
 // collapse to a stop), and a template's pool keeps its containers running.
 // A runtime that can pause may still refuse one sandbox so (Kubernetes: a
-// pod it cannot resize); the reaper stops that one.
+// pod it cannot resize); the reaper stops that one. PauseFreezes is false
+// for a pause that only throttles (Kubernetes cuts the CPU): the process
+// answers on, slowly, until a wake's change is applied, so a template's
+// pool keeps its containers running there.
 type Pauser interface {
 	CanPause() bool
+	PauseFreezes() bool
 }
 
 // DiskMeter is implemented by runtimes that can measure what a sandbox has

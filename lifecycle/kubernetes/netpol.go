@@ -14,6 +14,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/retry"
@@ -121,9 +122,11 @@ func (r *Runtime) CheckEgress(e lifecycle.Egress) error {
 }
 
 // ApplyEgress implements lifecycle.EgressEnforcer: spec's egress is kept
-// on sandbox id's claim for the starts to come, then its policy is made,
-// or replaced, with it. In that order: should the policy's write fail, the
-// next start makes it from the claim, as the record says.
+// on sandbox id's claim for the starts to come, and its policy is made,
+// or replaced, with it. The two writes run together, each one JSON patch that first tests the object is this
+// instance's sandbox's (a pool claim waits on them); anything a patch
+// cannot settle (a missing annotation map, a policy deleted by hand,
+// another's object) takes the read-then-write way, which says why.
 func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spec) error {
 	if !r.EnforcesEgress() {
 		return nil
@@ -132,9 +135,71 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 	if err != nil {
 		return err
 	}
+	b, err := json.Marshal(want.Spec)
+	if err != nil {
+		return fmt.Errorf("encoding NetworkPolicy %s: %w", want.Name, err)
+	}
+	// The two writes go together: whichever fails, the next start makes
+	// the policy from the claim, so what runs follows the claim.
+	claimErr := make(chan error, 1)
+	go func() { claimErr <- r.keepPolicyPatched(ctx, id, want, b) }()
+	pols := r.cs.NetworkingV1().NetworkPolicies(r.opts.Namespace)
+	err = r.patchOwned(ctx, id, func(p []byte) error {
+		_, err := pols.Patch(ctx, want.Name, types.JSONPatchType, p, metav1.PatchOptions{})
+		return err
+	}, jsonOp{Op: "replace", Path: "/spec", Value: want.Spec})
+	if err != nil {
+		_, err = r.ensurePolicy(ctx, id, want)
+	}
+	if cerr := <-claimErr; cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// keepPolicyPatched keeps want's spec (b, its JSON) on sandbox id's
+// claim: one patch, or the read-then-write way when the patch cannot.
+func (r *Runtime) keepPolicyPatched(ctx context.Context, id string, want *networkingv1.NetworkPolicy, b []byte) error {
 	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
-	var kept *corev1.PersistentVolumeClaim
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := r.patchOwned(ctx, id, func(p []byte) error {
+		_, err := claims.Patch(ctx, ClaimName(id), types.JSONPatchType, p, metav1.PatchOptions{})
+		return err
+	}, jsonOp{Op: "add", Path: "/metadata/annotations/" + AnnotationPolicy, Value: string(b)})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil // no workspace: the next create keeps the policy
+	case err != nil:
+		return r.keepPolicyOnClaim(ctx, id, want)
+	}
+	return nil
+}
+
+// jsonOp is one operation of a JSON patch (RFC 6902).
+type jsonOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
+// patchOwned sends ops, after tests that the object carries sandbox id's
+// labels of this instance, as one JSON patch through send.
+func (r *Runtime) patchOwned(ctx context.Context, id string, send func([]byte) error, ops ...jsonOp) error {
+	all := make([]jsonOp, 0, 3+len(ops))
+	for _, k := range []string{LabelManaged, LabelInstance, LabelID} {
+		all = append(all, jsonOp{Op: "test", Path: "/metadata/labels/" + k, Value: r.labels(id)[k]})
+	}
+	b, err := json.Marshal(append(all, ops...))
+	if err != nil {
+		return fmt.Errorf("encoding a patch of sandbox %s: %w", id, err)
+	}
+	return send(b)
+}
+
+// keepPolicyOnClaim keeps want's spec on sandbox id's claim by reading
+// it and writing it back (ApplyEgress's way when its patch could not).
+func (r *Runtime) keepPolicyOnClaim(ctx context.Context, id string, want *networkingv1.NetworkPolicy) error {
+	claims := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		c, err := claims.Get(ctx, ClaimName(id), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil // no workspace: the next create keeps it
@@ -149,22 +214,13 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 		if err := keepPolicy(c, want); err != nil {
 			return err
 		}
-		kept, err = claims.Update(ctx, c, metav1.UpdateOptions{})
+		_, err = claims.Update(ctx, c, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
 		return classify("keeping the NetworkPolicy on claim "+ClaimName(id), err, lifecycle.ErrNotFound)
 	}
-	if kept != nil {
-		// What the cache holds of the claim follows this change.
-		if err := r.waitClaimSeen(ctx, id, func(c *corev1.PersistentVolumeClaim) bool {
-			return c.UID == kept.UID && keptSame(c, kept, AnnotationPolicy)
-		}); err != nil {
-			return err
-		}
-	}
-	_, err = r.ensurePolicy(ctx, id, want)
-	return err
+	return nil
 }
 
 // keepPolicy keeps policy's spec on claim c (AnnotationPolicy); nil (egress

@@ -243,6 +243,23 @@ func TestPolicyLifecycle(t *testing.T) {
 	if got := readRules(pol.Spec.Egress); len(got) != 1 || got[0].to[0] != "198.51.100.7/32" {
 		t.Fatalf("after ApplyEgress: %+v", got)
 	}
+	// A policy deleted by hand: its patch finds nothing, and it is made
+	// again; the claim keeps what it was made from.
+	if err := pols.Delete(ctx, "s-abc", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	spec.Egress = lifecycle.Egress{Policy: lifecycle.EgressNone, Allow: []string{"198.51.100.8:443/tcp"}}
+	if err := r.ApplyEgress(ctx, "abc", spec); err != nil {
+		t.Fatal(err)
+	}
+	pol, err = pols.Get(ctx, "s-abc", metav1.GetOptions{})
+	if err != nil || len(pol.Spec.Egress) != 1 || !r.owns("abc", pol.Labels) {
+		t.Fatalf("the policy deleted by hand, after ApplyEgress: %+v %v", pol, err)
+	}
+	claim, _ := cs.CoreV1().PersistentVolumeClaims(testNS).Get(ctx, ClaimName("abc"), metav1.GetOptions{})
+	if !strings.Contains(claim.Annotations[AnnotationPolicy], "198.51.100.8/32") {
+		t.Fatalf("the claim keeps %q", claim.Annotations[AnnotationPolicy])
+	}
 	// A recreate replaces it again.
 	spec.Egress = lifecycle.Egress{Policy: lifecycle.EgressNone}
 	if _, err := r.Create(ctx, "abc", spec); err != nil {
