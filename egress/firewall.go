@@ -131,8 +131,10 @@ type Firewall struct {
 	smu       sync.RWMutex
 	byID      map[string]*sandbox
 	byAddr    map[netip.Addr]*sandbox
-	onDenied  atomic.Pointer[func(string, lifecycle.EgressDecision)]
+	onDenied  atomic.Pointer[func(lifecycle.Event) bool]
 	conns     connTable
+	// denials bounds what onDenied is told (denials.go).
+	denials *denialLimiter
 }
 
 // New returns a firewall; nothing is installed until Setup.
@@ -141,7 +143,8 @@ func New(opts Options) *Firewall {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Firewall{opts: opts, log: log, byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, sets: setIndex{}}
+	return &Firewall{opts: opts, log: log, byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, sets: setIndex{},
+		denials: newDenialLimiter(time.Now, DeniedPerWindow)}
 }
 
 func (f *Firewall) upstreams() []netip.Addr {
