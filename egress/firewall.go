@@ -109,7 +109,8 @@ type Firewall struct {
 	// sandbox they belong to: a sync touches one sandbox's, not all.
 	sets setIndex
 	// group is the table's log group (nflog.go); fwd the DNS forwarder
-	// (forwarder.go) and stopLog the log reader's stop, once started.
+	// (forwarder.go) and stopLog the stop of the log reader and of the
+	// denial sweep beside it (denials.go), once started.
 	group   uint16
 	fwd     *forwarder
 	fwdAddr netip.Addr
