@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/egress"
 	"github.com/sandwake/sandwake/internal/gatewaytest"
 	"github.com/sandwake/sandwake/internal/testenv"
 	"github.com/sandwake/sandwake/lifecycle"
@@ -117,7 +118,7 @@ func TestHistoryPages(t *testing.T) {
 }
 
 // Bounds of a denial flood, as docs/api.md states them: per sandbox and
-// minute, at most lifecycle.DeniedPerWindow sandbox.egress_denied events and
+// minute, at most egress.DeniedPerWindow sandbox.egress_denied events and
 // one summary. The flood below may straddle two windows.
 const (
 	floodFor            = 60 * time.Second
@@ -239,10 +240,10 @@ func TestEgressDenialFloodIsBounded(t *testing.T) {
 	if err := history(); err != nil {
 		t.Fatal(err)
 	}
-	if denied, _, _ := count(hist); denied > floodWindows*lifecycle.DeniedPerWindow {
-		t.Fatalf("the flood logged %d egress_denied events (history of %d bytes), want at most %d", denied, histBytes, floodWindows*lifecycle.DeniedPerWindow)
+	if denied, _, _ := count(hist); denied > floodWindows*egress.DeniedPerWindow {
+		t.Fatalf("the flood logged %d egress_denied events (history of %d bytes), want at most %d", denied, histBytes, floodWindows*egress.DeniedPerWindow)
 	}
-	testenv.Eventually(t, 2*lifecycle.DeniedWindow, func() (bool, string) {
+	testenv.Eventually(t, 2*egress.DeniedWindow, func() (bool, string) {
 		if err := history(); err != nil {
 			return false, err.Error()
 		}
@@ -261,14 +262,14 @@ func TestEgressDenialFloodIsBounded(t *testing.T) {
 	t.Logf("flood of %d destinations: egress_denied counter %d → %d; %d egress_denied events and %d summaries (%d suppressed) logged; %d webhook deliveries; history %d bytes; heap %d → %d KiB; RSS %d → %d KiB; store %d → %d KiB",
 		int(floodFor.Seconds())*floodRate, before.EgressDenied, after.EgressDenied, denied, summaries, suppressed, len(deliveries), histBytes, heap0>>10, heap1>>10, rss0>>10, rss1>>10, store0>>10, store1>>10)
 
-	if denied > floodWindows*lifecycle.DeniedPerWindow || summaries < 1 || summaries > floodWindows {
-		t.Errorf("%d egress_denied events and %d summaries, want at most %d and between 1 and %d", denied, summaries, floodWindows*lifecycle.DeniedPerWindow, floodWindows)
+	if denied > floodWindows*egress.DeniedPerWindow || summaries < 1 || summaries > floodWindows {
+		t.Errorf("%d egress_denied events and %d summaries, want at most %d and between 1 and %d", denied, summaries, floodWindows*egress.DeniedPerWindow, floodWindows)
 	}
 	if suppressed < 10000 {
 		t.Errorf("the summaries count %d suppressed denials, want the flood's thousands", suppressed)
 	}
-	if n := len(deliveries); n > floodWindows*(lifecycle.DeniedPerWindow+1)+4 { // + created, running
-		t.Errorf("%d webhook deliveries of the flooding sandbox, want at most %d", n, floodWindows*(lifecycle.DeniedPerWindow+1)+4)
+	if n := len(deliveries); n > floodWindows*(egress.DeniedPerWindow+1)+4 { // + created, running
+		t.Errorf("%d webhook deliveries of the flooding sandbox, want at most %d", n, floodWindows*(egress.DeniedPerWindow+1)+4)
 	}
 	if histBytes > floodMaxHistory {
 		t.Errorf("history of %d bytes, want at most %d", histBytes, floodMaxHistory)

@@ -1,7 +1,8 @@
 // Package egress enforces sandboxes' egress policies in the kernel: one
 // nftables table of sandwake's own per sandbox network, written through
 // netlink (github.com/google/nftables) in atomic batches. It implements
-// lifecycle.Firewall.
+// lifecycle.Firewall, and lifecycle.EgressObserver with what the kernel
+// logs, bounding the refused egress it reports (denials.go).
 //
 // The table, for a sandbox bridge <br>:
 //

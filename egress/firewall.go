@@ -109,7 +109,8 @@ type Firewall struct {
 	// sandbox they belong to: a sync touches one sandbox's, not all.
 	sets setIndex
 	// group is the table's log group (nflog.go); fwd the DNS forwarder
-	// (forwarder.go) and stopLog the log reader's stop, once started.
+	// (forwarder.go) and stopLog the stop of the log reader and of the
+	// denial sweep beside it (denials.go), once started.
 	group   uint16
 	fwd     *forwarder
 	fwdAddr netip.Addr
@@ -131,8 +132,10 @@ type Firewall struct {
 	smu       sync.RWMutex
 	byID      map[string]*sandbox
 	byAddr    map[netip.Addr]*sandbox
-	onDenied  atomic.Pointer[func(string, lifecycle.EgressDecision)]
+	onDenied  atomic.Pointer[func(lifecycle.Event) bool]
 	conns     connTable
+	// denials bounds what onDenied is told (denials.go).
+	denials *denialLimiter
 }
 
 // New returns a firewall; nothing is installed until Setup.
@@ -141,7 +144,8 @@ func New(opts Options) *Firewall {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Firewall{opts: opts, log: log, byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, sets: setIndex{}}
+	return &Firewall{opts: opts, log: log, byID: map[string]*sandbox{}, byAddr: map[netip.Addr]*sandbox{}, sets: setIndex{},
+		denials: newDenialLimiter(time.Now, DeniedPerWindow)}
 }
 
 func (f *Firewall) upstreams() []netip.Addr {

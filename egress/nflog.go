@@ -58,9 +58,15 @@ func (f *Firewall) startLog(group uint16) error {
 		nf.Close()
 		return fmt.Errorf("reading the egress log (NFLOG group %d): %w", group, err)
 	}
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		f.sweepDenials(ctx)
+	}()
 	f.stopLog = func() {
 		cancel()
 		nf.Close()
+		<-swept
 	}
 	return nil
 }
@@ -83,9 +89,7 @@ func (f *Firewall) logged(prefix string, pkt []byte, now time.Time) {
 	}
 	d, report := sb.log.decision(k, sb.nameOf(k.addr), now)
 	if report {
-		if fn := f.onDenied.Load(); fn != nil {
-			(*fn)(sb.id, d)
-		}
+		f.reportDenied(sb.id, d)
 	}
 }
 

@@ -12,7 +12,8 @@ import (
 // This file holds what the firewall tells of what sandboxes tried
 // (lifecycle.EgressObserver): each sandbox's bounded log of connections
 // (from the kernel's log group, nflog.go) and lookups (from the
-// forwarder), the denied-destination callback and outbound activity.
+// forwarder) and outbound activity; the denied-destination callback,
+// bounded, is denials.go's.
 
 // maxLogLines bounds each of a sandbox's two logs; the line seen longest
 // ago goes first.
@@ -51,8 +52,8 @@ func newActivityLog() *activityLog {
 }
 
 // decision counts one connection (or refused packet); it reports whether
-// the caller should tell OnDenied (a denied destination not reported in
-// the last deniedEvery).
+// the caller should report it denied (reportDenied: a denied destination
+// not reported in the last deniedEvery).
 func (l *activityLog) decision(k decisionKey, name string, now time.Time) (lifecycle.EgressDecision, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -176,11 +177,6 @@ func (f *Firewall) TakeLearning() map[string]lifecycle.EgressLog {
 		}
 	}
 	return out
-}
-
-// OnDenied implements lifecycle.EgressObserver.
-func (f *Firewall) OnDenied(fn func(id string, d lifecycle.EgressDecision)) {
-	f.onDenied.Store(&fn)
 }
 
 // Outbound implements lifecycle.EgressObserver: now while the sandbox at

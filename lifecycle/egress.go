@@ -491,9 +491,17 @@ type LearningObserver interface {
 type EgressObserver interface {
 	// EgressLog is sandbox id's log (empty when none).
 	EgressLog(id string) EgressLog
-	// OnDenied sets the function told of each new denied destination of
-	// a sandbox (at most once a second per sandbox and destination).
-	OnDenied(fn func(id string, d EgressDecision))
+	// OnDenied sets the function told of sandboxes' refused egress,
+	// already bounded by the firewall: an EventEgressDenied per denied
+	// destination (a few dozen per sandbox a minute), then an
+	// EventEgressDeniedSummary counting the rest. fn records the event,
+	// without incarnation or labels, as its sandbox's and reports whether
+	// the sandbox has a record (a window of one without ends unsummarised).
+	OnDenied(fn func(ev Event) bool)
+	// ForgetDenials drops what the firewall counts of sandbox id's
+	// refused egress: its record is gone, and a sandbox made again under
+	// the id starts afresh.
+	ForgetDenials(id string)
 	// Outbound reports when the sandbox at addr last worked outbound: now
 	// while it holds an established outbound connection, else its last
 	// lookup; zero when never.

@@ -303,8 +303,9 @@ func (f *learningFirewall) EgressLog(id string) lifecycle.EgressLog {
 	defer f.mu.Unlock()
 	return f.logs[id]
 }
-func (f *learningFirewall) OnDenied(func(string, lifecycle.EgressDecision)) {}
-func (f *learningFirewall) Outbound(netip.Addr) time.Time                   { return time.Time{} }
+func (f *learningFirewall) OnDenied(func(lifecycle.Event) bool) {}
+func (f *learningFirewall) ForgetDenials(string)                {}
+func (f *learningFirewall) Outbound(netip.Addr) time.Time       { return time.Time{} }
 func (f *learningFirewall) TakeLearning() map[string]lifecycle.EgressLog {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -223,9 +223,7 @@ type Manager struct {
 	built    Config
 	bus      bus
 	activity activities
-	// denials bounds the events refused egress makes (denials.go).
-	denials *denialLimiter
-	flushMu sync.Mutex
+	flushMu  sync.Mutex
 	// learnPending are the learned lists of sandboxes under learn that
 	// the next activity flush writes (under flushMu; see takeLearning).
 	learnPending map[string][]string
@@ -312,7 +310,6 @@ func NewManager(st Store, rt Runtime, cfg Config) (*Manager, error) {
 		events:    newWorkQueue(),
 		built:     cfg,
 		pool:      newPool(),
-		denials:   newDenialLimiter(cfg.Now, DeniedPerWindow),
 	}
 	m.pool.egress = m.effectiveEgress
 	if o, ok := cfg.Firewall.(EgressObserver); ok {
@@ -353,7 +350,6 @@ func (m *Manager) Start() error {
 	cfg := m.cfg
 	m.every("activity flush", cfg.ActivityFlush, m.flushActivityLogged, true)
 	m.every("reaper", cfg.ReapInterval, m.reapPass, false)
-	m.every("denied egress summaries", denialSweepEvery, m.flushDenials, false)
 	m.every("periodic reconcile", cfg.ReconcileInterval, m.reconcilePass, false)
 	m.goTask("pool refill loop", func() { m.runPool(cfg.PoolInterval) })
 	if _, ok := m.raw.(DiskMeter); ok {
@@ -578,9 +574,11 @@ func (m *Manager) setState(id string, to State) {
 	if to == "" {
 		delete(m.states, id)
 		m.forgetCards(id)
-		// A sandbox made again under the id starts a window of its own:
-		// the gone one's budget and destinations are not carried over.
-		m.denials.drop(id)
+		// A sandbox made again under the id starts a denial window of its
+		// own: the gone one's budget and destinations are not carried over.
+		if o, ok := m.built.Firewall.(EgressObserver); ok {
+			o.ForgetDenials(id)
+		}
 		return
 	}
 	m.states[id] = to

@@ -13,7 +13,8 @@ import (
 
 // This file holds what the Manager does with what sandboxes try outbound
 // (the firewall's EgressObserver): the egress log, learn-then-lock, the
-// sandbox.egress_denied events, and outbound work counted as activity.
+// sandbox.egress_denied events the firewall reports (bounded by it), and
+// outbound work counted as activity.
 
 // Activities: what keeps a sandbox from idle pause and stop.
 const (
@@ -192,34 +193,17 @@ func LockList(r *Record, l EgressLog) []string {
 	return allow
 }
 
-// egressDenied records a denied destination the firewall reported as a
-// sandbox.egress_denied event, within the bounds of the denial limiter
-// (denials.go): past them it only counts it, for the window's summary.
-// The limiter comes first, so a flood reads and writes nothing.
-func (m *Manager) egressDenied(id string, d EgressDecision) {
-	reason := d.Addr.String()
-	if d.Port != 0 {
-		reason += ":" + strconv.Itoa(int(d.Port))
-	}
-	reason += "/" + d.Proto
-	if d.Name != "" {
-		reason += " " + d.Name
-	}
-	m.denials.emitMu.Lock()
-	defer m.denials.emitMu.Unlock()
-	logged, ended := m.denials.admit(id, reason)
-	if ended != nil {
-		m.appendDenialSummary(ended)
-	}
-	if !logged {
-		return
-	}
-	rec, err := m.store.Get(id)
+// egressDenied records an event of refused egress the firewall reported,
+// already bounded (its OnDenied), as its sandbox's, with the record's
+// incarnation and labels; false when the sandbox has no record.
+func (m *Manager) egressDenied(ev Event) bool {
+	rec, err := m.store.Get(ev.SandboxID)
 	if err != nil {
-		return
+		return false
 	}
-	m.denials.note(id, rec.Incarnation, rec.Spec.Labels)
-	if _, err := m.store.AppendEvent(Event{Type: EventEgressDenied, SandboxID: id, Reason: reason, Incarnation: rec.Incarnation, Labels: rec.Spec.Labels}); err != nil {
-		m.log.Warn("recording a denied egress", zap.String("id", id), zap.Error(err))
+	ev.Incarnation, ev.Labels = rec.Incarnation, rec.Spec.Labels
+	if _, err := m.store.AppendEvent(ev); err != nil {
+		m.log.Warn("recording denied egress", zap.String("id", ev.SandboxID), zap.String("type", ev.Type), zap.Error(err))
 	}
+	return true
 }

@@ -198,6 +198,34 @@ type Event struct {
 	Denials *DenialSummary `json:"denials,omitempty"`
 }
 
+// DenialSummary is what a sandbox.egress_denied_summary event counts of
+// one window of a sandbox's refused egress.
+type DenialSummary struct {
+	// From and Until bound the window.
+	From  time.Time `json:"from"`
+	Until time.Time `json:"until"`
+	// Logged is how many sandbox.egress_denied events the window made.
+	Logged int `json:"logged"`
+	// Suppressed is how many denials (reports of a refused destination,
+	// at most one a second per destination) were not logged as events.
+	Suppressed uint64 `json:"suppressed"`
+	// Destinations is how many distinct destinations the suppressed
+	// denials were of: exact up to 256, estimated past it
+	// (DestinationsEstimated).
+	Destinations          int  `json:"destinations"`
+	DestinationsEstimated bool `json:"destinations_estimated,omitempty"`
+	// Top are the suppressed destinations denied most often, at most
+	// five, most first (among the first 256 distinct ones).
+	Top []DeniedCount `json:"top,omitempty"`
+}
+
+// DeniedCount is a destination ("addr:port/proto [name]", as an
+// egress_denied event's reason) and how often it was denied.
+type DeniedCount struct {
+	Destination string `json:"destination"`
+	Count       uint64 `json:"count"`
+}
+
 // EventType names the event of a transition into state to.
 func EventType(to State) string { return "sandbox." + string(to) }
 
@@ -210,10 +238,15 @@ const (
 	EventEgress = "sandbox.egress_changed"
 	// EventEgressDenied: the sandbox tried a destination its policy
 	// refuses; the reason is "addr:port/proto" with the name it was
-	// looked up as, when it was. At most one per destination and
-	// DeniedPerWindow per sandbox a DeniedWindow; past that, one
-	// EventEgressDeniedSummary counts the rest (denials.go).
+	// looked up as, when it was. The firewall bounds them (its
+	// EgressObserver's OnDenied; egress/denials.go: one per destination
+	// and 60 per sandbox a minute); past that, one
+	// EventEgressDeniedSummary counts the rest.
 	EventEgressDenied = "sandbox.egress_denied"
+	// EventEgressDeniedSummary: the sandbox's refused egress in one window
+	// went past what is logged event by event; the event's Denials counts
+	// what was not logged, and its reason says it in a line.
+	EventEgressDeniedSummary = "sandbox.egress_denied_summary"
 	// EventServiceFailed: a service of the sandbox did not start or
 	// become ready, failing its create or wake; the reason is
 	// "<service>: <what happened>".

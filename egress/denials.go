@@ -1,31 +1,29 @@
-package lifecycle
+package egress
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"hash/maphash"
 	"math"
 	"math/bits"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
-	"go.uber.org/zap"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
-// This file bounds what a sandbox's refused egress writes: the firewall
-// reports each denied destination at most once a second, so a sandbox
-// trying many destinations (a scan, a UDP spray) would otherwise append an
-// event per destination, each stored, streamed and queued for every
-// webhook. The limiter sits before the store: per sandbox and window of
-// deniedWindow, one sandbox.egress_denied event per destination, at most
-// DeniedPerWindow of them, then one sandbox.egress_denied_summary counting
-// what it left out.
-
-// EventEgressDeniedSummary: the sandbox's refused egress in one window
-// went past what is logged event by event; the event's Denials counts
-// what was not logged, and its reason says it in a line.
-const EventEgressDeniedSummary = "sandbox.egress_denied_summary"
+// This file bounds what a sandbox's refused egress reports: the log
+// reader (nflog.go) sees each denied destination at most once a second,
+// so a sandbox trying many destinations (a scan, a UDP spray) would
+// otherwise have the Manager append an event per destination, each
+// stored, streamed and queued for every webhook. The firewall limits what
+// it tells OnDenied, so a flood reaches no store: per sandbox and window
+// of DeniedWindow, one sandbox.egress_denied event per destination, at
+// most DeniedPerWindow of them, then one sandbox.egress_denied_summary
+// counting what it left out.
 
 const (
 	// DeniedPerWindow bounds the sandbox.egress_denied events of one
@@ -44,37 +42,9 @@ const (
 	// within a few percent up to about 100,000 destinations).
 	deniedSketchBits = 1 << 15
 	// denialSweepEvery is how often windows that ended are closed,
-	// writing their summaries, when no denial came to close them.
+	// reporting their summaries, when no denial came to close them.
 	denialSweepEvery = 5 * time.Second
 )
-
-// DenialSummary is what a sandbox.egress_denied_summary event counts of
-// one window of a sandbox's refused egress.
-type DenialSummary struct {
-	// From and Until bound the window.
-	From  time.Time `json:"from"`
-	Until time.Time `json:"until"`
-	// Logged is how many sandbox.egress_denied events the window made.
-	Logged int `json:"logged"`
-	// Suppressed is how many denials (reports of a refused destination,
-	// at most one a second per destination) were not logged as events.
-	Suppressed uint64 `json:"suppressed"`
-	// Destinations is how many distinct destinations the suppressed
-	// denials were of: exact up to 256, estimated past it
-	// (DestinationsEstimated).
-	Destinations          int  `json:"destinations"`
-	DestinationsEstimated bool `json:"destinations_estimated,omitempty"`
-	// Top are the suppressed destinations denied most often, at most
-	// five, most first (among the first 256 distinct ones).
-	Top []DeniedCount `json:"top,omitempty"`
-}
-
-// DeniedCount is a destination ("addr:port/proto [name]", as an
-// egress_denied event's reason) and how often it was denied.
-type DeniedCount struct {
-	Destination string `json:"destination"`
-	Count       uint64 `json:"count"`
-}
 
 // denialLimiter holds each sandbox's current window. One lock: denials
 // arrive from the firewall's single log reader, never a request's path.
@@ -84,38 +54,34 @@ type denialLimiter struct {
 
 	mu      sync.Mutex
 	windows map[string]*denialWindow
-	// emitMu orders what the Manager appends for one window before what
-	// it appends for the next (see Manager.egressDenied, flushDenials).
+	// emitMu orders what is reported for one window before what is
+	// reported for the next (see Firewall.reportDenied, flushDenials).
 	emitMu sync.Mutex
 }
 
 // denialWindow is one sandbox's window.
 type denialWindow struct {
-	start       time.Time
-	logged      map[string]bool
-	suppressed  uint64
-	counts      map[string]uint64 // suppressed destinations, up to deniedTracked
-	sketch      []uint64          // every suppressed destination's bit, once past deniedTracked
-	incarnation string
-	labels      map[string]string
-	noted       bool // incarnation and labels are the sandbox's
+	start      time.Time
+	logged     map[string]bool
+	suppressed uint64
+	counts     map[string]uint64 // suppressed destinations, up to deniedTracked
+	sketch     []uint64          // every suppressed destination's bit, once past deniedTracked
+	noted      bool              // the sandbox had a record when a denial was reported
 }
 
 // endedWindow is a window closed with denials suppressed: its summary,
 // for the sandbox it was of.
 type endedWindow struct {
-	id          string
-	incarnation string
-	labels      map[string]string
-	summary     DenialSummary
+	id      string
+	summary lifecycle.DenialSummary
 }
 
 func newDenialLimiter(now func() time.Time, perWindow int) *denialLimiter {
 	return &denialLimiter{now: now, perWindow: perWindow, windows: map[string]*denialWindow{}}
 }
 
-// admit reports whether the denial of dest by sandbox id is logged as an
-// event, and the window of id it closed, if that window suppressed any.
+// admit reports whether the denial of dest by sandbox id is reported as
+// an event, and the window of id it closed, if that window suppressed any.
 func (l *denialLimiter) admit(id, dest string) (bool, *endedWindow) {
 	now := l.now()
 	l.mu.Lock()
@@ -138,13 +104,13 @@ func (l *denialLimiter) admit(id, dest string) (bool, *endedWindow) {
 	return false, ended
 }
 
-// note records the incarnation and labels of sandbox id for its window's
-// summary (the limiter runs before the record is read).
-func (l *denialLimiter) note(id, incarnation string, labels map[string]string) {
+// note marks sandbox id's window as of a sandbox with a record, so that
+// it ends with a summary (the limiter runs before the record is read).
+func (l *denialLimiter) note(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if w := l.windows[id]; w != nil {
-		w.incarnation, w.labels, w.noted = incarnation, labels, true
+		w.noted = true
 	}
 }
 
@@ -208,12 +174,12 @@ func (w *denialWindow) mark(dest string) {
 var sketchSeed = maphash.MakeSeed()
 
 // end is the window's summary, nil when it suppressed nothing or the
-// sandbox's record was never read (it was gone).
+// sandbox had no record when its denials were reported (it was gone).
 func (w *denialWindow) end(id string) *endedWindow {
 	if w.suppressed == 0 || !w.noted {
 		return nil
 	}
-	s := DenialSummary{From: w.start, Until: w.start.Add(DeniedWindow), Logged: len(w.logged), Suppressed: w.suppressed, Destinations: len(w.counts)}
+	s := lifecycle.DenialSummary{From: w.start, Until: w.start.Add(DeniedWindow), Logged: len(w.logged), Suppressed: w.suppressed, Destinations: len(w.counts)}
 	if w.sketch != nil {
 		set := 0
 		for _, word := range w.sketch {
@@ -224,20 +190,20 @@ func (w *denialWindow) end(id string) *endedWindow {
 		s.DestinationsEstimated = true
 	}
 	for d, n := range w.counts {
-		s.Top = append(s.Top, DeniedCount{Destination: d, Count: n})
+		s.Top = append(s.Top, lifecycle.DeniedCount{Destination: d, Count: n})
 	}
-	slices.SortFunc(s.Top, func(a, b DeniedCount) int {
+	slices.SortFunc(s.Top, func(a, b lifecycle.DeniedCount) int {
 		if c := cmp.Compare(b.Count, a.Count); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.Destination, b.Destination)
 	})
 	s.Top = s.Top[:min(len(s.Top), deniedTop)]
-	return &endedWindow{id: id, incarnation: w.incarnation, labels: w.labels, summary: s}
+	return &endedWindow{id: id, summary: s}
 }
 
-// reason is the summary's event reason: the counts in a line.
-func (s *DenialSummary) reason() string {
+// summaryReason is a summary event's reason: the counts in a line.
+func summaryReason(s *lifecycle.DenialSummary) string {
 	about := ""
 	if s.DestinationsEstimated {
 		about = "about "
@@ -245,20 +211,80 @@ func (s *DenialSummary) reason() string {
 	return fmt.Sprintf("%d denials of %s%d destinations not logged in %s (%d logged)", s.Suppressed, about, s.Destinations, s.Until.Sub(s.From), s.Logged)
 }
 
-// appendDenialSummary writes the summary event of an ended window.
-func (m *Manager) appendDenialSummary(e *endedWindow) {
-	ev := Event{Type: EventEgressDeniedSummary, SandboxID: e.id, Reason: e.summary.reason(), Incarnation: e.incarnation, Labels: e.labels, Denials: &e.summary}
-	if _, err := m.store.AppendEvent(ev); err != nil {
-		m.log.Warn("recording a summary of denied egress", zap.String("id", e.id), zap.Error(err))
+// event is the window's sandbox.egress_denied_summary event.
+func (e *endedWindow) event() lifecycle.Event {
+	return lifecycle.Event{Type: lifecycle.EventEgressDeniedSummary, SandboxID: e.id, Reason: summaryReason(&e.summary), Denials: &e.summary}
+}
+
+// deniedDestination is a denied decision as an egress_denied event's
+// reason: "addr:port/proto", then the name it was looked up as.
+func deniedDestination(d lifecycle.EgressDecision) string {
+	dest := d.Addr.String()
+	if d.Port != 0 {
+		dest += ":" + strconv.Itoa(int(d.Port))
+	}
+	dest += "/" + d.Proto
+	if d.Name != "" {
+		dest += " " + d.Name
+	}
+	return dest
+}
+
+// reportDenied tells OnDenied's function of a destination the firewall
+// refused sandbox id, within the limiter's bounds: past them it only
+// counts it, for the window's summary. The limiter comes first, so a
+// flood reaches the Manager (its store) no more than the bounds allow.
+func (f *Firewall) reportDenied(id string, d lifecycle.EgressDecision) {
+	fn := f.onDenied.Load()
+	if fn == nil {
+		return
+	}
+	dest := deniedDestination(d)
+	f.denials.emitMu.Lock()
+	defer f.denials.emitMu.Unlock()
+	logged, ended := f.denials.admit(id, dest)
+	if ended != nil {
+		(*fn)(ended.event())
+	}
+	if logged && (*fn)(lifecycle.Event{Type: lifecycle.EventEgressDenied, SandboxID: id, Reason: dest}) {
+		f.denials.note(id)
 	}
 }
 
-// flushDenials closes the windows that ended, writing their summaries
-// (the denial loop's step).
-func (m *Manager) flushDenials() {
-	m.denials.emitMu.Lock()
-	defer m.denials.emitMu.Unlock()
-	for _, e := range m.denials.sweep() {
-		m.appendDenialSummary(&e)
+// flushDenials closes the windows that ended, reporting their summaries
+// (the sweep's step).
+func (f *Firewall) flushDenials() {
+	fn := f.onDenied.Load()
+	f.denials.emitMu.Lock()
+	defer f.denials.emitMu.Unlock()
+	for _, e := range f.denials.sweep() {
+		if fn != nil {
+			(*fn)(e.event())
+		}
 	}
 }
+
+// sweepDenials runs flushDenials every denialSweepEvery until ctx ends
+// (beside the log reader, which alone opens windows).
+func (f *Firewall) sweepDenials(ctx context.Context) {
+	t := time.NewTicker(denialSweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			f.flushDenials()
+		}
+	}
+}
+
+// OnDenied implements lifecycle.EgressObserver: fn is told of sandboxes'
+// refused egress within the bounds above.
+func (f *Firewall) OnDenied(fn func(ev lifecycle.Event) bool) {
+	f.onDenied.Store(&fn)
+}
+
+// ForgetDenials implements lifecycle.EgressObserver: sandbox id's window
+// is dropped, so a sandbox made again under the id starts one of its own.
+func (f *Firewall) ForgetDenials(id string) { f.denials.drop(id) }
