@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,11 +39,12 @@ func dropManagedFields(obj any) (any, error) {
 	return obj, nil
 }
 
-// slimClaim keeps of a claim what the runtime reads from the cache:
-// whether it keeps a pod and a NetworkPolicy, as digests of them (kept),
-// not the JSON itself, which is most of a claim's size; the owner's
-// annotations go (VolumeOwner and Start read the claim from the API
-// server). The spec and status stay.
+// slimClaim keeps of a claim what the runtime reads from the cache: its
+// identity, deletion and sandwake's labels, and whether it keeps a pod and
+// a NetworkPolicy, as digests of them (the JSON itself is most of a
+// claim's size). The owner's annotations, the record's labels, the spec
+// and the status go: VolumeOwner, Start and Unpause read the claim from
+// the API server.
 func slimClaim(c *corev1.PersistentVolumeClaim) {
 	var keep map[string]string
 	for k, v := range c.Annotations {
@@ -54,7 +56,21 @@ func slimClaim(c *corev1.PersistentVolumeClaim) {
 		}
 	}
 	c.Annotations = keep
-	c.OwnerReferences = nil
+	c.Labels = ownLabels(c.Labels)
+	c.OwnerReferences, c.Finalizers = nil, nil
+	c.Spec, c.Status = corev1.PersistentVolumeClaimSpec{}, corev1.PersistentVolumeClaimStatus{}
+}
+
+// ownLabels are the labels of sandwake's that the runtime reads (whose,
+// which sandbox, which service) of l.
+func ownLabels(l map[string]string) map[string]string {
+	out := make(map[string]string, 4)
+	for _, k := range []string{LabelManaged, LabelInstance, LabelID, LabelService} {
+		if v, ok := l[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // digestOf is what the cache holds of a claim's kept pod or policy: a
@@ -74,41 +90,71 @@ func keptSame(cached, written *corev1.PersistentVolumeClaim, key string) bool {
 }
 
 // slimPod keeps of a pod what the runtime reads from the cache: its
-// identity, labels, deletion, the pool's annotations, each container's
-// name and ports (the upstreams), CPU (a pause) and a sidecar's restart
-// policy and startup probe (its ready), and the whole status. The spec the pod was
-// made from is on its claim (AnnotationPod); the record's labels as
-// annotations, the containers' images, env, memory and disk, volumes and
-// security contexts are dropped: they are most of a pod's size, and an
+// identity, deletion and sandwake's labels, the pool's annotations, each
+// container's name and ports (the upstreams) and a sidecar's restart
+// policy and startup probe (its ready), whether it is paused
+// (AnnotationPaused, from the app's CPU limit: pause.go), and of the status
+// the phase, address and containers' states. The spec the pod was made
+// from is on its claim (AnnotationPod); the record's labels, the
+// containers' images, env, resources, volumes and security contexts, the
+// conditions (a wait that runs out reads them from the API server) and
+// the images' ids are dropped: they are most of a pod's size, and an
 // informer holds every pod of the instance.
 func slimPod(pod *corev1.Pod) {
 	var keep map[string]string
 	for k, v := range pod.Annotations {
 		if k == AnnotationPool || k == AnnotationPoolKey {
 			if keep == nil {
-				keep = make(map[string]string, 2)
+				keep = make(map[string]string, 3)
 			}
 			keep[k] = v
 		}
 	}
+	if cutCPUOf(pod) {
+		if keep == nil {
+			keep = make(map[string]string, 1)
+		}
+		keep[AnnotationPaused] = "true"
+	}
 	pod.Annotations = keep
-	pod.OwnerReferences = nil
+	pod.Labels = ownLabels(pod.Labels)
+	pod.OwnerReferences, pod.Finalizers = nil, nil
 	pod.Spec = corev1.PodSpec{
 		Containers:     slimContainers(pod.Spec.Containers),
 		InitContainers: slimContainers(pod.Spec.InitContainers),
 		NodeName:       pod.Spec.NodeName,
 	}
+	pod.Status = corev1.PodStatus{
+		Phase:                 pod.Status.Phase,
+		PodIP:                 pod.Status.PodIP,
+		ContainerStatuses:     slimStatuses(pod.Status.ContainerStatuses),
+		InitContainerStatuses: slimStatuses(pod.Status.InitContainerStatuses),
+	}
 }
 
-// slimContainers are cs with only their names, ports, restart policies,
-// startup probes and CPU (whether the pod is paused: pause.go).
+// slimContainers are cs with only their names, ports, restart policies
+// and startup probes.
 func slimContainers(cs []corev1.Container) []corev1.Container {
 	if len(cs) == 0 {
 		return nil
 	}
 	out := make([]corev1.Container, len(cs))
 	for i, c := range cs {
-		out[i] = corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy, StartupProbe: c.StartupProbe, Resources: cpuOf(c.Resources)}
+		out[i] = corev1.Container{Name: c.Name, Ports: c.Ports, RestartPolicy: c.RestartPolicy, StartupProbe: c.StartupProbe}
+	}
+	return out
+}
+
+// slimStatuses are ss with only their names, states, last terminations,
+// restart counts and whether started and ready.
+func slimStatuses(ss []corev1.ContainerStatus) []corev1.ContainerStatus {
+	if len(ss) == 0 {
+		return nil
+	}
+	out := make([]corev1.ContainerStatus, len(ss))
+	for i, s := range ss {
+		out[i] = corev1.ContainerStatus{Name: s.Name, State: s.State, LastTerminationState: s.LastTerminationState,
+			RestartCount: s.RestartCount, Started: s.Started, Ready: s.Ready}
 	}
 	return out
 }
@@ -181,10 +227,13 @@ func (r *Runtime) waitFor(ctx context.Context, id, what string, done func() (boo
 }
 
 // why tells, for a wait that ran out, what the pod's conditions say (an
-// unbound claim, no node with room).
+// unbound claim, no node with room), read from the API server (the cache
+// keeps no conditions).
 func (r *Runtime) why(id string) string {
-	pod, err := r.pods.Get(PodName(id))
-	if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pod, err := r.cs.CoreV1().Pods(r.opts.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
+	if err != nil || !r.owns(id, pod.Labels) {
 		return ""
 	}
 	for _, c := range pod.Status.Conditions {

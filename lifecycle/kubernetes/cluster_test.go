@@ -262,8 +262,25 @@ func TestClusterManager(t *testing.T) {
 	cl.OnBridge(t, rec.Upstreams[8080])
 	get(t, "http://"+rec.Upstreams[8080]+"/healthz")
 	wake := time.Since(t0)
-	if _, err := m.Pause(ctx, id, "test"); !errors.Is(err, lifecycle.ErrPauseUnsupported) {
-		t.Fatalf("pause: %v, want ErrPauseUnsupported", err)
+	// Paused in place: the record and the pod agree (a reconcile corrects
+	// nothing), and a wake gives back the same pod at the same address.
+	podBefore, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, err = m.Pause(ctx, id, "test"); err != nil || rec.State != lifecycle.Paused {
+		t.Fatalf("pause: %v, %v", rec.State, err)
+	}
+	if stats, err := m.Reconcile(ctx); err != nil || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
+		t.Fatalf("reconcile of a paused sandbox: %+v, %v", stats, err)
+	}
+	addr := rec.Upstreams[8080]
+	if rec, err = m.Wake(ctx, id); err != nil || rec.State != lifecycle.Running || rec.Upstreams[8080] != addr {
+		t.Fatalf("wake from paused: %v %v, %v", rec.State, rec.Upstreams, err)
+	}
+	get(t, "http://"+addr+"/healthz")
+	if p, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{}); err != nil || p.UID != podBefore.UID {
+		t.Fatalf("the pod after pause and wake: %v (want the same pod %s)", err, podBefore.UID)
 	}
 
 	// Deleted behind sandwake's back: the die event makes it stopped.

@@ -56,6 +56,9 @@ const (
 	AnnotationPolicy = "sandwake.networkpolicy"
 	// AnnotationLabelPrefix+<key> carries every record label on the pod.
 	AnnotationLabelPrefix = "sandwake.label."
+	// AnnotationPaused marks, in the informer's copy of a pod only, a pod
+	// whose CPU is cut (pause.go).
+	AnnotationPaused = "sandwake.paused"
 	// AnnotationPool and AnnotationPoolKey mark a pool's sandbox.
 	AnnotationPool    = "sandwake.pool"
 	AnnotationPoolKey = "sandwake.pool.key"

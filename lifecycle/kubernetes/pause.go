@@ -64,7 +64,11 @@ func (r *Runtime) Pause(ctx context.Context, id string) error {
 	if paused(pod) {
 		return nil
 	}
-	cut, ok := cutCPU(pod)
+	made, err := r.madePod(ctx, id, "pausing")
+	if err != nil {
+		return err
+	}
+	cut, ok := cutCPU(made)
 	if !ok {
 		return fmt.Errorf("pausing sandbox %s: %w: its pod %s has a container without a CPU limit (made before sandwake gave every pod one), which no resize can add", id, lifecycle.ErrPauseUnsupported, pod.Name)
 	}
@@ -86,21 +90,32 @@ func (r *Runtime) Unpause(ctx context.Context, id string) error {
 	if !paused(pod) {
 		return nil
 	}
-	claim, err := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace).Get(ctx, ClaimName(id), metav1.GetOptions{})
-	if err != nil {
-		return classify("reading claim "+ClaimName(id), err, lifecycle.ErrContainerNotFound)
-	}
-	made, err := podOf(claim)
+	made, err := r.madePod(ctx, id, "unpausing")
 	if err != nil {
 		return err
 	}
-	if made == nil {
-		return fmt.Errorf("unpausing sandbox %s: %w: claim %s keeps no pod (removed)", id, lifecycle.ErrContainerNotFound, claim.Name)
-	}
-	if err := r.resize(ctx, pod, cpuPatch(made, func(c corev1.ResourceRequirements) corev1.ResourceRequirements { return cpuOf(c) })); err != nil {
+	if err := r.resize(ctx, pod, cpuPatch(made, cpuOf)); err != nil {
 		return fmt.Errorf("unpausing sandbox %s: %w", id, err)
 	}
 	return r.waitPaused(ctx, id, false)
+}
+
+// madePod is the pod sandbox id's claim keeps, as it was made (the cache
+// keeps neither the claim's copy nor the pod's resources), read from the
+// API server.
+func (r *Runtime) madePod(ctx context.Context, id, doing string) (*corev1.Pod, error) {
+	claim, err := r.cs.CoreV1().PersistentVolumeClaims(r.opts.Namespace).Get(ctx, ClaimName(id), metav1.GetOptions{})
+	if err != nil {
+		return nil, classify("reading claim "+ClaimName(id), err, lifecycle.ErrContainerNotFound)
+	}
+	made, err := podOf(claim)
+	if err != nil {
+		return nil, err
+	}
+	if made == nil {
+		return nil, fmt.Errorf("%s sandbox %s: %w: claim %s keeps no pod (removed)", doing, id, lifecycle.ErrContainerNotFound, claim.Name)
+	}
+	return made, nil
 }
 
 // runningPod is sandbox id's pod from the cache, when it runs (doing
@@ -213,9 +228,15 @@ func cutCPU(pod *corev1.Pod) (podPatch, bool) {
 	}), true
 }
 
-// paused reports whether pod's app runs with its CPU cut (no pod is made
-// with that little: minCPUMilli).
+// paused reports whether pod's app runs with its CPU cut: the informer's
+// copy says so (AnnotationPaused, set by slimPod), or, of a whole pod,
+// its app's CPU limit (no pod is made with that little: minCPUMilli).
 func paused(pod *corev1.Pod) bool {
+	return pod.Annotations[AnnotationPaused] == "true" || cutCPUOf(pod)
+}
+
+// cutCPUOf reports whether the app's CPU limit in pod's spec is a cut one.
+func cutCPUOf(pod *corev1.Pod) bool {
 	for _, c := range pod.Spec.Containers {
 		if c.Name == appContainer {
 			lim, ok := c.Resources.Limits[corev1.ResourceCPU]
