@@ -241,7 +241,8 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 	fwDone()
 	spec.Address, spec.Incarnation = addr, rec.Incarnation
 	c, err := m.runtime.Create(wctx, id, spec)
-	if err == nil && freshVolume {
+	made := err == nil
+	if made && freshVolume {
 		m.recordOwner(&rec)
 	}
 	if err == nil {
@@ -251,8 +252,13 @@ func (m *Manager) createCold(ctx context.Context, reqID string, spec Spec, templ
 		err = m.waitReady(wctx, id, &spec, c.Upstreams)
 	}
 	if err != nil && (errors.Is(err, ErrIDTaken) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrImageNotFound)) {
-		// Nothing was made (the runtime undoes its part): the id stays
-		// free and no record is left of a sandbox that never existed.
+		// Nothing is left (what a start refused, such as a pod whose image
+		// no node has, is removed, and its volume when this create made
+		// it): the id stays free and no record is left of a sandbox that
+		// never existed.
+		if made {
+			m.unmake(id, freshVolume)
+		}
 		m.discard(id, addr, err)
 		return Record{}, fmt.Errorf("creating sandbox %s: %w", id, err)
 	}
@@ -316,6 +322,20 @@ func (m *Manager) discard(id string, addr netip.Addr, cause error) {
 	m.setState(id, "")
 	m.forgetAddress(id, addr)
 	m.log.Info("create refused", zap.String("id", id), zap.Error(cause))
+}
+
+// unmake removes what a refused create made of sandbox id: its
+// container, and its volume when fresh.
+func (m *Manager) unmake(id string, fresh bool) {
+	ctx, cancel := context.WithTimeout(m.ctx, time.Minute)
+	defer cancel()
+	err := m.runtime.Remove(ctx, id)
+	if err == nil && fresh {
+		_, err = m.runtime.RemoveVolume(ctx, id)
+	}
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		m.log.Warn("removing what a refused create made", zap.String("id", id), zap.Error(err))
+	}
 }
 
 // adopt copies what the engine reported of a running container into r.

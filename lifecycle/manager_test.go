@@ -320,6 +320,32 @@ func TestCreateRefusedLeavesNothing(t *testing.T) {
 	}
 }
 
+// TestCreateRefusedAtStartUnmakes: a create whose start the engine
+// refuses (Kubernetes: a pod whose image no node has, known only once the
+// pod is made) removes the container and the fresh volume the create made,
+// and leaves no record; the id is free.
+func TestCreateRefusedAtStartUnmakes(t *testing.T) {
+	e := newTestEnv(t, lifecycle.Config{})
+	e.rt.FailWith("Start", fmt.Errorf("pod s-app1: ErrImageNeverPull: %w", lifecycle.ErrImageNotFound))
+	_, err := e.m.Create(context.Background(), lifecycle.CreateRequest{ID: "app1", Spec: testSpec()})
+	if !errors.Is(err, lifecycle.ErrImageNotFound) {
+		t.Fatalf("err = %v, want ErrImageNotFound", err)
+	}
+	if _, err := e.m.Get("app1"); !errors.Is(err, lifecycle.ErrNotFound) {
+		t.Fatalf("record left: %v", err)
+	}
+	if e.rt.Count("Remove") != 1 || e.rt.Count("RemoveVolume") != 1 || e.rt.HasVolume("app1") {
+		t.Fatalf("calls %v, volume left %v: want the container and the fresh volume removed", e.rt.Calls(), e.rt.HasVolume("app1"))
+	}
+	if _, err := e.rt.Inspect(context.Background(), "app1"); !errors.Is(err, lifecycle.ErrContainerNotFound) {
+		t.Fatalf("container left: %v", err)
+	}
+	e.rt.FailWith("Start", nil)
+	if _, err := e.m.Create(context.Background(), lifecycle.CreateRequest{ID: "app1", Spec: testSpec()}); err != nil {
+		t.Fatalf("create after a refused one: %v", err)
+	}
+}
+
 func TestWake(t *testing.T) {
 	tests := []struct {
 		from       lifecycle.State
