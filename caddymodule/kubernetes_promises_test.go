@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandwake/sandwake/client"
@@ -272,6 +273,26 @@ func TestKubernetesPromises(t *testing.T) {
 		if m := made.Load(); m != 0 {
 			t.Fatalf("pods made for a pool hit: %d, want 0", m)
 		}
+	})
+
+	t.Run("a create whose image no node has leaves nothing", func(t *testing.T) {
+		bad := "m" + e.suffix
+		var body map[string]any
+		status := e.API("POST", "/v1/sandboxes", map[string]any{"id": bad, "image": "sandwake.local/no-such-image:" + e.suffix, "ports": []int{8080}}, &body)
+		if status != http.StatusUnprocessableEntity || !strings.Contains(fmt.Sprint(body), "image_missing") {
+			t.Fatalf("create with a missing image: %d %v, want 422 image_missing", status, body)
+		}
+		if s := e.API("GET", "/v1/sandboxes/"+bad, nil, nil); s != http.StatusNotFound {
+			t.Fatalf("the refused sandbox's record: %d, want 404", s)
+		}
+		e.eventually(t, "no pod, claim or NetworkPolicy left of the refused create", func() bool {
+			_, perr := e.cs.CoreV1().Pods(e.ns).Get(ctx, "s-"+bad, metav1.GetOptions{})
+			_, cerr := e.cs.CoreV1().PersistentVolumeClaims(e.ns).Get(ctx, "s-"+bad+"-data", metav1.GetOptions{})
+			_, nerr := e.cs.NetworkingV1().NetworkPolicies(e.ns).Get(ctx, "s-"+bad, metav1.GetOptions{})
+			return apierrors.IsNotFound(perr) && apierrors.IsNotFound(cerr) && apierrors.IsNotFound(nerr)
+		})
+		// The id is free.
+		create(t, map[string]any{"id": bad, "image": e.image, "ports": []int{8080}})
 	})
 
 	t.Run("the dashboard pauses and wakes a pod", func(t *testing.T) {
