@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	cerrdefs "github.com/containerd/errdefs"
 	dockerclient "github.com/moby/moby/client"
 	corev1 "k8s.io/api/core/v1"
@@ -192,6 +193,13 @@ func TestKubernetesInstall(t *testing.T) {
 			t.Fatalf("GET / at %s, Host %s: %d %s, want the testapp's page from pod s-%s", previewAddr, host, res.StatusCode, page, id)
 		}
 
+		// The CLI in the gateway's pod, as docs/kubernetes.md shows it: its
+		// API address and token from the pod's environment.
+		ls, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "-n", ns, "exec", "sandwake-0", "--", "caddy", "sandwake", "ls").CombinedOutput()
+		if err != nil || !strings.Contains(string(ls), id) {
+			t.Errorf("kubectl exec sandwake-0 -- caddy sandwake ls: %v\n%s", err, ls)
+		}
+
 		// Destroy and purge: the Role's deletes of pod, policy and claim.
 		if code, body := call("DELETE", "/v1/sandboxes/"+id, token, nil); code != http.StatusNoContent {
 			t.Fatalf("destroy: %d %s", code, body)
@@ -207,6 +215,67 @@ func TestKubernetesInstall(t *testing.T) {
 				fmt.Sprintf("the sandbox's pod, claim and policy gone (%v; %v; %v)", perr, cerr, nerr)
 		})
 	})
+}
+
+// TestDeployCaddyfileAdapts: deploy/kubernetes's Caddyfile adapts, with
+// the pod's environment, to what the install relies on (engine kubernetes
+// in the pod's namespace, the pod's name as the instance, the store on the
+// claim, the preview domain and scheme from the settings, the API's
+// token), without a cluster: an option renamed breaks this, not only
+// TestKubernetesInstall.
+func TestDeployCaddyfileAdapts(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "deploy", "kubernetes", "Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("POD_NAME", "sandwake-0")
+	t.Setenv("POD_NAMESPACE", "previews")
+	t.Setenv("SANDWAKE_DOMAIN", "example.org")
+	t.Setenv("SANDWAKE_PREVIEW_SCHEME", "http")
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: %s", w.String())
+	}
+	var got struct {
+		Apps struct {
+			Sandwake struct {
+				Domain, Storage, Instance string
+				PreviewURL                string `json:"preview_url"`
+				Engine                    struct{ Name, Namespace, Egress string }
+			} `json:"sandwake"`
+			HTTP struct {
+				Servers map[string]struct {
+					Listen []string
+					Routes []struct{ Handle []map[string]any }
+				}
+			} `json:"http"`
+		}
+	}
+	if err := json.Unmarshal(cfg, &got); err != nil {
+		t.Fatal(err)
+	}
+	sw := got.Apps.Sandwake
+	if sw.Domain != "example.org" || sw.PreviewURL != "http://*.preview.example.org" || sw.Storage != "/data/sandwake" || sw.Instance != "sandwake-0" ||
+		sw.Engine.Name != "kubernetes" || sw.Engine.Namespace != "previews" || sw.Engine.Egress != "networkpolicy" {
+		t.Errorf("the sandwake app: %+v", sw)
+	}
+	handlers := map[string]map[string]any{}
+	for _, srv := range got.Apps.HTTP.Servers {
+		for _, r := range srv.Routes {
+			for _, h := range r.Handle {
+				handlers[strings.Join(srv.Listen, ",")+" "+fmt.Sprint(h["handler"])] = h
+			}
+		}
+	}
+	if _, ok := handlers[":8080 sandwake"]; !ok {
+		t.Errorf("no preview gate on :8080 (every address): %v", handlers)
+	}
+	if api, ok := handlers[":8081 sandwake_api"]; !ok || api["token"] != "{env.SANDWAKE_API_TOKEN}" {
+		t.Errorf("the API on :8081 (every address) with the Secret's token: %v", handlers)
+	}
 }
 
 // gatewayImage builds make image's image under ref into Docker, saves it
