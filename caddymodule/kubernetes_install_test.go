@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -176,8 +177,22 @@ func TestKubernetesInstall(t *testing.T) {
 		if got := sp.Labels["sandwake.instance"]; got != "sandwake-0" {
 			t.Errorf("the sandbox's pod's sandwake.instance: %q, want the gateway pod's name, sandwake-0", got)
 		}
-		if _, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "s-"+id, metav1.GetOptions{}); err != nil {
+		np, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
+		if err != nil {
 			t.Fatalf("the sandbox's NetworkPolicy (egress enforced by default): %v", err)
+		}
+		// The bridge plugin here enforces no policy: what can be checked
+		// is that the policy admits the gateway's pod by its labels.
+		admitted := false
+		for _, rule := range np.Spec.Ingress {
+			for _, peer := range rule.From {
+				if sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector); err == nil && peer.PodSelector != nil && sel.Matches(labels.Set(pod.Labels)) {
+					admitted = true
+				}
+			}
+		}
+		if !admitted {
+			t.Errorf("the sandbox's NetworkPolicy admits no pod labelled as the gateway's (%v): %+v", pod.Labels, np.Spec.Ingress)
 		}
 
 		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+previewAddr+"/", nil)
