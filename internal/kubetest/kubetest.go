@@ -95,10 +95,20 @@ func (c Cluster) ImportTestApp(ctx context.Context, dir string) (string, error) 
 	if err := writeImage(ref, bin, tarball); err != nil {
 		return "", err
 	}
-	if out, err := c.ctr(ctx, "images", "import", tarball); err != nil {
-		return "", fmt.Errorf("importing %s: %v\n%s", ref, err, out)
+	if err := c.ImportImage(ctx, tarball); err != nil {
+		return "", err
 	}
 	return ref, nil
+}
+
+// ImportImage imports an image tarball (docker save's, or an OCI layout)
+// into the cluster's containerd, where pods with imagePullPolicy Never
+// find it under the tarball's references; RemoveImage removes one.
+func (c Cluster) ImportImage(ctx context.Context, tarball string) error {
+	if out, err := c.ctr(ctx, "images", "import", tarball); err != nil {
+		return fmt.Errorf("importing %s: %v\n%s", tarball, err, out)
+	}
+	return nil
 }
 
 // RemoveImage removes ref from the cluster's containerd.

@@ -1,0 +1,452 @@
+package caddymodule_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	cerrdefs "github.com/containerd/errdefs"
+	dockerclient "github.com/moby/moby/client"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/internal/kubetest"
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+// installDomain is the preview domain the test's overlay gives the
+// gateway.
+const installDomain = "sandwake.test"
+
+// TestKubernetesInstall installs the gateway as docs/kubernetes.md tells
+// an operator to, with kubectl apply -k deploy/kubernetes, and uses it:
+// make image's image, imported into the cluster's containerd; an overlay of
+// the base in a namespace of the test's own (its image, imagePullPolicy
+// Never, the claim's storage class, the preview domain); the token Secret
+// made first; the gateway's pod Ready; a sandbox created through the API at
+// the pod's address, served through its preview port, destroyed and
+// purged, all by the gateway's service account under the base's Role.
+//
+// The test cluster has no kube-proxy: the pod reaches the API server
+// through kubetest.ForwardAPIServer (the overlay's hostAliases and
+// KUBERNETES_SERVICE_* stand in for the kubernetes Service), and the test
+// reaches the pod at its own address, on the cluster's bridge.
+func TestKubernetesInstall(t *testing.T) {
+	cl := kubetest.Need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	kubectl := os.Getenv("SANDWAKE_K8S_KUBECTL")
+	if kubectl == "" {
+		kubectl = "kubectl"
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	suffix := kubetest.Suffix()
+	ns := "sandwake-install-" + suffix
+	cfg, err := clientcmd.BuildConfigFromFlags("", cl.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t0 := time.Now()
+	image := gatewayImage(t, ctx, cl, root, "sandwake.local/gateway:"+suffix)
+	t.Logf("gateway image %s built and imported in %v", image, time.Since(t0).Round(time.Millisecond))
+	apiServer := cl.ForwardAPIServer(t)
+
+	// The namespace first, so that its deletion (which takes the gateway,
+	// its claim and every sandbox's objects with it) is the first cleanup
+	// to run; the token Secret in it before the gateway looks for it.
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { deleteNamespace(t, cl, kubectl, cs, ns) })
+	token := "install-" + kubetest.Suffix() + kubetest.Suffix() + kubetest.Suffix()
+	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandwake-api"},
+		StringData: map[string]string{"token": token},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	overlay := writeInstallOverlay(t, root, ns, image, cl.StorageClass, apiServer)
+	t1 := time.Now()
+	if out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "apply", "-k", overlay).CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			describeGateway(t, cl, kubectl, ns)
+		}
+	})
+	var pod *corev1.Pod
+	testenv.Eventually(t, 4*time.Minute, func() (bool, string) {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, "sandwake-0", metav1.GetOptions{})
+		if err != nil {
+			return false, "pod sandwake-0: " + err.Error()
+		}
+		pod = p
+		return podReady(p), fmt.Sprintf("pod sandwake-0 Ready (phase %s, %s)", p.Status.Phase, containerWaiting(p))
+	})
+	t.Logf("kubectl apply -k → pod sandwake-0 Ready: %v", time.Since(t1).Round(time.Millisecond))
+	if err := cl.CheckOnBridge(pod.Status.PodIP); err != nil {
+		t.Fatal(err)
+	}
+	apiURL := "http://" + netip.AddrPortFrom(netip.MustParseAddr(pod.Status.PodIP), 8081).String()
+	previewAddr := netip.AddrPortFrom(netip.MustParseAddr(pod.Status.PodIP), 8080).String()
+	hc := &http.Client{Timeout: 2 * time.Minute}
+	call := func(method, path, token string, body any) (int, []byte) {
+		t.Helper()
+		var rd io.Reader
+		if body != nil {
+			b, _ := json.Marshal(body)
+			rd = bytes.NewReader(b)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, apiURL+path, rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, b
+	}
+
+	t.Run("the API needs its token", func(t *testing.T) {
+		if code, body := call("GET", "/v1/sandboxes", "", nil); code != http.StatusUnauthorized {
+			t.Errorf("GET /v1/sandboxes without the token: %d %s, want 401", code, body)
+		}
+		if code, body := call("GET", "/v1/sandboxes", "not-"+token, nil); code != http.StatusUnauthorized {
+			t.Errorf("GET /v1/sandboxes with another token: %d %s, want 401", code, body)
+		}
+		// The readiness probe's path answers without one, with no details.
+		code, body := call("GET", "/v1/readyz", "", nil)
+		if code != http.StatusOK || strings.Contains(string(body), "instance") {
+			t.Errorf("GET /v1/readyz without the token: %d %s, want 200 and the checks alone", code, body)
+		}
+	})
+
+	t.Run("a sandbox created through the API serves its preview", func(t *testing.T) {
+		app := cl.Image(t)
+		id := "i" + suffix
+		t2 := time.Now()
+		code, body := call("POST", "/v1/sandboxes", token, map[string]any{"id": id, "image": app, "ports": []int{8080}})
+		var rec client.Sandbox
+		json.Unmarshal(body, &rec)
+		if code != http.StatusCreated || rec.State != "running" {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		t.Logf("create → running: %v", time.Since(t2).Round(time.Millisecond))
+		host := fmt.Sprintf("s-%s-8080.preview.%s", id, installDomain)
+		if want := "http://" + host + "/"; rec.URLs["8080"] != want {
+			t.Errorf("the sandbox's preview URL: %q, want %q (the overlay's domain and scheme)", rec.URLs["8080"], want)
+		}
+		// The sandbox's objects: in the gateway's namespace, under the
+		// pod's name as the instance.
+		sp, err := cs.CoreV1().Pods(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the sandbox's pod in %s: %v", ns, err)
+		}
+		if got := sp.Labels["sandwake.instance"]; got != "sandwake-0" {
+			t.Errorf("the sandbox's pod's sandwake.instance: %q, want the gateway pod's name, sandwake-0", got)
+		}
+		np, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the sandbox's NetworkPolicy (egress enforced by default): %v", err)
+		}
+		// The bridge plugin here enforces no policy: what can be checked
+		// is that the policy admits the gateway's pod by its labels.
+		admitted := false
+		for _, rule := range np.Spec.Ingress {
+			for _, peer := range rule.From {
+				if sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector); err == nil && peer.PodSelector != nil && sel.Matches(labels.Set(pod.Labels)) {
+					admitted = true
+				}
+			}
+		}
+		if !admitted {
+			t.Errorf("the sandbox's NetworkPolicy admits no pod labelled as the gateway's (%v): %+v", pod.Labels, np.Spec.Ingress)
+		}
+
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+previewAddr+"/", nil)
+		req.Host = host
+		req.Header.Set("Accept", "application/json")
+		res, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		page, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK || !strings.Contains(string(page), "Hello from the sandbox") || !strings.Contains(string(page), "s-"+id) {
+			t.Fatalf("GET / at %s, Host %s: %d %s, want the testapp's page from pod s-%s", previewAddr, host, res.StatusCode, page, id)
+		}
+
+		// The CLI in the gateway's pod, as docs/kubernetes.md shows it: its
+		// API address and token from the pod's environment.
+		ls, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "-n", ns, "exec", "sandwake-0", "--", "caddy", "sandwake", "ls").CombinedOutput()
+		if err != nil || !strings.Contains(string(ls), id) {
+			t.Errorf("kubectl exec sandwake-0 -- caddy sandwake ls: %v\n%s", err, ls)
+		}
+
+		// Destroy and purge: the Role's deletes of pod, policy and claim.
+		if code, body := call("DELETE", "/v1/sandboxes/"+id, token, nil); code != http.StatusNoContent {
+			t.Fatalf("destroy: %d %s", code, body)
+		}
+		if code, body := call("POST", "/v1/sandboxes/"+id+"/purge", token, nil); code/100 != 2 {
+			t.Fatalf("purge: %d %s", code, body)
+		}
+		testenv.Eventually(t, time.Minute, func() (bool, string) {
+			_, perr := cs.CoreV1().Pods(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
+			_, cerr := cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "s-"+id+"-data", metav1.GetOptions{})
+			_, nerr := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
+			return apierrors.IsNotFound(perr) && apierrors.IsNotFound(cerr) && apierrors.IsNotFound(nerr),
+				fmt.Sprintf("the sandbox's pod, claim and policy gone (%v; %v; %v)", perr, cerr, nerr)
+		})
+	})
+}
+
+// TestDeployCaddyfileAdapts: deploy/kubernetes's Caddyfile adapts, with
+// the pod's environment, to what the install relies on (engine kubernetes
+// in the pod's namespace, the pod's name as the instance, the store on the
+// claim, the preview domain and scheme from the settings, the API's
+// token), without a cluster: an option renamed breaks this, not only
+// TestKubernetesInstall.
+func TestDeployCaddyfileAdapts(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "deploy", "kubernetes", "Caddyfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("POD_NAME", "sandwake-0")
+	t.Setenv("POD_NAMESPACE", "previews")
+	t.Setenv("SANDWAKE_DOMAIN", "example.org")
+	t.Setenv("SANDWAKE_PREVIEW_SCHEME", "http")
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range warnings {
+		t.Errorf("warning: %s", w.String())
+	}
+	var got struct {
+		Apps struct {
+			Sandwake struct {
+				Domain, Storage, Instance string
+				PreviewURL                string `json:"preview_url"`
+				Engine                    struct{ Name, Namespace, Egress string }
+			} `json:"sandwake"`
+			HTTP struct {
+				Servers map[string]struct {
+					Listen []string
+					Routes []struct{ Handle []map[string]any }
+				}
+			} `json:"http"`
+		}
+	}
+	if err := json.Unmarshal(cfg, &got); err != nil {
+		t.Fatal(err)
+	}
+	sw := got.Apps.Sandwake
+	if sw.Domain != "example.org" || sw.PreviewURL != "http://*.preview.example.org" || sw.Storage != "/data/sandwake" || sw.Instance != "sandwake-0" ||
+		sw.Engine.Name != "kubernetes" || sw.Engine.Namespace != "previews" || sw.Engine.Egress != "networkpolicy" {
+		t.Errorf("the sandwake app: %+v", sw)
+	}
+	handlers := map[string]map[string]any{}
+	for _, srv := range got.Apps.HTTP.Servers {
+		for _, r := range srv.Routes {
+			for _, h := range r.Handle {
+				handlers[strings.Join(srv.Listen, ",")+" "+fmt.Sprint(h["handler"])] = h
+			}
+		}
+	}
+	if _, ok := handlers[":8080 sandwake"]; !ok {
+		t.Errorf("no preview gate on :8080 (every address): %v", handlers)
+	}
+	if api, ok := handlers[":8081 sandwake_api"]; !ok || api["token"] != "{env.SANDWAKE_API_TOKEN}" {
+		t.Errorf("the API on :8081 (every address) with the Secret's token: %v", handlers)
+	}
+}
+
+// gatewayImage builds make image's image under ref into Docker, saves it
+// and imports it into the cluster's containerd; both copies are removed
+// when the test ends, whatever it did.
+func gatewayImage(t *testing.T, ctx context.Context, cl kubetest.Cluster, root, ref string) string {
+	t.Helper()
+	docker := testenv.Docker(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := docker.ImageRemove(ctx, ref, dockerclient.ImageRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+			t.Errorf("removing %s from Docker: %v", ref, err)
+		}
+	})
+	build := exec.CommandContext(ctx, "go", "run", "./internal/image", "--tag", ref)
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go run ./internal/image --tag %s: %v\n%s", ref, err, out)
+	}
+	tarball := filepath.Join(t.TempDir(), "gateway.tar")
+	if err := saveImage(ctx, docker, ref, tarball); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cl.RemoveImage(ref); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := cl.ImportImage(ctx, tarball); err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
+// saveImage writes Docker's image ref to tarball, as docker save does.
+func saveImage(ctx context.Context, docker *dockerclient.Client, ref, tarball string) error {
+	rd, err := docker.ImageSave(ctx, []string{ref})
+	if err != nil {
+		return fmt.Errorf("saving %s: %w", ref, err)
+	}
+	defer rd.Close()
+	f, err := os.Create(tarball)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, rd); err != nil {
+		f.Close()
+		return fmt.Errorf("saving %s: %w", ref, err)
+	}
+	return f.Close()
+}
+
+// writeInstallOverlay writes, in a directory of the test's, a kustomization
+// over deploy/kubernetes as an operator would: its namespace (kustomize
+// renames the base's Namespace object and moves every object and the
+// RoleBinding's subject into it), image (never pulled), storage class and
+// preview domain; and, for this cluster alone, the API server's way in.
+func writeInstallOverlay(t *testing.T, root, ns, image, storageClass string, apiServer netip.AddrPort) string {
+	t.Helper()
+	dir := t.TempDir()
+	// kustomize refuses an absolute path to a base.
+	base, err := filepath.Rel(dir, filepath.Join(root, "deploy", "kubernetes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(image, ":")
+	patch := []map[string]any{
+		{"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Never"},
+		{"op": "add", "path": "/spec/template/spec/hostAliases", "value": []map[string]any{
+			{"ip": apiServer.Addr().String(), "hostnames": []string{kubetest.APIServerName}},
+		}},
+		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_HOST", "value": kubetest.APIServerName}},
+		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_PORT", "value": fmt.Sprint(apiServer.Port())}},
+	}
+	if storageClass != "" {
+		patch = append(patch, map[string]any{"op": "add", "path": "/spec/volumeClaimTemplates/0/spec/storageClassName", "value": storageClass})
+	}
+	patchJSON, _ := json.Marshal(patch)
+	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: %s
+resources:
+  - %s
+images:
+  - name: sandwake
+    newName: %s
+    newTag: %s
+configMapGenerator:
+  - name: sandwake-settings
+    behavior: merge
+    literals:
+      - SANDWAKE_DOMAIN=%s
+      - SANDWAKE_PREVIEW_SCHEME=http
+patches:
+  - target:
+      kind: StatefulSet
+      name: sandwake
+    patch: '%s'
+`, ns, base, name, tag, installDomain, patchJSON)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// podReady reports whether p's Ready condition is true.
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// containerWaiting says why p's containers are not running, if they wait.
+func containerWaiting(p *corev1.Pod) string {
+	var why []string
+	for _, s := range p.Status.ContainerStatuses {
+		if w := s.State.Waiting; w != nil {
+			why = append(why, fmt.Sprintf("%s waiting: %s %s", s.Name, w.Reason, w.Message))
+		}
+	}
+	return strings.Join(why, "; ")
+}
+
+// describeGateway logs what a failed install left to read: the pods'
+// descriptions, the namespace's events and the gateway's log.
+func describeGateway(t *testing.T, cl kubetest.Cluster, kubectl, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, args := range [][]string{
+		{"describe", "pods"},
+		{"get", "events", "--sort-by", ".lastTimestamp"},
+		{"logs", "sandwake-0", "--tail", "80"},
+	} {
+		out, _ := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", cl.Kubeconfig, "-n", ns}, args...)...).CombinedOutput()
+		t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
+	}
+}
+
+// deleteNamespace deletes the test's namespace with kubectl, as an
+// operator uninstalls, and waits (bounded) for it to be gone: its pods,
+// claims (and local-path their volumes) and policies with it.
+func deleteNamespace(t *testing.T, cl kubetest.Cluster, kubectl string, cs kubernetes.Interface, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "delete", "namespace", ns, "--wait=false").CombinedOutput(); err != nil {
+		t.Errorf("kubectl delete namespace %s: %v\n%s", ns, err, out)
+		return
+	}
+	t0 := time.Now()
+	testenv.Eventually(t, 3*time.Minute, func() (bool, string) {
+		_, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), fmt.Sprintf("namespace %s gone: %v", ns, err)
+	})
+	t.Logf("namespace %s deleted in %v", ns, time.Since(t0).Round(time.Millisecond))
+}
