@@ -104,6 +104,39 @@ func TestClusterServices(t *testing.T) {
 		t.Fatalf("PUT a's /files/stamp: %s", res.Status)
 	}
 
+	// A pause cuts the sidecars' CPU with the app's, in place: no
+	// container restarts, and the group answers after the wake.
+	if err := r.Pause(ctx, id); err != nil {
+		t.Fatalf("pausing a pod with sidecars: %v", err)
+	}
+	cut, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(cut.Spec.InitContainers, cut.Spec.Containers...) {
+		if lim := c.Resources.Limits.Cpu().MilliValue(); lim > pausedBurstCPUMilli {
+			t.Fatalf("paused: %s keeps cpu %dm", c.Name, lim)
+		}
+	}
+	if err := r.Unpause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := r.Inspect(ctx, id); err != nil || c.State != lifecycle.ContainerRunning || c.Members["a"] != lifecycle.ContainerRunning || c.Members["b"] != lifecycle.ContainerRunning {
+		t.Fatalf("after the wake: %+v %v", c, err)
+	}
+	if got := get(t, "http://"+ip+":8080/dial?addr=127.0.0.1:9002"); !strings.HasPrefix(got, "ok ") {
+		t.Fatalf("the app's dial to b after the wake: %q", got)
+	}
+	woken, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(woken.Status.InitContainerStatuses, woken.Status.ContainerStatuses...) {
+		if s.RestartCount != 0 || s.State.Running == nil || !s.State.Running.StartedAt.Time.Equal(startedAt[s.Name]) {
+			t.Fatalf("%s restarted across the pause: %+v", s.Name, s)
+		}
+	}
+
 	if err := r.Stop(ctx, id); err != nil {
 		t.Fatal(err)
 	}
