@@ -46,27 +46,27 @@ func dropManagedFields(obj any) (any, error) {
 // and the status go: VolumeOwner, Start and Unpause read the claim from
 // the API server.
 func slimClaim(c *corev1.PersistentVolumeClaim) {
-	var keep map[string]string
+	c.Annotations = only(c.Annotations, AnnotationPod, AnnotationPolicy)
 	for k, v := range c.Annotations {
-		if k == AnnotationPod || k == AnnotationPolicy {
-			if keep == nil {
-				keep = make(map[string]string, 2)
-			}
-			keep[k] = digestOf(v)
-		}
+		c.Annotations[k] = digestOf(v)
 	}
-	c.Annotations = keep
-	c.Labels = ownLabels(c.Labels)
+	c.Labels = only(c.Labels, ownLabels...)
 	c.OwnerReferences, c.Finalizers = nil, nil
 	c.Spec, c.Status = corev1.PersistentVolumeClaimSpec{}, corev1.PersistentVolumeClaimStatus{}
 }
 
-// ownLabels are the labels of sandwake's that the runtime reads (whose,
-// which sandbox, which service) of l.
-func ownLabels(l map[string]string) map[string]string {
-	out := make(map[string]string, 4)
-	for _, k := range []string{LabelManaged, LabelInstance, LabelID, LabelService} {
-		if v, ok := l[k]; ok {
+// ownLabels are the labels of sandwake's that the runtime reads from the
+// cache: whose, which sandbox, which service.
+var ownLabels = []string{LabelManaged, LabelInstance, LabelID, LabelService}
+
+// only is m with the given keys alone (nil when it has none of them).
+func only(m map[string]string, keys ...string) map[string]string {
+	var out map[string]string
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			if out == nil {
+				out = make(map[string]string, len(keys))
+			}
 			out[k] = v
 		}
 	}
@@ -101,15 +101,7 @@ func keptSame(cached, written *corev1.PersistentVolumeClaim, key string) bool {
 // the images' ids are dropped: they are most of a pod's size, and an
 // informer holds every pod of the instance.
 func slimPod(pod *corev1.Pod) {
-	var keep map[string]string
-	for k, v := range pod.Annotations {
-		if k == AnnotationPool || k == AnnotationPoolKey {
-			if keep == nil {
-				keep = make(map[string]string, 3)
-			}
-			keep[k] = v
-		}
-	}
+	keep := only(pod.Annotations, AnnotationPool, AnnotationPoolKey)
 	if cutCPUOf(pod) {
 		if keep == nil {
 			keep = make(map[string]string, 1)
@@ -117,7 +109,7 @@ func slimPod(pod *corev1.Pod) {
 		keep[AnnotationPaused] = "true"
 	}
 	pod.Annotations = keep
-	pod.Labels = ownLabels(pod.Labels)
+	pod.Labels = only(pod.Labels, ownLabels...)
 	pod.OwnerReferences, pod.Finalizers = nil, nil
 	pod.Spec = corev1.PodSpec{
 		Containers:     slimContainers(pod.Spec.Containers),

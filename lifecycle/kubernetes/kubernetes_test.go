@@ -205,17 +205,7 @@ func TestLifecycleOnFake(t *testing.T) {
 	st.Phase = corev1.PodFailed
 	st.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled"}}
 	setPodStatus(t, cs, "abc", st)
-	want := []string{"start", "oom", "die"}
-	for _, w := range want {
-		select {
-		case ev := <-evs:
-			if ev.SandboxID != "abc" || ev.Action != w {
-				t.Fatalf("event %+v, want %s", ev, w)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no %s event", w)
-		}
-	}
+	nextEvents(t, evs, "abc", "start", "oom", "die")
 	c, err = r.Inspect(ctx, "abc")
 	if err != nil || c.State != lifecycle.ContainerExited || c.ExitCode != 137 || !c.OOMKilled {
 		t.Fatalf("inspect after OOM = %+v, %v", c, err)
@@ -525,5 +515,21 @@ func TestPauseRefusesAPodWithoutCPULimit(t *testing.T) {
 	}
 	if err := r.Pause(ctx, "none"); !errors.Is(err, lifecycle.ErrContainerNotFound) {
 		t.Fatalf("pause of a sandbox with no pod = %v, want ErrContainerNotFound", err)
+	}
+}
+
+// nextEvents reads the next events of evs, which must be sandbox id's
+// actions, in that order (each within 10 s).
+func nextEvents(t *testing.T, evs <-chan lifecycle.RuntimeEvent, id string, actions ...string) {
+	t.Helper()
+	for _, w := range actions {
+		select {
+		case ev := <-evs:
+			if ev.SandboxID != id || ev.Action != w {
+				t.Fatalf("event %+v, want %s of %s", ev, w, id)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s event of %s", w, id)
+		}
 	}
 }

@@ -302,16 +302,7 @@ func TestServiceMembers(t *testing.T) {
 	st.InitContainerStatuses[1].RestartCount = 1
 	st.InitContainerStatuses[1].LastTerminationState.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, Reason: "OOMKilled"}
 	setPodStatus(t, cs, "abc", st)
-	for _, w := range []string{"start", "oom", "die"} {
-		select {
-		case ev := <-evs:
-			if ev.SandboxID != "abc" || ev.Action != w {
-				t.Fatalf("event %+v, want %s", ev, w)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no %s event", w)
-		}
-	}
+	nextEvents(t, evs, "abc", "start", "oom", "die")
 	c, err = r.Inspect(ctx, "abc")
 	if err != nil || c.State != lifecycle.ContainerExited || c.ExitCode != 137 || !c.OOMKilled || c.Members["db"] != lifecycle.ContainerRunning {
 		t.Fatalf("inspect with db restarted = %+v, %v", c, err)
