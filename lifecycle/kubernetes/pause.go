@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,10 +20,11 @@ import (
 // the pod's resize subresource (no restart: the containers' resize policy
 // for CPU is the default, NotRequired). The process keeps its memory and
 // state and runs on at 1-2 % of a core; a wake gives the CPU back as the
-// pod was made (kept on its claim) and returns as soon as the API server
-// took the change: the cut app already answers, and the kubelet gives its
-// CPU back within about 100 ms (docs/kubernetes.md, "Pause on
-// Kubernetes"). A pod's QoS class cannot change by a resize, so every pod
+// pod was made (kept on its claim) and returns as soon as the informer
+// reads the change, not once the kubelet applied it: the cut app already
+// answers, and the kubelet gives its CPU back within about 100 ms
+// (docs/kubernetes.md, "Pause on Kubernetes"). A wake whose resize is
+// refused deletes the pod: the Manager starts it again from its claim. A pod's QoS class cannot change by a resize, so every pod
 // is made with a CPU request and limit (resources) and the cut keeps
 // their relation: equal ones are both cut to pausedCPUMilli, a limit above
 // its request is cut to pausedBurstCPUMilli.
@@ -94,7 +96,17 @@ func (r *Runtime) Unpause(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.resize(ctx, pod, cpuPatch(made, cpuOf)); err != nil {
+	if err := r.resize(ctx, pod, cpuPatch(made, cpuOf)); errors.Is(err, lifecycle.ErrPauseUnsupported) {
+		// Left cut, the app would crawl: it goes, and the wake starts it
+		// again from its claim.
+		if derr := r.deletePod(ctx, id, pod); derr != nil {
+			return fmt.Errorf("unpausing sandbox %s: %w (and deleting its pod: %w)", id, err, derr)
+		}
+		if werr := r.waitPodGone(ctx, id); werr != nil {
+			return fmt.Errorf("unpausing sandbox %s: %w (and deleting its pod: %w)", id, err, werr)
+		}
+		return fmt.Errorf("unpausing sandbox %s: %w: its pod was deleted, as the CPU could not be given back: %w", id, lifecycle.ErrContainerNotFound, err)
+	} else if err != nil {
 		return fmt.Errorf("unpausing sandbox %s: %w", id, err)
 	}
 	return r.waitPaused(ctx, id, false)
@@ -161,6 +173,10 @@ func (r *Runtime) resize(ctx context.Context, pod *corev1.Pod, patch podPatch) e
 	case err == nil:
 		return nil
 	case apierrors.IsNotFound(err):
+		if cur, cerr := r.pods.Get(pod.Name); cerr == nil && cur.UID == pod.UID {
+			// The pod is there: the API server has no pods/resize.
+			return fmt.Errorf("%w: the API server has no pods/resize (Kubernetes 1.33 or later has): %w", lifecycle.ErrPauseUnsupported, lifecycle.EngineFailure(err))
+		}
 		return fmt.Errorf("resizing pod %s: %w: %w", pod.Name, lifecycle.ErrContainerNotFound, lifecycle.EngineFailure(err))
 	case apierrors.IsInvalid(err) || apierrors.IsForbidden(err) || apierrors.IsMethodNotSupported(err):
 		return fmt.Errorf("%w: kubernetes refused to resize pod %s: %w", lifecycle.ErrPauseUnsupported, pod.Name, lifecycle.EngineFailure(err))
