@@ -122,11 +122,12 @@ func (r *Runtime) CheckEgress(e lifecycle.Egress) error {
 }
 
 // ApplyEgress implements lifecycle.EgressEnforcer: spec's egress is kept
-// on sandbox id's claim for the starts to come, and its policy is made,
-// or replaced, with it. The two writes run together, each one JSON patch that first tests the object is this
-// instance's sandbox's (a pool claim waits on them); anything a patch
-// cannot settle (a missing annotation map, a policy deleted by hand,
-// another's object) takes the read-then-write way, which says why.
+// on sandbox id's claim for the starts to come, then its policy is made,
+// or replaced, with it. Each write is one JSON patch whose first
+// operations test that the object is this instance's sandbox's (a pool
+// claim waits on them); anything a patch cannot settle (a missing
+// annotation map, a policy deleted by hand, another's object, a Role
+// without patch) takes the read-then-write way, which says why.
 func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spec) error {
 	if !r.EnforcesEgress() {
 		return nil
@@ -139,10 +140,12 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 	if err != nil {
 		return fmt.Errorf("encoding NetworkPolicy %s: %w", want.Name, err)
 	}
-	// The two writes go together: whichever fails, the next start makes
-	// the policy from the claim, so what runs follows the claim.
-	claimErr := make(chan error, 1)
-	go func() { claimErr <- r.keepPolicyPatched(ctx, id, want, b) }()
+	// The claim first: should the policy's write fail, the next start
+	// makes it from the claim, and a policy written while the claim's
+	// write failed would be rolled back by that start.
+	if err := r.keepPolicyPatched(ctx, id, want, b); err != nil {
+		return err
+	}
 	pols := r.cs.NetworkingV1().NetworkPolicies(r.opts.Namespace)
 	err = r.patchOwned(ctx, id, func(p []byte) error {
 		_, err := pols.Patch(ctx, want.Name, types.JSONPatchType, p, metav1.PatchOptions{})
@@ -150,9 +153,6 @@ func (r *Runtime) ApplyEgress(ctx context.Context, id string, spec lifecycle.Spe
 	}, jsonOp{Op: "replace", Path: "/spec", Value: want.Spec})
 	if err != nil {
 		_, err = r.ensurePolicy(ctx, id, want)
-	}
-	if cerr := <-claimErr; cerr != nil {
-		return cerr
 	}
 	return err
 }
