@@ -142,9 +142,17 @@ func TestKubernetesPromises(t *testing.T) {
 		// State only the process holds: 3 /wait requests served at once.
 		var wg sync.WaitGroup
 		for range 3 {
-			wg.Go(func() { e.Preview("GET", ih, "/wait?ms=300", nil, api) })
+			wg.Go(func() {
+				// Not the test's goroutine: errors, not Fatal.
+				if res, _, err := e.PreviewErr("GET", ih, "/wait?ms=300", nil, api); err != nil || res.StatusCode != http.StatusOK {
+					t.Errorf("GET /wait: %v %v", res, err)
+				}
+			})
 		}
 		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
 		before := e.pod(ctx, idle)
 		e.eventually(t, "the idle sandbox paused, its pod's CPU cut in place", func() bool {
 			p := e.pod(ctx, idle)

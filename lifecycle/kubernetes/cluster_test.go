@@ -295,6 +295,7 @@ func TestClusterManager(t *testing.T) {
 	if rec, err = m.Wake(ctx, id); err != nil || rec.State != lifecycle.Running {
 		t.Fatalf("wake after the deletion: %v, %v", rec.State, err)
 	}
+	cl.OnBridge(t, rec.Upstreams[8080])
 	get(t, "http://"+rec.Upstreams[8080]+"/healthz")
 	if stats, err := m.Reconcile(ctx); err != nil || len(stats.Corrections) != 0 || len(stats.Orphans) != 0 {
 		t.Fatalf("reconcile of a consistent sandbox: %+v, %v", stats, err)

@@ -445,13 +445,7 @@ func TestPauseCutsCPU(t *testing.T) {
 			if err := r.Pause(ctx, "abc"); err != nil {
 				t.Fatal(err)
 			}
-			var resized int
-			for _, a := range cs.Actions() {
-				if a.GetVerb() == "patch" && a.GetSubresource() == "resize" {
-					resized++
-				}
-			}
-			if resized != 1 {
+			if resized := resizes(cs); resized != 1 {
 				t.Fatalf("%d patches of pods/resize, want 1", resized)
 			}
 			if req, lim := cpuOfPod(t, cs, "abc"); req != tc.cutR || lim != tc.cutLim {
@@ -466,6 +460,9 @@ func TestPauseCutsCPU(t *testing.T) {
 			}
 			if err := r.Pause(ctx, "abc"); err != nil { // paused already: no call
 				t.Fatal(err)
+			}
+			if n := resizes(cs); n != 1 {
+				t.Fatalf("%d patches of pods/resize after a second pause, want still 1", n)
 			}
 			if err := r.Unpause(ctx, "abc"); err != nil {
 				t.Fatal(err)
@@ -532,4 +529,15 @@ func nextEvents(t *testing.T, evs <-chan lifecycle.RuntimeEvent, id string, acti
 			t.Fatalf("no %s event of %s", w, id)
 		}
 	}
+}
+
+// resizes counts the patches of pods/resize made on cs.
+func resizes(cs *fake.Clientset) int {
+	n := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "patch" && a.GetSubresource() == "resize" {
+			n++
+		}
+	}
+	return n
 }

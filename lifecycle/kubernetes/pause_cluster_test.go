@@ -77,9 +77,20 @@ func TestClusterPause(t *testing.T) {
 		// State only the process holds: 3 /wait requests served at once.
 		var wg sync.WaitGroup
 		for range 3 {
-			wg.Go(func() { body(t, "http://"+addr+"/wait?ms=300") })
+			wg.Go(func() {
+				// Not the test's goroutine: errors, not Fatal.
+				res, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/wait?ms=300")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				res.Body.Close()
+			})
 		}
 		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
 		if got := body(t, "http://"+addr+"/inflight"); got != "0 3\n" {
 			t.Fatalf("/inflight = %q, want 0 3", got)
 		}

@@ -243,6 +243,7 @@ func TestClusterManagerServices(t *testing.T) {
 	if rec, err = m.Wake(ctx, id); err != nil || rec.State != lifecycle.Running || rec.ServiceStates["db"] != lifecycle.ContainerRunning {
 		t.Fatalf("wake: %+v, %v", rec, err)
 	}
+	cl.OnBridge(t, rec.Upstreams[8080])
 	if got := get(t, "http://"+rec.Upstreams[8080]+"/dial?addr=127.0.0.1:9001"); !strings.HasPrefix(got, "ok ") {
 		t.Fatalf("the app's dial to db after the wake: %q", got)
 	}
