@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -109,18 +110,32 @@ func TestClusterServices(t *testing.T) {
 	if err := r.Pause(ctx, id); err != nil {
 		t.Fatalf("pausing a pod with sidecars: %v", err)
 	}
-	cut, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range append(cut.Spec.InitContainers, cut.Spec.Containers...) {
-		if lim := c.Resources.Limits.Cpu().MilliValue(); lim > pausedBurstCPUMilli {
-			t.Fatalf("paused: %s keeps cpu %dm", c.Name, lim)
+	// The kubelet applied the cut to every container, sidecars too.
+	allApplied := func(cut bool) func() bool {
+		return func() bool {
+			p, err := r.cs.CoreV1().Pods(ns).Get(ctx, PodName(id), metav1.GetOptions{})
+			if err != nil {
+				return false
+			}
+			for _, c := range p.Status.Conditions {
+				if (c.Type == corev1.PodResizePending || c.Type == corev1.PodResizeInProgress) && c.Status == corev1.ConditionTrue {
+					return false
+				}
+			}
+			statuses := append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...)
+			for _, st := range statuses {
+				if st.Resources == nil || (st.Resources.Limits.Cpu().MilliValue() <= pausedBurstCPUMilli) != cut {
+					return false
+				}
+			}
+			return len(statuses) == 3
 		}
 	}
+	eventuallyCluster(t, "the kubelet to cut every container's CPU", allApplied(true))
 	if err := r.Unpause(ctx, id); err != nil {
 		t.Fatal(err)
 	}
+	eventuallyCluster(t, "the kubelet to give every container its CPU back", allApplied(false))
 	if c, err := r.Inspect(ctx, id); err != nil || c.State != lifecycle.ContainerRunning || c.Members["a"] != lifecycle.ContainerRunning || c.Members["b"] != lifecycle.ContainerRunning {
 		t.Fatalf("after the wake: %+v %v", c, err)
 	}
