@@ -139,6 +139,16 @@ func TestKubernetesInstall(t *testing.T) {
 		return res.StatusCode, b
 	}
 
+	t.Run("the namespace admits no privileged pod", func(t *testing.T) {
+		priv := true
+		bad := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "privileged"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "x", Image: "sandwake.local/none:1", SecurityContext: &corev1.SecurityContext{Privileged: &priv},
+		}}}}
+		_, err := cs.CoreV1().Pods(ns).Create(ctx, bad, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if !apierrors.IsForbidden(err) {
+			t.Fatalf("a privileged pod in the install's namespace (dry run): %v, want Forbidden by Pod Security Admission (baseline)", err)
+		}
+	})
 	t.Run("the API needs its token", func(t *testing.T) {
 		if code, body := call("GET", "/v1/sandboxes", "", nil); code != http.StatusUnauthorized {
 			t.Errorf("GET /v1/sandboxes without the token: %d %s, want 401", code, body)
@@ -213,6 +223,34 @@ func TestKubernetesInstall(t *testing.T) {
 		ls, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "-n", ns, "exec", "sandwake-0", "--", "caddy", "sandwake", "ls").CombinedOutput()
 		if err != nil || !strings.Contains(string(ls), id) {
 			t.Errorf("kubectl exec sandwake-0 -- caddy sandwake ls: %v\n%s", err, ls)
+		}
+
+		// A pause and an egress change under the base's Role: its patch
+		// on pods/resize (a Role without it would turn the pause into a
+		// 409, and the reaper's into a stop), and its writes of the claim
+		// and the policy.
+		before, err := cs.CoreV1().Pods(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, body = call("POST", "/v1/sandboxes/"+id+"/pause", token, nil)
+		var paused struct {
+			State string `json:"state"`
+		}
+		if json.Unmarshal(body, &paused); code != http.StatusOK || paused.State != "paused" {
+			t.Fatalf("pause: %d %s", code, body)
+		}
+		if p, err := cs.CoreV1().Pods(ns).Get(ctx, "s-"+id, metav1.GetOptions{}); err != nil || p.UID != before.UID || p.Spec.Containers[0].Resources.Limits.Cpu().MilliValue() > 2 {
+			t.Fatalf("after the pause: %v, want pod %s with its CPU cut", err, before.UID)
+		}
+		if code, body := call("PATCH", "/v1/sandboxes/"+id, token, map[string]any{"egress": map[string]any{"policy": "none"}}); code != http.StatusOK {
+			t.Fatalf("egress PATCH: %d %s", code, body)
+		}
+		if np, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "s-"+id, metav1.GetOptions{}); err != nil || len(np.Spec.Egress) != 0 {
+			t.Fatalf("the policy after egress none: %v %+v", err, np)
+		}
+		if c, err := cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "s-"+id+"-data", metav1.GetOptions{}); err != nil || strings.Contains(c.Annotations["sandwake.networkpolicy"], "0.0.0.0/0") {
+			t.Fatalf("the claim's kept policy after egress none: %v", err)
 		}
 
 		// Destroy and purge: the Role's deletes of pod, policy and claim.
