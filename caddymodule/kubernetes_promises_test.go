@@ -12,6 +12,7 @@ import (
 	"github.com/chromedp/chromedp"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sandwake/sandwake/client"
 	"github.com/sandwake/sandwake/internal/gatewaytest"
@@ -218,6 +219,7 @@ func TestKubernetesPromises(t *testing.T) {
 
 	t.Run("a pool hit makes no pod", func(t *testing.T) {
 		var pooled string
+		var pooledUID types.UID
 		pool := func() client.PoolStatus {
 			var list client.TemplateList
 			e.API("GET", "/v1/templates", nil, &list)
@@ -250,7 +252,7 @@ func TestKubernetesPromises(t *testing.T) {
 		}
 		for _, p := range list.Items {
 			if p.Annotations["sandwake.pool"] == "web" {
-				pooled = p.Labels["sandwake.id"]
+				pooled, pooledUID = p.Labels["sandwake.id"], p.UID
 				// A pause here only throttles: pool pods run, so a hit
 				// does not wait for the kubelet to give the CPU back.
 				if p.Spec.Containers[0].Resources.Limits.Cpu().MilliValue() <= 2 {
@@ -277,6 +279,12 @@ func TestKubernetesPromises(t *testing.T) {
 		np, err := e.cs.NetworkingV1().NetworkPolicies(e.ns).Get(ctx, "s-"+rec.ID, metav1.GetOptions{})
 		if err != nil || len(np.Spec.Egress) != 0 {
 			t.Fatalf("the claimed sandbox's NetworkPolicy (egress none): %v %+v", err, np.Spec.Egress)
+		}
+		// The claimed sandbox runs on the pool's very pod (a pod made
+		// for the hit would have another UID; the watch's count below
+		// may not have seen it yet).
+		if p := e.pod(ctx, rec.ID); p == nil || p.UID != pooledUID {
+			t.Fatalf("the claimed sandbox's pod: %v, want the pool's %s", p, pooledUID)
 		}
 		if m := made.Load(); m != 0 {
 			t.Fatalf("pods made for a pool hit: %d, want 0", m)

@@ -357,7 +357,8 @@ func (m *Manager) recreate(ctx context.Context, id string, spec *Spec) (Containe
 	return m.startTraced(ctx, id, spec.Address)
 }
 
-// canPause reports whether the runtime can freeze sandboxes (see Pauser).
+// canPause reports whether the runtime can pause sandboxes at all, by a
+// freeze (Docker) or a CPU cut (Kubernetes; see Pauser).
 func (m *Manager) canPause() bool {
 	p, ok := m.raw.(Pauser)
 	return !ok || p.CanPause()
