@@ -22,7 +22,8 @@ import (
 // pauses (a CPU cut in place), stops (pods deleted), admission's evictions
 // and wakes (a resize back, or a pod made again) race with traffic all
 // along. No request may get a bare 502, a lost or corrupted body or a
-// transport error; a refusal is a JSON error with Retry-After.
+// transport error; a refusal is a JSON error (a code and a message), with
+// Retry-After on a 503.
 func TestKubernetesChurn(t *testing.T) {
 	const (
 		sandboxes = 4
@@ -86,13 +87,19 @@ func TestKubernetesChurn(t *testing.T) {
 				case res.StatusCode == http.StatusOK:
 					failed["200 with a wrong body"]++
 				default:
+					// The API's error shape, as the Docker churn test
+					// judges it: a code and a message, and Retry-After
+					// on a 503.
 					var e struct {
-						Error string `json:"error"`
+						Error struct{ Code, Message string } `json:"error"`
 					}
-					if json.Unmarshal(got, &e) != nil || e.Error == "" || res.Header.Get("Retry-After") == "" {
-						failed[fmt.Sprintf("bare %d: %.80q", res.StatusCode, got)]++
-					} else {
-						refused[fmt.Sprintf("%d %s", res.StatusCode, e.Error)]++
+					switch {
+					case json.Unmarshal(got, &e) != nil || e.Error.Code == "" || e.Error.Message == "":
+						failed[fmt.Sprintf("%d without a JSON error: %.80q", res.StatusCode, got)]++
+					case res.StatusCode == http.StatusServiceUnavailable && res.Header.Get("Retry-After") == "":
+						failed[fmt.Sprintf("503 %s without Retry-After", e.Error.Code)]++
+					default:
+						refused[fmt.Sprintf("%d %s", res.StatusCode, e.Error.Code)]++
 					}
 				}
 				mu.Unlock()
