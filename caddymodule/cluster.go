@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandwake/sandwake/cluster"
 	"github.com/sandwake/sandwake/cluster/peer"
+	core "github.com/sandwake/sandwake/engine"
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/preview"
 )
@@ -29,9 +30,21 @@ import (
 // sandbox of the cluster (see the README, "Cluster"). Without it the gateway
 // is a single host and nothing of the cluster runs.
 type ClusterConfig struct {
+	// Backend is where the cluster keeps its registry and catalog: etcd
+	// (the default; Etcd names it) or kubernetes (the Kubernetes API: one
+	// Lease per node, per drain mark and per sandbox in Namespace; no etcd
+	// of the cluster's own).
+	Backend string `json:"backend,omitempty"`
+	// Kubeconfig is the kubeconfig file of backend kubernetes. Default:
+	// the engine's kubeconfig; else in the cluster (the pod's service
+	// account), else $KUBECONFIG or ~/.kube/config.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// Namespace holds the Leases of backend kubernetes. Default: the
+	// engine's namespace (engine kubernetes), else the pod's own.
+	Namespace string `json:"namespace,omitempty"`
 	// Etcd are the client URLs of the etcd cluster, e.g.
 	// https://10.0.0.5:2379 (http:// only with insecure_plaintext).
-	// Required.
+	// Required with backend etcd.
 	Etcd []string `json:"etcd,omitempty"`
 	// Node is this node's name, unique in the cluster; it is also the
 	// gateway's instance name (an instance option, if given, must equal
@@ -62,6 +75,13 @@ type ClusterConfig struct {
 	// PeerKeyFile is the key of PeerCertFile, readable by the gateway's
 	// user only. Required.
 	PeerKeyFile string `json:"peer_key_file,omitempty"`
+	// PeerCAKeyFile is the cluster CA's key, instead of PeerCertFile and
+	// PeerKeyFile: the node issues its own certificate at each config
+	// load, for its name and its advertised host (a pod whose address is
+	// known only once it runs). Every node holding it can issue any
+	// node's certificate: give it to gateways alone (a Secret mounted
+	// only in their pods).
+	PeerCAKeyFile string `json:"peer_ca_key_file,omitempty"`
 	// Secret signs node-to-node requests inside the mutual TLS, a second
 	// factor besides the node certificates; every node has the same, at
 	// least 16 bytes once placeholders such as
@@ -94,6 +114,8 @@ type ClusterConfig struct {
 	password string
 	// creds are the node's peer credentials as this config read them.
 	creds *cluster.Credentials
+	// kube is backend kubernetes's client, made by provision.
+	kube *cluster.KubeBackend
 	// previews are the HTTP servers of this config with a sandwake_preview
 	// route, and api a sandwake_api handler of it: the peer listener hands
 	// them the forwarded requests (registerPreview, registerAPI).
@@ -114,6 +136,9 @@ func (c *ClusterConfig) provision(a *App) error {
 	}
 	if c.Prefix == "" {
 		c.Prefix = cluster.DefaultPrefix
+	}
+	if err := c.provisionBackend(a); err != nil {
+		return err
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = caddy.Duration(cluster.DefaultLeaseTTL)
@@ -136,9 +161,52 @@ func (c *ClusterConfig) provision(a *App) error {
 	return c.provisionPeerCredentials()
 }
 
+// serviceAccountNamespace is where a pod reads its own namespace.
+var serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// provisionBackend fills backend kubernetes's namespace and kubeconfig from
+// the engine block and the pod, and makes its client (which contacts
+// nothing yet).
+func (c *ClusterConfig) provisionBackend(a *App) error {
+	switch c.Backend {
+	case "", "etcd":
+		c.Backend = "etcd"
+		return nil
+	case "kubernetes":
+	default:
+		return fmt.Errorf("sandwake: cluster: backend %q: want etcd or kubernetes", c.Backend)
+	}
+	if a.Engine != nil && a.Engine.kind() == core.KindKubernetes {
+		if c.Namespace == "" {
+			c.Namespace = a.Engine.Namespace
+		}
+		if c.Kubeconfig == "" {
+			c.Kubeconfig = a.Engine.Kubeconfig
+		}
+	}
+	if c.Namespace == "" {
+		if b, err := os.ReadFile(serviceAccountNamespace); err == nil {
+			c.Namespace = strings.TrimSpace(string(b))
+		}
+	}
+	if c.Namespace == "" {
+		return errors.New("sandwake: cluster: backend kubernetes needs a namespace (namespace in the cluster block, or engine kubernetes's, or the pod's own when the gateway runs in the cluster)")
+	}
+	cli, server, err := core.KubernetesClient(caddy.NewReplacer().ReplaceKnown(c.Kubeconfig, ""))
+	if err != nil {
+		return fmt.Errorf("sandwake: cluster: backend kubernetes: %w", err)
+	}
+	c.kube = &cluster.KubeBackend{Client: cli, Namespace: c.Namespace, Server: server}
+	return nil
+}
+
 // provisionPeerCredentials reads the node's certificate and the cluster CA
-// (at every config load: a reload picks up renewed files).
+// (at every config load: a reload picks up renewed files), or issues the
+// certificate with the CA's key (peer_ca_key_file).
 func (c *ClusterConfig) provisionPeerCredentials() error {
+	if c.PeerCAKeyFile != "" && c.PeerCAFile != "" && c.PeerCertFile == "" && c.PeerKeyFile == "" {
+		return c.issuePeerCredentials()
+	}
 	if c.PeerCAFile == "" || c.PeerCertFile == "" || c.PeerKeyFile == "" {
 		return nil // validate names what is missing
 	}
@@ -148,6 +216,38 @@ func (c *ClusterConfig) provisionPeerCredentials() error {
 	creds, err := cluster.LoadCredentials(c.PeerCAFile, c.PeerCertFile, c.PeerKeyFile, time.Now())
 	if err != nil {
 		return fmt.Errorf("sandwake: cluster: peer_ca_file, peer_cert_file, peer_key_file: %w", err)
+	}
+	c.creds = creds
+	return nil
+}
+
+// issuePeerCredentials issues this node's certificate with the cluster
+// CA's key, for its name and advertised host, valid for
+// cluster.DefaultNodeValidity: a node restarted or reloaded gets a fresh
+// one.
+func (c *ClusterConfig) issuePeerCredentials() error {
+	host, _, err := net.SplitHostPort(c.Advertise)
+	if err != nil || host == "" {
+		return nil // validate says what advertise lacks
+	}
+	caKey, err := readPrivateFile("peer_ca_key_file", c.PeerCAKeyFile)
+	if err != nil {
+		return err
+	}
+	caPEM, err := os.ReadFile(c.PeerCAFile)
+	if err != nil {
+		return fmt.Errorf("sandwake: cluster: peer_ca_file: %w", err)
+	}
+	now := time.Now()
+	// The bundle's first certificate is the CA that issues (the current
+	// one during a rotation); every one of them is trusted.
+	certPEM, keyPEM, err := cluster.IssueNodeCert(caPEM, caKey, cluster.NodeCertRequest{Node: c.Node, Hosts: []string{host}}, now)
+	if err != nil {
+		return fmt.Errorf("sandwake: cluster: issuing this node's certificate with peer_ca_key_file %s: %w", c.PeerCAKeyFile, err)
+	}
+	creds, err := cluster.NewCredentials(caPEM, certPEM, keyPEM, now)
+	if err != nil {
+		return fmt.Errorf("sandwake: cluster: the certificate issued with peer_ca_key_file: %w", err)
 	}
 	c.creds = creds
 	return nil
@@ -230,6 +330,15 @@ func readPrivateFile(option, path string) ([]byte, error) {
 
 // validate checks the cluster block once provisioned.
 func (c *ClusterConfig) validate() error {
+	if c.Backend == "kubernetes" {
+		if len(c.Etcd) > 0 || c.EtcdCAFile != "" || c.EtcdCertFile != "" || c.EtcdUsername != "" || c.InsecurePlaintext {
+			return errors.New("sandwake: cluster: etcd, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_username, etcd_password_file and insecure_plaintext are settings of backend etcd, not kubernetes")
+		}
+		return c.validateNode()
+	}
+	if c.Kubeconfig != "" || c.Namespace != "" {
+		return errors.New("sandwake: cluster: kubeconfig and namespace are settings of backend kubernetes")
+	}
 	if len(c.Etcd) == 0 {
 		return errors.New("sandwake: cluster: etcd needs at least one client URL")
 	}
@@ -253,6 +362,12 @@ func (c *ClusterConfig) validate() error {
 	case schemes["http"] && (c.EtcdCAFile != "" || c.EtcdCertFile != ""):
 		return errors.New("sandwake: cluster: etcd_ca_file and etcd_cert_file need https:// endpoints")
 	}
+	return c.validateNode()
+}
+
+// validateNode checks the node's name, listener and credentials (either
+// backend).
+func (c *ClusterConfig) validateNode() error {
 	if !lifecycle.ValidInstance(c.Node) {
 		return fmt.Errorf("sandwake: cluster: node %q: want 1-63 characters of [a-z0-9_.-] starting with a letter or digit", c.Node)
 	}
@@ -268,8 +383,11 @@ func (c *ClusterConfig) validate() error {
 	if host, port, err := net.SplitHostPort(c.Advertise); err != nil || host == "" || port == "" {
 		return fmt.Errorf("sandwake: cluster: advertise %q is not host:port", c.Advertise)
 	}
-	if c.PeerCAFile == "" || c.PeerCertFile == "" || c.PeerKeyFile == "" {
-		return errors.New("sandwake: cluster: peer_ca_file, peer_cert_file and peer_key_file are required: " +
+	if c.PeerCAKeyFile != "" && (c.PeerCertFile != "" || c.PeerKeyFile != "") {
+		return errors.New("sandwake: cluster: peer_ca_key_file issues this node's certificate: give it instead of peer_cert_file and peer_key_file, not with them")
+	}
+	if c.PeerCAFile == "" || ((c.PeerCertFile == "" || c.PeerKeyFile == "") && c.PeerCAKeyFile == "") {
+		return errors.New("sandwake: cluster: peer_ca_file, and peer_cert_file and peer_key_file (or peer_ca_key_file), are required: " +
 			"make a cluster CA with `caddy sandwake cluster ca` and this node's certificate with `caddy sandwake cluster cert`")
 	}
 	if c.creds.Node != c.Node {
@@ -301,7 +419,7 @@ func (e *engine) joinCluster(a *App) error {
 	cc := a.Cluster
 	peers := cluster.NewPeerTLS(cc.creds)
 	c, err := cluster.New(cluster.Config{
-		Endpoints: cc.Etcd, Node: cc.Node, Advertise: cc.Advertise, Peers: peers,
+		Endpoints: cc.Etcd, Kubernetes: cc.kube, Node: cc.Node, Advertise: cc.Advertise, Peers: peers,
 		Secret: cc.secret, Prefix: cc.Prefix, LeaseTTL: time.Duration(cc.LeaseTTL),
 		Logger: e.Log.Named("cluster"),
 		TLS:    cc.tls, Username: cc.EtcdUsername, Password: cc.password,
@@ -344,6 +462,9 @@ func clusterChanges(prev, next *ClusterConfig) string {
 		name string
 		same bool
 	}{
+		{"backend", prev.Backend == next.Backend},
+		{"kubeconfig", prev.Kubeconfig == next.Kubeconfig},
+		{"namespace", prev.Namespace == next.Namespace},
 		{"etcd", slices.Equal(prev.Etcd, next.Etcd)},
 		{"node", prev.Node == next.Node},
 		{"peer_listen", prev.PeerListen == next.PeerListen},

@@ -25,14 +25,17 @@ func unmarshalCluster(d *caddyfile.Dispenser) (*ClusterConfig, error) {
 			if len(cc.Etcd) == 0 {
 				return nil, d.ArgErr()
 			}
-		case "node", "peer_listen", "advertise", "secret", "prefix",
-			"peer_ca_file", "peer_cert_file", "peer_key_file",
+		case "backend", "kubeconfig", "namespace",
+			"node", "peer_listen", "advertise", "secret", "prefix",
+			"peer_ca_file", "peer_cert_file", "peer_key_file", "peer_ca_key_file",
 			"etcd_ca_file", "etcd_cert_file", "etcd_key_file", "etcd_username", "etcd_password_file":
 			var v string
 			if !d.AllArgs(&v) {
 				return nil, d.ArgErr()
 			}
 			*map[string]*string{
+				"backend": &cc.Backend, "kubeconfig": &cc.Kubeconfig, "namespace": &cc.Namespace,
+				"peer_ca_key_file": &cc.PeerCAKeyFile,
 				"node": &cc.Node, "peer_listen": &cc.PeerListen, "advertise": &cc.Advertise,
 				"secret": &cc.Secret, "prefix": &cc.Prefix,
 				"peer_ca_file": &cc.PeerCAFile, "peer_cert_file": &cc.PeerCertFile, "peer_key_file": &cc.PeerKeyFile,
@@ -58,7 +61,7 @@ func unmarshalCluster(d *caddyfile.Dispenser) (*ClusterConfig, error) {
 			}
 			cc.LeaseTTL = caddy.Duration(dur)
 		default:
-			return nil, d.Errf("unknown cluster option %q (etcd, node, peer_listen, advertise, peer_ca_file, peer_cert_file, peer_key_file, secret, prefix, lease_ttl, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_username, etcd_password_file, insecure_plaintext)", opt)
+			return nil, d.Errf("unknown cluster option %q (backend, kubeconfig, namespace, etcd, node, peer_listen, advertise, peer_ca_file, peer_cert_file, peer_key_file, peer_ca_key_file, secret, prefix, lease_ttl, etcd_ca_file, etcd_cert_file, etcd_key_file, etcd_username, etcd_password_file, insecure_plaintext)", opt)
 		}
 	}
 	return cc, nil

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
 
@@ -150,7 +147,7 @@ func (c *Cluster) runCatalog(first chan struct{}) {
 			continue
 		}
 		retry.reset()
-		err = c.followCatalog(rev + 1)
+		err = c.followCatalog(rev)
 		if c.ctx.Err() != nil {
 			return
 		}
@@ -161,42 +158,15 @@ func (c *Cluster) runCatalog(first chan struct{}) {
 	}
 }
 
-// catalogPage is how many keys one read of getAll asks for: a catalog of a
-// million entries (about 330 MB) is read in twenty answers of about 16 MB at
-// one revision, never as one that etcd must build and hold whole. Not
-// smaller: etcd 3.4 walks its index from a page's first key to the range's
-// end for every page, so a page costs the keys after it, not its own.
-var catalogPage int64 = 50_000
-
-// getAll reads every key under prefix in pages of catalogPage keys, all at
-// the revision of the first page, and calls fn with each page's keys; it
-// returns that revision. If the revision is compacted away meanwhile, it
-// fails (the caller tries again).
-func (c *Cluster) getAll(what, prefix string, fn func([]*mvccpb.KeyValue)) (int64, error) {
-	from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
-	var rev int64
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(catalogPage)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		var resp *clientv3.GetResponse
-		err := c.callRead(c.ctx, what, func(ctx context.Context) (err error) {
-			resp, err = c.cli.Get(ctx, from, opts...)
-			return err
-		})
-		if err != nil {
-			return 0, err
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		fn(resp.Kvs)
-		if !resp.More || len(resp.Kvs) == 0 {
-			return rev, nil
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+// list reads every key under prefix (see store.List) and records the
+// outcome for Health. The store bounds each page by the request timeout,
+// not the whole: a catalog of a million entries takes longer to read.
+func (c *Cluster) list(what, prefix string, fn func([]kv)) (int64, error) {
+	if c.st == nil {
+		return 0, fmt.Errorf("%s: %w (%s): cluster not started", what, ErrEtcd, c.endpoints)
 	}
+	rev, err := c.st.List(c.ctx, prefix, fn)
+	return rev, c.observe(c.ctx, what, false, err)
 }
 
 // loadCatalog replaces the cache with etcd's current content and tells
@@ -205,9 +175,9 @@ func (c *Cluster) getAll(what, prefix string, fn func([]*mvccpb.KeyValue)) (int6
 func (c *Cluster) loadCatalog() (int64, error) {
 	fresh := catalog{noIndex: true, names: c.cache.names}
 	fresh.init()
-	rev, err := c.getAll("loading the catalog", c.cfg.Prefix, func(kvs []*mvccpb.KeyValue) {
+	rev, err := c.list("loading the catalog", c.cfg.Prefix, func(kvs []kv) {
 		for _, kv := range kvs {
-			c.applyTo(&fresh, mvccpb.PUT, kv, nil)
+			c.applyTo(&fresh, event{KV: kv})
 		}
 	})
 	if err != nil {
@@ -255,38 +225,23 @@ func (c *Cluster) loadCatalog() (int64, error) {
 	return rev, nil
 }
 
-// followCatalog applies the watch's events from revision from on until
-// the watch ends, and returns why it ended.
-func (c *Cluster) followCatalog(from int64) error {
-	// WithRequireLeader: a member cut off from its leader cancels the
-	// watch instead of going silent, so the catalog is loaded again from
-	// a member that has one.
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(c.ctx))
-	defer cancel()
-	wch := c.cli.Watch(ctx, c.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV())
-	for wr := range wch {
-		if wr.CompactRevision != 0 {
-			return fmt.Errorf("revision %d compacted (now %d)", from, wr.CompactRevision)
-		}
-		if err := wr.Err(); err != nil {
-			return c.observe(c.ctx, "watching the catalog", false, err)
-		}
-		if wr.Canceled {
-			return errors.New("watch canceled by etcd")
-		}
-		if len(wr.Events) == 0 {
-			continue
-		}
+// followCatalog applies the watch's events after revision rev until the
+// watch ends, and returns why it ended.
+func (c *Cluster) followCatalog(rev int64) error {
+	err := c.st.Watch(c.ctx, c.cfg.Prefix, rev, func(evs []event) {
 		var changes []Change
 		c.cache.mu.Lock()
-		for _, ev := range wr.Events {
-			if ch, ok := c.applyTo(&c.cache, ev.Type, ev.Kv, ev.PrevKv); ok {
+		for _, ev := range evs {
+			if ch, ok := c.applyTo(&c.cache, ev); ok {
 				changes = append(changes, ch)
 			}
 		}
 		c.cache.mu.Unlock()
 		c.reclaim(changes)
 		c.notify(changes)
+	})
+	if err != nil && c.ctx.Err() == nil {
+		return c.observe(c.ctx, "watching the catalog", false, err)
 	}
 	return c.ctx.Err()
 }
@@ -306,12 +261,13 @@ func (c *Cluster) reclaim(changes []Change) {
 
 // applyTo applies one put or delete to cat (locked by the caller) and
 // returns the catalog change it makes, if it is a sandbox key.
-func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mvccpb.KeyValue) (Change, bool) {
-	rest, ok := strings.CutPrefix(string(kv.Key), c.cfg.Prefix)
+func (c *Cluster) applyTo(cat *catalog, ev event) (Change, bool) {
+	kv, prev := ev.KV, ev.Prev
+	rest, ok := strings.CutPrefix(kv.Key, c.cfg.Prefix)
 	if !ok {
 		return Change{}, false
 	}
-	put := typ == mvccpb.PUT
+	put := !ev.Deleted
 	switch {
 	case strings.HasPrefix(rest, sandboxesDir):
 		id := rest[len(sandboxesDir):]
@@ -330,10 +286,10 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 				c.pub.check(id) // a record of this node's puts it back
 			}
 			if !had && prev != nil {
-				old, _ = c.decodeEntry(id, prev)
+				old, _ = c.decodeEntry(id, *prev)
 			}
 			old.ID = id
-			old.Revision = kv.ModRevision
+			old.Revision = kv.Rev
 			return Change{Entry: old, Deleted: true}, true
 		}
 		e, err := c.decodeEntry(id, kv)
@@ -418,8 +374,8 @@ func (c *Cluster) applyTo(cat *catalog, typ mvccpb.Event_EventType, kv, prev *mv
 // A node publishes its certificate with it: one that the cluster's CA did
 // not issue to that node for its advertised host was not written by that
 // node, or names an address where another could answer for it.
-func (c *Cluster) checkRegistration(name string, kv *mvccpb.KeyValue) (nodeRecord, error) {
-	if kv.Lease == 0 {
+func (c *Cluster) checkRegistration(name string, kv kv) (nodeRecord, error) {
+	if !kv.Leased {
 		return nodeRecord{}, errors.New("no lease (not written by a node)")
 	}
 	var rec nodeRecord

@@ -12,10 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
 	"github.com/sandwake/sandwake/lifecycle"
 )
@@ -30,9 +28,10 @@ const (
 var (
 	// ErrTaken: the id is in the catalog already (owned by any node).
 	ErrTaken = errors.New("id is taken in the cluster")
-	// ErrEtcd: etcd could not be reached or did not answer in time. The
-	// error's text names the endpoints and etcd's own words.
-	ErrEtcd = errors.New("etcd unreachable")
+	// ErrEtcd: the cluster's store (etcd, or the Kubernetes API) could not
+	// be reached or did not answer in time. The error's text names the
+	// store, where it is, and its own words.
+	ErrEtcd = errors.New("cluster store unreachable")
 	// ErrNoRoom: no live, non-draining node has room for the spec.
 	ErrNoRoom = errors.New("no node has room")
 	// ErrUnknownNode: no node of that name is registered or known.
@@ -44,8 +43,12 @@ var (
 
 // Config is the cluster block of the sandwake app.
 type Config struct {
-	// Endpoints are etcd's client URLs.
+	// Endpoints are etcd's client URLs (the etcd backend).
 	Endpoints []string
+	// Kubernetes, when set, is the backend instead of etcd: the Kubernetes
+	// API, one Lease per node and per sandbox in a namespace (see
+	// kubestore.go). Endpoints, TLS, Username and Password are then unused.
+	Kubernetes *KubeBackend
 	// Node is this node's name; it is also the gateway's instance name.
 	Node string
 	// Advertise is host:port of this node's peer listener as other nodes
@@ -165,7 +168,8 @@ type Change struct {
 type Cluster struct {
 	cfg Config
 	src Source
-	cli *clientv3.Client
+	// st is the backend (etcd or the Kubernetes API), made by Start.
+	st  store
 	log *zap.Logger
 	// placed counts the creates this node placed since each node's last
 	// registration (see Place).
@@ -175,7 +179,7 @@ type Cluster struct {
 	// reqTimeout bounds every etcd request, so that a create fails fast
 	// when etcd is gone.
 	reqTimeout time.Duration
-	// endpoints is cfg.Endpoints joined, for error messages.
+	// endpoints names the store and where it is, for error messages.
 	endpoints string
 	// dialOptions are added to the etcd client's (tests intercept calls
 	// with them).
@@ -223,7 +227,11 @@ const requestTimeout = 2 * time.Second
 // New checks cfg and builds the node's cluster client; it contacts
 // nothing (see Start).
 func New(cfg Config, src Source) (*Cluster, error) {
-	if len(cfg.Endpoints) == 0 {
+	if cfg.Kubernetes != nil {
+		if err := cfg.Kubernetes.check(); err != nil {
+			return nil, err
+		}
+	} else if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("cluster: no etcd endpoints")
 	}
 	for _, ep := range cfg.Endpoints {
@@ -252,6 +260,11 @@ func New(cfg Config, src Source) (*Cluster, error) {
 	if !strings.HasSuffix(cfg.Prefix, "/") {
 		cfg.Prefix += "/"
 	}
+	if cfg.Kubernetes != nil {
+		if err := checkKubePrefix(cfg.Prefix); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
 	}
@@ -269,12 +282,15 @@ func New(cfg Config, src Source) (*Cluster, error) {
 		log:        cfg.Logger,
 		now:        time.Now,
 		reqTimeout: requestTimeout,
-		endpoints:  strings.Join(cfg.Endpoints, ","),
+		endpoints:  "etcd at " + strings.Join(cfg.Endpoints, ","),
+	}
+	if cfg.Kubernetes != nil {
+		c.endpoints = cfg.Kubernetes.String()
 	}
 	c.ekey = c.entryKey()
 	c.cache.init()
 	c.pub.init()
-	c.health.Store(&etcdFailure{err: fmt.Errorf("%w at %s: not connected yet", ErrEtcd, c.endpoints)})
+	c.health.Store(&etcdFailure{err: fmt.Errorf("%w (%s): not connected yet", ErrEtcd, c.endpoints)})
 	return c, nil
 }
 
@@ -310,31 +326,15 @@ func (c *Cluster) Start(ctx context.Context) error {
 }
 
 func (c *Cluster) start(ctx context.Context) error {
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            c.cfg.Endpoints,
-		TLS:                  c.cfg.TLS,
-		Username:             c.cfg.Username,
-		Password:             c.cfg.Password,
-		DialTimeout:          c.reqTimeout,
-		DialKeepAliveTime:    5 * time.Second,
-		DialKeepAliveTimeout: c.reqTimeout,
-		PermitWithoutStream:  true,
-		// The client's own lines (retries, balancer) are noise next to
-		// ours; keep its errors only.
-		Logger: c.log.Named("etcd").WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
-		DialOptions: append([]grpc.DialOption{
-			// gRPC's default reconnect backoff grows to two minutes; a
-			// node should be back within seconds of etcd.
-			grpc.WithConnectParams(grpc.ConnectParams{
-				Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
-				MinConnectTimeout: c.reqTimeout,
-			}),
-		}, c.dialOptions...),
-	})
-	if err != nil {
-		return fmt.Errorf("cluster: etcd client for %s: %w", c.endpoints, err)
+	if c.cfg.Kubernetes != nil {
+		c.st = newKubeStore(*c.cfg.Kubernetes, c.cfg.Prefix, c.cfg.LeaseTTL, c.log)
+	} else {
+		st, err := newEtcdStore(c.cfg, c.reqTimeout, c.log, c.dialOptions)
+		if err != nil {
+			return err
+		}
+		c.st = st
 	}
-	c.cli = cli
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	registered, loaded, published := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	c.wg.Add(3)
@@ -349,7 +349,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		}
 	}
 	if err := c.Health(); err != nil {
-		c.log.Warn("cluster started without etcd; retrying in the background", zap.Error(err))
+		c.log.Warn("cluster started without its store; retrying in the background", zap.String("store", c.endpoints), zap.Error(err))
 	}
 	return nil
 }
@@ -359,20 +359,20 @@ func (c *Cluster) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
 		c.startOnce.Do(func() {}) // a Start after Close does nothing
-		if c.cli == nil {
+		if c.st == nil {
 			return
 		}
 		c.cancel()
 		c.wg.Wait()
-		if id := clientv3.LeaseID(c.lease.Load()); id != 0 {
+		if id := leaseID(c.lease.Load()); id != 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			if _, rerr := c.cli.Revoke(ctx, id); rerr != nil {
+			if rerr := c.st.Revoke(ctx, id); rerr != nil {
 				c.log.Warn("revoking the node's lease (it expires by itself)", zap.Error(rerr))
 			}
 			cancel()
 		}
-		if cerr := c.cli.Close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
-			err = fmt.Errorf("cluster: closing the etcd client: %w", cerr)
+		if cerr := c.st.Close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
+			err = fmt.Errorf("cluster: closing the %s client: %w", c.st, cerr)
 		}
 	})
 	return err

@@ -150,7 +150,7 @@ func crash(c *Cluster) {
 	c.closeOnce.Do(func() {
 		c.cancel()
 		c.wg.Wait()
-		_ = c.cli.Close()
+		_ = c.st.Close()
 	})
 }
 
@@ -190,7 +190,7 @@ func rawEntry(t *testing.T, cli *clientv3.Client, prefix, id string) (Entry, boo
 	if len(resp.Kvs) == 0 {
 		return Entry{}, false
 	}
-	e, err := testSigner.decodeEntry(id, resp.Kvs[0])
+	e, err := testSigner.decodeEntry(id, fromEtcd(resp.Kvs[0]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,20 +275,20 @@ func TestReserveIsUniqueAcrossNodes(t *testing.T) {
 	if err := winner.republish(); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := rawEntry(t, winner.cli, prefix, "same-id"); !ok {
+	if _, ok := rawEntry(t, winner.etcdCli(), prefix, "same-id"); !ok {
 		t.Fatal("a republish deleted a reservation")
 	}
 	// Release by a node that does not hold it leaves it alone.
 	if err := nodes[(won+1)%3].Release(ctxT(t), "same-id"); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := rawEntry(t, winner.cli, prefix, "same-id"); !ok {
+	if _, ok := rawEntry(t, winner.etcdCli(), prefix, "same-id"); !ok {
 		t.Fatal("another node's Release deleted the entry")
 	}
 	if err := winner.Release(ctxT(t), "same-id"); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := rawEntry(t, winner.cli, prefix, "same-id"); ok {
+	if _, ok := rawEntry(t, winner.etcdCli(), prefix, "same-id"); ok {
 		t.Fatal("the entry survived its owner's Release")
 	}
 	if err := nodes[(won+1)%3].Reserve(ctxT(t), "same-id", 0); err != nil {
@@ -359,7 +359,7 @@ func TestPublishFollowsLocalRecords(t *testing.T) {
 	if err := a.republish(); err != nil {
 		t.Fatal(err)
 	}
-	if e, ok := rawEntry(t, a.cli, prefix, "y"); !ok || e.Node != "node-b" || e.State != lifecycle.Creating {
+	if e, ok := rawEntry(t, a.etcdCli(), prefix, "y"); !ok || e.Node != "node-b" || e.State != lifecycle.Creating {
 		t.Fatalf("y in etcd: %+v (%v), want node-b's reservation", e, ok)
 	}
 	srcA.del("y")
@@ -367,7 +367,7 @@ func TestPublishFollowsLocalRecords(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
 		return a.Stats().Pending == 0, "node-a's delete of y pending"
 	})
-	if e, ok := rawEntry(t, a.cli, prefix, "y"); !ok || e.Node != "node-b" {
+	if e, ok := rawEntry(t, a.etcdCli(), prefix, "y"); !ok || e.Node != "node-b" {
 		t.Fatalf("y in etcd after node-a lost its record: %+v (%v), want node-b's", e, ok)
 	}
 
@@ -614,7 +614,7 @@ func TestDrainRemoveAndPlace(t *testing.T) {
 		t.Fatalf("Remove of a lost node: %d killed, %v; want 2", killed, err)
 	}
 	for _, id := range []string{"c1", "c2"} {
-		if e, ok := rawEntry(t, a.cli, prefix, id); !ok || e.State != lifecycle.Killed || e.Reason != ReasonNodeRemoved || e.Node != "node-c" {
+		if e, ok := rawEntry(t, a.etcdCli(), prefix, id); !ok || e.State != lifecycle.Killed || e.Reason != ReasonNodeRemoved || e.Node != "node-c" {
 			t.Fatalf("%s after Remove: %+v (%v)", id, e, ok)
 		}
 	}
@@ -634,13 +634,13 @@ func TestDrainRemoveAndPlace(t *testing.T) {
 	if gone, err := a.Forget(ctxT(t), "c1"); err != nil || !gone {
 		t.Fatalf("Forget of a removed node's sandbox: %v, %v; want true, nil", gone, err)
 	}
-	if e, ok := rawEntry(t, a.cli, prefix, "c1"); ok {
+	if e, ok := rawEntry(t, a.etcdCli(), prefix, "c1"); ok {
 		t.Fatalf("c1 still in etcd after Forget: %+v", e)
 	}
 	if err := a.Reserve(ctxT(t), "c1", 64); err != nil {
 		t.Fatalf("Reserve of a forgotten id: %v", err)
 	}
-	if e, ok := rawEntry(t, a.cli, prefix, "c2"); !ok || e.State != lifecycle.Killed {
+	if e, ok := rawEntry(t, a.etcdCli(), prefix, "c2"); !ok || e.State != lifecycle.Killed {
 		t.Fatalf("c2 after forgetting c1: %+v (%v)", e, ok)
 	}
 	if _, err := a.Remove(ctxT(t), "nobody"); !errors.Is(err, ErrUnknownNode) {
@@ -780,3 +780,6 @@ func TestCloseWithEtcdDown(t *testing.T) {
 		return false, fmt.Sprintf("%d goroutines after Close, %d before Start:\n%s", n, base, buf[:runtime.Stack(buf, true)])
 	})
 }
+
+// etcdCli is the etcd client of c's store (tests of the etcd backend).
+func (c *Cluster) etcdCli() *clientv3.Client { return c.st.(*etcdStore).cli }

@@ -2,15 +2,11 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 )
 
 // etcdFailure is the last failed etcd operation, as Health reports it.
@@ -39,8 +35,8 @@ func (c *Cluster) callRead(ctx context.Context, what string, fn func(ctx context
 }
 
 func (c *Cluster) do(ctx context.Context, what string, write bool, fn func(ctx context.Context) error) error {
-	if c.cli == nil {
-		return fmt.Errorf("%s: %w at %s: cluster not started", what, ErrEtcd, c.endpoints)
+	if c.st == nil {
+		return fmt.Errorf("%s: %w (%s): cluster not started", what, ErrEtcd, c.endpoints)
 	}
 	// Retries go on for up to failoverBudget while a member is connected:
 	// an election after the leader's death takes one to two election
@@ -48,8 +44,8 @@ func (c *Cluster) do(ctx context.Context, what string, write bool, fn func(ctx c
 	// that fails fast ("leader changed") must not use the budget up.
 	start := time.Now()
 	err := c.try(ctx, fn)
-	for delay := 100 * time.Millisecond; err != nil && ctx.Err() == nil && retryable(err) &&
-		time.Since(start)+delay < c.failoverBudget() && c.cli.ActiveConnection().GetState() == connectivity.Ready; delay *= 2 {
+	for delay := 100 * time.Millisecond; err != nil && ctx.Err() == nil && c.st.Retryable(err) &&
+		time.Since(start)+delay < c.failoverBudget() && c.st.Connected(); delay *= 2 {
 		c.etcdErrors.Add(1)
 		if !sleep(ctx, delay) {
 			break
@@ -76,7 +72,7 @@ func (c *Cluster) try(ctx context.Context, fn func(ctx context.Context) error) e
 // answered (etcd out of space), Health would otherwise flap between the
 // two.
 func (c *Cluster) observe(ctx context.Context, what string, write bool, err error) error {
-	if err == nil || (ctx.Err() == nil && answered(err)) {
+	if err == nil || (ctx.Err() == nil && c.st.Answered(err)) {
 		c.health.Store(nil)
 		if write {
 			c.writeHealth.Store(nil)
@@ -89,7 +85,7 @@ func (c *Cluster) observe(ctx context.Context, what string, write bool, err erro
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}
-	werr := fmt.Errorf("%s: %w at %s: %w", what, ErrEtcd, c.endpoints, err)
+	werr := fmt.Errorf("%s: %w (%s): %w", what, ErrEtcd, c.endpoints, err)
 	if write {
 		c.writeHealth.Store(&etcdFailure{err: werr})
 	} else {
@@ -100,35 +96,6 @@ func (c *Cluster) observe(ctx context.Context, what string, write bool, err erro
 	// everything once etcd answers again.
 	c.pub.needResync()
 	return werr
-}
-
-// answered reports whether err is etcd's own refusal (lease not found,
-// compacted, …) rather than a failure to reach it.
-func answered(err error) bool {
-	var ee rpctypes.EtcdError
-	if !errors.As(rpctypes.Error(err), &ee) {
-		return false
-	}
-	switch ee.Code() {
-	// ResourceExhausted: the database is over its quota (the NOSPACE
-	// alarm: etcd takes no write until an operator compacts, defragments
-	// and disarms) or etcd is overloaded. Either way etcd cannot do the
-	// work: Health and creates must say so, as when it is gone.
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Unknown, codes.ResourceExhausted:
-		return false
-	}
-	return true
-}
-
-// retryable reports whether a try that failed with err may succeed if sent
-// again soon: etcd not answering (a leader election, a member gone), not
-// etcd refusing, nor etcd out of space (that lasts until an operator acts).
-func retryable(err error) bool {
-	if answered(err) {
-		return false
-	}
-	var ee rpctypes.EtcdError
-	return !errors.As(rpctypes.Error(err), &ee) || ee.Code() != codes.ResourceExhausted
 }
 
 // retryLoop runs attempt until the cluster closes: after a failure it

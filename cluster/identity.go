@@ -69,27 +69,45 @@ type Credentials struct {
 // must name a node (a sandwake://node/<name> URI SAN), be valid now and be
 // issued by one of the CAs for both server and client use.
 func LoadCredentials(caFile, certFile, keyFile string, now time.Time) (*Credentials, error) {
-	pem, err := os.ReadFile(caFile)
+	caPEM, err := os.ReadFile(caFile)
 	if err != nil {
 		return nil, fmt.Errorf("reading the cluster CA: %w", err)
 	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("cluster CA file %s holds no PEM certificate", caFile)
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the node certificate: %w", err)
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the node certificate's key: %w", err)
+	}
+	cr, err := NewCredentials(caPEM, certPEM, keyPEM, now)
+	if err != nil {
+		return nil, fmt.Errorf("%w (files %s, %s, %s)", err, caFile, certFile, keyFile)
+	}
+	return cr, nil
+}
+
+// NewCredentials is LoadCredentials of PEM bytes: the CA bundle, the
+// node's certificate (chain) and its key.
+func NewCredentials(caPEM, certPEM, keyPEM []byte, now time.Time) (*Credentials, error) {
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		return nil, errors.New("the cluster CA holds no PEM certificate")
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("reading the node certificate: %w", err)
 	}
 	if cert.Leaf == nil {
 		if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("node certificate %s: %w", certFile, err)
+			return nil, fmt.Errorf("node certificate: %w", err)
 		}
 	}
 	cr := &Credentials{Cert: cert, Roots: roots}
 	name, err := cr.verify(cert.Certificate, now, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
 	if err != nil {
-		return nil, fmt.Errorf("node certificate %s: %w", certFile, err)
+		return nil, fmt.Errorf("node certificate: %w", err)
 	}
 	cr.Node = name
 	return cr, nil

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/lifecycle"
@@ -317,9 +315,9 @@ func (c *Cluster) republish() error {
 	// Kept: the entries of this node's records and those naming this
 	// node; a million others are compared with nothing here.
 	inEtcd := map[string]*Entry{}
-	_, err = c.getAll("reading the catalog to republish", c.sandboxesPrefix(), func(kvs []*mvccpb.KeyValue) {
+	_, err = c.list("reading the catalog to republish", c.sandboxesPrefix(), func(kvs []kv) {
 		for _, kv := range kvs {
-			id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
+			id := strings.TrimPrefix(kv.Key, c.sandboxesPrefix())
 			e, _ := c.decodeEntry(id, kv)
 			if local[id] || e.Node == c.cfg.Node {
 				inEtcd[id] = &e
@@ -397,45 +395,38 @@ func (c *Cluster) updateEntryUnless(ctx context.Context, what, id, absent string
 			rev = cur.Revision
 		}
 		next, del := decide(cur)
-		var then []clientv3.Op
+		op, value := swapNone, []byte(nil)
 		switch {
 		case next != nil:
 			data, err := c.sealEntry(*next)
 			if err != nil {
 				return false, fmt.Errorf("%s: %w", what, err)
 			}
-			then = append(then, clientv3.OpPut(key, string(data)))
+			op, value = swapPut, data
 		case del:
-			then = append(then, clientv3.OpDelete(key))
+			op = swapDelete
 		}
-		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rev)}
-		orElse := []clientv3.Op{clientv3.OpGet(key)}
-		if absent != "" {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(absent), "=", 0))
-			orElse = append(orElse, clientv3.OpGet(absent, clientv3.WithCountOnly()))
-		}
-		var resp *clientv3.TxnResponse
-		// A transaction without operations only reads (etcd answers it
-		// even when it refuses writes).
-		err := c.do(ctx, what, len(then) > 0, func(ctx context.Context) (err error) {
-			resp, err = c.cli.Txn(ctx).If(cmps...).Then(then...).Else(orElse...).Commit()
+		var res swapResult
+		// A swap without an operation only reads (etcd answers it even
+		// when it refuses writes).
+		err := c.do(ctx, what, op != swapNone, func(ctx context.Context) (err error) {
+			res, err = c.st.Swap(ctx, key, rev, op, value, absent)
 			return err
 		})
 		if err != nil {
 			return false, err
 		}
-		if resp.Succeeded {
-			return len(then) > 0, nil
+		if res.Succeeded {
+			return op != swapNone, nil
 		}
-		if absent != "" && resp.Responses[1].GetResponseRange().Count > 0 {
+		if res.AbsentExists {
 			return false, fmt.Errorf("%s: %w: %s", what, errKeyExists, absent)
 		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 {
+		if res.Cur.Rev == 0 {
 			cur = nil
 			continue
 		}
-		e, _ := c.decodeEntry(id, kvs[0])
+		e, _ := c.decodeEntry(id, res.Cur)
 		cur = &e
 	}
 	return false, fmt.Errorf("%s: the entry kept changing under %d attempts", what, maxCASAttempts)

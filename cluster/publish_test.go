@@ -46,7 +46,7 @@ func TestRepublishOfAnUnchangedCatalogWritesNothing(t *testing.T) {
 	var icpt interceptor
 	a := startNodeWith(t, ec.Endpoints(), prefix, "node-a", src, &icpt)
 	for i := range n {
-		if _, ok := rawEntry(t, a.cli, prefix, fmt.Sprintf("r%d", i)); !ok {
+		if _, ok := rawEntry(t, a.etcdCli(), prefix, fmt.Sprintf("r%d", i)); !ok {
 			t.Fatalf("r%d not published at start", i)
 		}
 	}
@@ -78,7 +78,7 @@ func TestRepublishOfAnUnchangedCatalogWritesNothing(t *testing.T) {
 		seen.Range(func(k, _ any) bool { keys = append(keys, k.(string)); return true })
 		t.Fatalf("a republish with 1 of %d records changed wrote %d unchanged entries (%v), want none", n, got, keys)
 	}
-	if e, _ := rawEntry(t, a.cli, prefix, "r7"); e.State != lifecycle.Paused {
+	if e, _ := rawEntry(t, a.etcdCli(), prefix, "r7"); e.State != lifecycle.Paused {
 		t.Fatalf("r7 after the republish: %+v, want paused", e)
 	}
 }
@@ -107,7 +107,7 @@ func TestRepublishRetriesAFailedList(t *testing.T) {
 	src.set(record("before-start", lifecycle.Running))
 	a := startNode(t, ec.Endpoints(), prefix, "node-a", src)
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
-		e, ok := rawEntry(t, a.cli, prefix, "before-start")
+		e, ok := rawEntry(t, a.etcdCli(), prefix, "before-start")
 		return ok && e.State == lifecycle.Running, fmt.Sprintf("before-start in etcd: %+v (%v)", e, ok)
 	})
 	if err := a.Health(); err != nil {
@@ -141,7 +141,7 @@ func TestPublishCatchesUpAFailedRead(t *testing.T) {
 	src.set(record("unreadable", lifecycle.Running))
 	a.Changed("unreadable")
 	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
-		e, ok := rawEntry(t, a.cli, prefix, "unreadable")
+		e, ok := rawEntry(t, a.etcdCli(), prefix, "unreadable")
 		return ok && e.State == lifecycle.Running, fmt.Sprintf("unreadable in etcd: %+v (%v)", e, ok)
 	})
 }

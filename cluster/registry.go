@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/sandwake/sandwake/lifecycle"
@@ -23,7 +21,7 @@ import (
 // attempt.
 func (c *Cluster) runRegistry(first chan struct{}) {
 	defer c.wg.Done()
-	var id clientv3.LeaseID
+	var id leaseID
 	c.retryLoop("registering the node", first, func() (err error) {
 		id, err = c.register()
 		return err
@@ -34,27 +32,26 @@ func (c *Cluster) runRegistry(first chan struct{}) {
 }
 
 // register grants a lease and puts the node's key on it.
-func (c *Cluster) register() (clientv3.LeaseID, error) {
-	ttl := int64((c.cfg.LeaseTTL + time.Second - 1) / time.Second)
-	var lease *clientv3.LeaseGrantResponse
+func (c *Cluster) register() (leaseID, error) {
+	var lease leaseID
 	err := c.call(c.ctx, "granting the node's lease", func(ctx context.Context) (err error) {
-		lease, err = c.cli.Grant(ctx, ttl)
+		lease, err = c.st.Grant(ctx, c.cfg.LeaseTTL)
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
-	if err := c.putNode(lease.ID); err != nil {
+	if err := c.putNode(lease); err != nil {
 		return 0, err
 	}
-	c.lease.Store(int64(lease.ID))
-	c.log.Info("node registered", zap.String("node", c.cfg.Node), zap.Int64("lease_ttl_s", lease.TTL))
-	return lease.ID, nil
+	c.lease.Store(int64(lease))
+	c.log.Info("node registered", zap.String("node", c.cfg.Node), zap.Duration("lease_ttl", c.cfg.LeaseTTL))
+	return lease, nil
 }
 
 // putNode writes the node's registration with its current capacity on
 // lease id.
-func (c *Cluster) putNode(id clientv3.LeaseID) error {
+func (c *Cluster) putNode(id leaseID) error {
 	data, err := json.Marshal(nodeRecord{
 		Name:      c.cfg.Node,
 		Advertise: c.cfg.Advertise,
@@ -68,17 +65,16 @@ func (c *Cluster) putNode(id clientv3.LeaseID) error {
 		return fmt.Errorf("encoding the node's registration: %w", err)
 	}
 	return c.call(c.ctx, "registering node "+c.cfg.Node, func(ctx context.Context) error {
-		_, err := c.cli.Put(ctx, c.nodeKey(c.cfg.Node), string(data), clientv3.WithLease(id))
-		return err
+		return c.st.PutLeased(ctx, c.nodeKey(c.cfg.Node), data, id)
 	})
 }
 
 // keepRegistered keeps lease id alive until it is lost or the cluster
 // closes, refreshing the registration every TTL/3.
-func (c *Cluster) keepRegistered(id clientv3.LeaseID) {
+func (c *Cluster) keepRegistered(id leaseID) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	defer cancel()
-	ka, err := c.cli.KeepAlive(ctx, id)
+	lost, err := c.st.KeepAlive(ctx, id)
 	if err != nil {
 		c.log.Warn("keeping the node's lease alive", zap.Error(err))
 		return
@@ -89,21 +85,19 @@ func (c *Cluster) keepRegistered(id clientv3.LeaseID) {
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-ka:
-			if !ok {
-				if c.ctx.Err() == nil {
-					c.log.Warn("node lease lost; registering again", zap.Int64("lease", int64(id)))
-				}
-				c.lease.CompareAndSwap(int64(id), 0)
-				return
+		case <-lost:
+			if c.ctx.Err() == nil {
+				c.log.Warn("node lease lost; registering again", zap.Int64("lease", int64(id)))
 			}
-			// A keepalive's answer says nothing of Health: etcd renews
-			// leases while it refuses every write (out of space), and
-			// clearing Health here would flap it against the failing
-			// writes. The refresh below clears it when writes work.
+			c.lease.CompareAndSwap(int64(id), 0)
+			return
+		// A keepalive says nothing of Health: etcd renews leases while it
+		// refuses every write (out of space), and clearing Health there
+		// would flap it against the failing writes. The refresh below
+		// clears it when writes work.
 		case <-tick.C:
 			err := c.putNode(id)
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			if errors.Is(err, errLeaseLost) {
 				c.log.Warn("node lease expired; registering again", zap.Int64("lease", int64(id)))
 				c.lease.CompareAndSwap(int64(id), 0)
 				return
@@ -172,8 +166,7 @@ func (c *Cluster) Drain(ctx context.Context, node string, on bool) error {
 	}
 	if !on {
 		return c.call(ctx, "clearing the drain mark of node "+node, func(ctx context.Context) error {
-			_, err := c.cli.Delete(ctx, c.drainKey(node))
-			return err
+			return c.st.Delete(ctx, c.drainKey(node))
 		})
 	}
 	data, err := json.Marshal(drainMark{Since: c.now().UTC(), By: c.cfg.Node})
@@ -181,8 +174,7 @@ func (c *Cluster) Drain(ctx context.Context, node string, on bool) error {
 		return fmt.Errorf("encoding the drain mark: %w", err)
 	}
 	return c.call(ctx, "draining node "+node, func(ctx context.Context) error {
-		_, err := c.cli.Put(ctx, c.drainKey(node), string(data))
-		return err
+		return c.st.Put(ctx, c.drainKey(node), data)
 	})
 }
 
@@ -195,37 +187,36 @@ const ReasonNodeRemoved = "node_removed"
 func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err error) {
 	// Ask etcd, not the cache: removing a node that is alive would
 	// declare its running sandboxes lost.
-	var reg, drain *clientv3.GetResponse
-	var entries *clientv3.GetResponse
-	err = c.callRead(ctx, "looking up node "+node, func(ctx context.Context) error {
-		resp, err := c.cli.Txn(ctx).Then(
-			clientv3.OpGet(c.nodeKey(node)),
-			clientv3.OpGet(c.drainKey(node)),
-			clientv3.OpGet(c.sandboxesPrefix(), clientv3.WithPrefix()),
-		).Commit()
-		if err != nil {
-			return err
-		}
-		reg = (*clientv3.GetResponse)(resp.Responses[0].GetResponseRange())
-		drain = (*clientv3.GetResponse)(resp.Responses[1].GetResponseRange())
-		entries = (*clientv3.GetResponse)(resp.Responses[2].GetResponseRange())
-		return nil
+	var keys []kv
+	err = c.callRead(ctx, "looking up node "+node, func(ctx context.Context) (err error) {
+		keys, err = c.st.Get(ctx, c.nodeKey(node), c.drainKey(node))
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("removing node %s: %w", node, err)
 	}
-	if len(reg.Kvs) > 0 {
+	reg, drain := keys[0], keys[1]
+	var entries []kv
+	err = c.callRead(ctx, "reading the catalog for node "+node, func(ctx context.Context) error {
+		entries = entries[:0]
+		_, err := c.st.List(ctx, c.sandboxesPrefix(), func(kvs []kv) { entries = append(entries, kvs...) })
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("removing node %s: %w", node, err)
+	}
+	if reg.Rev != 0 {
 		return 0, fmt.Errorf("removing node %s: the node is live (its lease is held); stop it first, or wait up to %s for its lease to expire", node, c.cfg.LeaseTTL)
 	}
 	var mine []Entry
-	for _, kv := range entries.Kvs {
-		id := strings.TrimPrefix(string(kv.Key), c.sandboxesPrefix())
+	for _, kv := range entries {
+		id := strings.TrimPrefix(kv.Key, c.sandboxesPrefix())
 		e, derr := c.decodeEntry(id, kv)
 		if derr == nil && e.Node == node {
 			mine = append(mine, e)
 		}
 	}
-	if len(mine) == 0 && len(drain.Kvs) == 0 {
+	if len(mine) == 0 && drain.Rev == 0 {
 		if _, known := c.Node(node); !known {
 			return 0, fmt.Errorf("removing node %s: %w", node, ErrUnknownNode)
 		}
@@ -258,8 +249,7 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 		}
 	}
 	err = c.call(ctx, "removing node "+node, func(ctx context.Context) error {
-		_, err := c.cli.Delete(ctx, c.drainKey(node))
-		return err
+		return c.st.Delete(ctx, c.drainKey(node))
 	})
 	if err != nil {
 		return killed, fmt.Errorf("removing node %s: %w", node, err)

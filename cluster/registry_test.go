@@ -64,7 +64,7 @@ func TestRemoveRacesRejoin(t *testing.T) {
 	}
 	for _, id := range []string{"c1", "c2"} {
 		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-			e, ok := rawEntry(t, a.cli, prefix, id)
+			e, ok := rawEntry(t, a.etcdCli(), prefix, id)
 			return ok && e.Node == "node-c" && e.State == lifecycle.Running,
 				fmt.Sprintf("%s of the rejoined node-c in etcd: %+v (%v), want running", id, e, ok)
 		})
@@ -80,7 +80,7 @@ func TestRejoinedNodeRestoresRemovedEntries(t *testing.T) {
 	srcC := newMemSource()
 	srcC.set(record("c1", lifecycle.Running))
 	c := startNode(t, ec.Endpoints(), prefix, "node-c", srcC)
-	if e, ok := rawEntry(t, c.cli, prefix, "c1"); !ok || e.State != lifecycle.Running {
+	if e, ok := rawEntry(t, c.etcdCli(), prefix, "c1"); !ok || e.State != lifecycle.Running {
 		t.Fatalf("c1 after node-c's start: %+v (%v)", e, ok)
 	}
 	// The mark as Remove writes it, landing after node-c's republish.
@@ -96,7 +96,7 @@ func TestRejoinedNodeRestoresRemovedEntries(t *testing.T) {
 		t.Fatalf("marking c1 removed: %v, %v", marked, err)
 	}
 	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		e, ok := rawEntry(t, c.cli, prefix, "c1")
+		e, ok := rawEntry(t, c.etcdCli(), prefix, "c1")
 		return ok && e.State == lifecycle.Running && e.Reason == "test", fmt.Sprintf("c1 in etcd: %+v (%v), want running again", e, ok)
 	})
 }

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sandwake/sandwake/lifecycle"
 )
@@ -33,35 +31,31 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 	// (each try is bounded by the request timeout): a reservation etcd
 	// applied after the caller's context ended would otherwise be reported
 	// as failed, never released, and hold the id until the next republish.
-	var resp *clientv3.TxnResponse
+	var res swapResult
 	err = c.call(context.WithoutCancel(ctx), "reserving id "+id, func(ctx context.Context) (err error) {
-		resp, err = c.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, string(data))).
-			Else(clientv3.OpGet(key)).
-			Commit()
+		res, err = c.st.Swap(ctx, key, 0, swapPut, data, "")
 		return err
 	})
 	if err != nil {
 		c.pub.unreserve(id, false)
 		return err
 	}
-	if resp.Succeeded {
+	if res.Succeeded {
 		return nil
 	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) > 0 && bytes.Equal(kvs[0].Value, data) {
-		// A first try that etcd applied but did not confirm (see call):
-		// the value is this very call's, its time unique to it.
+	cur := res.Cur
+	if cur.Rev != 0 && bytes.Equal(cur.Value, data) {
+		// A first try that the store applied but did not confirm (see
+		// call): the value is this very call's, its time unique to it.
 		return nil
 	}
-	if len(kvs) > 0 && c.takeStale(ctx, id, kvs[0], data) {
+	if cur.Rev != 0 && c.takeStale(ctx, id, cur, data) {
 		return nil
 	}
 	c.pub.unreserve(id, false)
 	owner := "another node"
-	if len(kvs) > 0 {
-		if e, err := c.decodeEntry(id, kvs[0]); err == nil && e.Node != "" {
+	if cur.Rev != 0 {
+		if e, err := c.decodeEntry(id, cur); err == nil && e.Node != "" {
 			owner = "node " + e.Node
 		}
 	}
@@ -74,7 +68,7 @@ func (c *Cluster) Reserve(ctx context.Context, id string, memoryMB int64) error 
 // the publisher has not deleted yet; without this, a create of the same id
 // right after the destroy is refused as taken by this very node. It
 // reports whether the reservation is in place.
-func (c *Cluster) takeStale(ctx context.Context, id string, kv *mvccpb.KeyValue, data []byte) bool {
+func (c *Cluster) takeStale(ctx context.Context, id string, kv kv, data []byte) bool {
 	if e, err := c.decodeEntry(id, kv); err != nil || e.Node != c.cfg.Node || c.pub.reservations(id) > 1 {
 		return false
 	}
@@ -84,26 +78,21 @@ func (c *Cluster) takeStale(ctx context.Context, id string, kv *mvccpb.KeyValue,
 	key := c.sandboxKey(id)
 	// A second round when the publisher's deletion of the stale entry
 	// came first (mod revision 0: the key is absent).
-	rev := kv.ModRevision
+	rev := kv.Rev
 	for range 2 {
-		var resp *clientv3.TxnResponse
+		var res swapResult
 		err := c.call(context.WithoutCancel(ctx), "reserving id "+id+" over this node's stale entry", func(ctx context.Context) (err error) {
-			resp, err = c.cli.Txn(ctx).
-				If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
-				Then(clientv3.OpPut(key, string(data))).
-				Else(clientv3.OpGet(key)).
-				Commit()
+			res, err = c.st.Swap(ctx, key, rev, swapPut, data, "")
 			return err
 		})
 		if err != nil {
 			return false
 		}
-		if resp.Succeeded {
+		if res.Succeeded {
 			return true
 		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) > 0 {
-			return bytes.Equal(kvs[0].Value, data)
+		if res.Cur.Rev != 0 {
+			return bytes.Equal(res.Cur.Value, data)
 		}
 		rev = 0
 	}

@@ -45,7 +45,7 @@ func TestReserveOutcomeMatchesEtcd(t *testing.T) {
 	err := a.Reserve(ctx, "gone-client", 0)
 	icpt.set(nil)
 	if err == nil {
-		e, ok := rawEntry(t, a.cli, prefix, "gone-client")
+		e, ok := rawEntry(t, a.etcdCli(), prefix, "gone-client")
 		if !ok || e.Node != "node-a" {
 			t.Fatalf("Reserve succeeded but etcd has %+v (%v)", e, ok)
 		}
@@ -53,7 +53,7 @@ func TestReserveOutcomeMatchesEtcd(t *testing.T) {
 	}
 	t.Logf("Reserve: %v", err)
 	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		e, ok := rawEntry(t, a.cli, prefix, "gone-client")
+		e, ok := rawEntry(t, a.etcdCli(), prefix, "gone-client")
 		return !ok, fmt.Sprintf("Reserve failed but etcd still holds the id: %+v", e)
 	})
 	if err := b.Reserve(ctxT(t), "gone-client", 0); err != nil {
@@ -101,7 +101,7 @@ func TestReleaseKeepsAConcurrentReservation(t *testing.T) {
 	if err := a.republish(); err != nil {
 		t.Fatal(err)
 	}
-	if e, ok := rawEntry(t, a.cli, prefix, "twice"); !ok || e.Node != "node-a" {
+	if e, ok := rawEntry(t, a.etcdCli(), prefix, "twice"); !ok || e.Node != "node-a" {
 		t.Fatalf("after a republish the second reservation is %+v (%v), want node-a's", e, ok)
 	}
 	if err := b.Reserve(ctxT(t), "twice", 0); !errors.Is(err, ErrTaken) {
@@ -122,7 +122,7 @@ func TestReserveRightAfterDestroy(t *testing.T) {
 	a := startNode(t, ec.Endpoints(), prefix, "node-a", src)
 	b := startNode(t, ec.Endpoints(), prefix, "node-b", newMemSource())
 	for _, id := range []string{"again", "kept"} {
-		if _, ok := rawEntry(t, a.cli, prefix, id); !ok {
+		if _, ok := rawEntry(t, a.etcdCli(), prefix, id); !ok {
 			t.Fatalf("%s not published at start", id)
 		}
 	}
@@ -131,7 +131,7 @@ func TestReserveRightAfterDestroy(t *testing.T) {
 	if err := a.Reserve(ctxT(t), "again", 64); err != nil {
 		t.Fatalf("Reserve of an id destroyed here a moment ago: %v", err)
 	}
-	if e, ok := rawEntry(t, a.cli, prefix, "again"); !ok || e.State != lifecycle.Creating || e.MemoryMB != 64 {
+	if e, ok := rawEntry(t, a.etcdCli(), prefix, "again"); !ok || e.State != lifecycle.Creating || e.MemoryMB != 64 {
 		t.Fatalf("again after the Reserve: %+v (%v), want the new reservation", e, ok)
 	}
 	// The destroy's own publish comes late: it leaves the reservation.
@@ -139,7 +139,7 @@ func TestReserveRightAfterDestroy(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
 		return a.Stats().Pending == 0, "the destroy's publish is pending"
 	})
-	if e, ok := rawEntry(t, a.cli, prefix, "again"); !ok || e.State != lifecycle.Creating {
+	if e, ok := rawEntry(t, a.etcdCli(), prefix, "again"); !ok || e.State != lifecycle.Creating {
 		t.Fatalf("again after the destroy's publish: %+v (%v), want the reservation kept", e, ok)
 	}
 	if err := a.Reserve(ctxT(t), "kept", 0); !errors.Is(err, ErrTaken) {

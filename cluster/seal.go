@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
 // This file signs catalog entries. Lists, pages and event streams of other
@@ -65,17 +64,17 @@ func (c *Cluster) sealEntry(e Entry) ([]byte, error) {
 // is not an entry, or not signed by a node, yields an entry owned by
 // nobody (so that its owner overwrites it) and an error (ErrForged for a
 // bad signature).
-func (c *Cluster) decodeEntry(id string, kv *mvccpb.KeyValue) (Entry, error) {
+func (c *Cluster) decodeEntry(id string, kv kv) (Entry, error) {
 	var e Entry
 	if err := json.Unmarshal(kv.Value, &e); err != nil {
-		return Entry{ID: id, Revision: kv.ModRevision}, fmt.Errorf("catalog entry %s: %w", id, err)
+		return Entry{ID: id, Revision: kv.Rev}, fmt.Errorf("catalog entry %s: %w", id, err)
 	}
 	want, err := c.entrySig(id, e)
 	if err != nil || !hmac.Equal([]byte(want), []byte(e.Sig)) {
 		c.rejected.Add(1)
-		return Entry{ID: id, Revision: kv.ModRevision}, fmt.Errorf("catalog entry %s (claiming node %q): %w", id, e.Node, ErrForged)
+		return Entry{ID: id, Revision: kv.Rev}, fmt.Errorf("catalog entry %s (claiming node %q): %w", id, e.Node, ErrForged)
 	}
 	e.ID = id
-	e.Revision = kv.ModRevision
+	e.Revision = kv.Rev
 	return e, nil
 }

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
+	k8sclient "k8s.io/client-go/kubernetes"
 
 	"github.com/sandwake/sandwake/lifecycle"
 	"github.com/sandwake/sandwake/lifecycle/docker"
@@ -542,4 +543,20 @@ func (e *Engine) closeParts() error {
 	}
 	errs = append(errs, e.store.Close())
 	return errors.Join(errs...)
+}
+
+// KubernetesClient is a client of the API server that kubeconfig names
+// (empty: in the cluster, else $KUBECONFIG or ~/.kube/config), for the
+// cluster's store (cluster.KubeBackend), with the server's URL for
+// messages.
+func KubernetesClient(kubeconfig string) (k8sclient.Interface, string, error) {
+	cfg, err := kubernetes.RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, "", fmt.Errorf("finding the Kubernetes API server: %w", err)
+	}
+	cli, err := k8sclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("a client of the Kubernetes API at %s: %w", cfg.Host, err)
+	}
+	return cli, cfg.Host, nil
 }

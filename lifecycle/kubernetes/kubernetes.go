@@ -200,7 +200,7 @@ func New(opts Options) (*Runtime, error) {
 	}
 	cs := opts.Client
 	if cs == nil {
-		cfg, err := restConfig(opts.Kubeconfig)
+		cfg, err := RESTConfig(opts.Kubeconfig)
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes runtime: %w", err)
 		}
@@ -237,9 +237,9 @@ func New(opts Options) (*Runtime, error) {
 	return r, nil
 }
 
-// restConfig finds the API server: path, else in the cluster, else
+// RESTConfig finds the API server: path, else in the cluster, else
 // $KUBECONFIG or ~/.kube/config.
-func restConfig(path string) (*rest.Config, error) {
+func RESTConfig(path string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if path != "" {
