@@ -23,16 +23,20 @@ image:
 test: tools vet lint
 	$(GO) test -count=1 -race -timeout 60m ./...
 
-## test-k8s: the Kubernetes runtime's tests on a real single-node cluster built
+## test-k8s: the Kubernetes runtime's and the cluster's (backend kubernetes) tests
+## on a real single-node cluster built
 ## here (scripts/kubernetes: Kubernetes from the Go module proxy, Debian's etcd,
 ## CNI plugins and containerd; the first build takes ~25-30 min on 2 cores and is
 ## cached in ~/.cache/sandwake/kubernetes, later runs start in seconds); as root;
 ## the cluster is torn down after, whatever the tests did
+# The cluster package's tests that run on each backend (eachBackend).
+CLUSTER_BACKEND_TESTS = ^Test(ReserveIsUniqueAcrossNodes|PublishFollowsLocalRecords|LostNodeShowsNotLive|DrainRemoveAndPlace|ForgedEntryIsRepaired)$$
 test-k8s:
 	scripts/kubernetes/up.sh >/dev/null
 	set -a; . $${SANDWAKE_K8S_STATE:-/tmp/sandwake-k8s}/env; set +a; \
 	export SANDWAKE_KUBECONFIG=$$KUBECONFIG SANDWAKE_REQUIRE_KUBERNETES=1; \
 	$(GO) test -count=1 -race -timeout 30m ./lifecycle/kubernetes/ && \
+	$(GO) test -count=1 -race -timeout 30m -run '$(CLUSTER_BACKEND_TESTS)/kubernetes$$' ./cluster/ && \
 	$(GO) test -count=1 -race -timeout 30m -run '^TestKubernetes' ./caddymodule/; \
 	rc=$$?; scripts/kubernetes/down.sh; exit $$rc
 

@@ -75,20 +75,14 @@ func TestKubernetesInstall(t *testing.T) {
 	t.Logf("gateway image %s built and imported in %v", image, time.Since(t0).Round(time.Millisecond))
 	apiServer := cl.ForwardAPIServer(t)
 
-	// The namespace first, so that its deletion (which takes the gateway,
-	// its claim and every sandbox's objects with it) is the first cleanup
-	// to run; the token Secret in it before the gateway looks for it.
+	// The namespace first, so that its deletion (which takes the gateways,
+	// their claims and every sandbox's objects with it) is the first
+	// cleanup to run. Nothing else is made by hand: the install's Job
+	// makes the Secrets.
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteNamespace(t, cl, kubectl, cs, ns) })
-	token := "install-" + kubetest.Suffix() + kubetest.Suffix() + kubetest.Suffix()
-	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "sandwake-api"},
-		StringData: map[string]string{"token": token},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 
 	overlay := writeInstallOverlay(t, root, ns, image, cl.StorageClass, apiServer)
 	t1 := time.Now()
@@ -100,43 +94,47 @@ func TestKubernetesInstall(t *testing.T) {
 			describeGateway(t, cl, kubectl, ns)
 		}
 	})
-	var pod *corev1.Pod
-	testenv.Eventually(t, 4*time.Minute, func() (bool, string) {
-		p, err := cs.CoreV1().Pods(ns).Get(ctx, "sandwake-0", metav1.GetOptions{})
-		if err != nil {
-			return false, "pod sandwake-0: " + err.Error()
+	pods := map[string]*corev1.Pod{}
+	testenv.Eventually(t, 5*time.Minute, func() (bool, string) {
+		for _, name := range replicaNames {
+			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, "pod " + name + ": " + err.Error()
+			}
+			pods[name] = p
+			if !podReady(p) {
+				return false, fmt.Sprintf("pod %s Ready (phase %s, %s)", name, p.Status.Phase, containerWaiting(p))
+			}
 		}
-		pod = p
-		return podReady(p), fmt.Sprintf("pod sandwake-0 Ready (phase %s, %s)", p.Status.Phase, containerWaiting(p))
+		return true, ""
 	})
-	t.Logf("kubectl apply -k → pod sandwake-0 Ready: %v", time.Since(t1).Round(time.Millisecond))
-	if err := cl.CheckOnBridge(pod.Status.PodIP); err != nil {
-		t.Fatal(err)
+	t.Logf("kubectl apply -k → pods %v Ready: %v", replicaNames, time.Since(t1).Round(time.Millisecond))
+	for _, p := range pods {
+		if err := cl.CheckOnBridge(p.Status.PodIP); err != nil {
+			t.Fatal(err)
+		}
 	}
+	// The Secrets the install's Job made: the API's token, the cluster's
+	// CA and secret.
+	apiSecret, err := cs.CoreV1().Secrets(ns).Get(ctx, "sandwake-api", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the install's Secret sandwake-api: %v", err)
+	}
+	token := string(apiSecret.Data["token"])
+	if len(token) < 32 {
+		t.Fatalf("the install's API token: %d characters, want a random one of 32 or more", len(token))
+	}
+	if cs, err := cs.CoreV1().Secrets(ns).Get(ctx, "sandwake-cluster", metav1.GetOptions{}); err != nil ||
+		len(cs.Data["ca.crt"]) == 0 || len(cs.Data["ca.key"]) == 0 || len(cs.Data["secret"]) < 32 {
+		t.Fatalf("the install's Secret sandwake-cluster: %v, want ca.crt, ca.key and a secret", err)
+	}
+	pod := pods["sandwake-0"]
 	apiURL := "http://" + netip.AddrPortFrom(netip.MustParseAddr(pod.Status.PodIP), 8081).String()
 	previewAddr := netip.AddrPortFrom(netip.MustParseAddr(pod.Status.PodIP), 8080).String()
 	hc := &http.Client{Timeout: 2 * time.Minute}
 	call := func(method, path, token string, body any) (int, []byte) {
 		t.Helper()
-		var rd io.Reader
-		if body != nil {
-			b, _ := json.Marshal(body)
-			rd = bytes.NewReader(b)
-		}
-		req, err := http.NewRequestWithContext(ctx, method, apiURL+path, rd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		res, err := hc.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res.StatusCode, b
+		return apiCall(t, ctx, hc, apiURL, method, path, token, body)
 	}
 
 	t.Run("the namespace admits no privileged pod", func(t *testing.T) {
@@ -178,14 +176,17 @@ func TestKubernetesInstall(t *testing.T) {
 		if want := "http://" + host + "/"; rec.URLs["8080"] != want {
 			t.Errorf("the sandbox's preview URL: %q, want %q (the overlay's domain and scheme)", rec.URLs["8080"], want)
 		}
-		// The sandbox's objects: in the gateway's namespace, under the
-		// pod's name as the instance.
+		// The sandbox's objects: in the gateways' namespace, under the
+		// name of the replica it was placed on as the instance.
+		if _, ok := pods[rec.Node]; !ok {
+			t.Fatalf("the sandbox's node: %q, want one of %v", rec.Node, replicaNames)
+		}
 		sp, err := cs.CoreV1().Pods(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("the sandbox's pod in %s: %v", ns, err)
 		}
-		if got := sp.Labels["sandwake.instance"]; got != "sandwake-0" {
-			t.Errorf("the sandbox's pod's sandwake.instance: %q, want the gateway pod's name, sandwake-0", got)
+		if got := sp.Labels["sandwake.instance"]; got != rec.Node {
+			t.Errorf("the sandbox's pod's sandwake.instance: %q, want the name of the replica holding it, %s", got, rec.Node)
 		}
 		np, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "s-"+id, metav1.GetOptions{})
 		if err != nil {
@@ -218,11 +219,14 @@ func TestKubernetesInstall(t *testing.T) {
 			t.Fatalf("GET / at %s, Host %s: %d %s, want the testapp's page from pod s-%s", previewAddr, host, res.StatusCode, page, id)
 		}
 
-		// The CLI in the gateway's pod, as docs/kubernetes.md shows it: its
-		// API address and token from the pod's environment.
-		ls, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "-n", ns, "exec", "sandwake-0", "--", "caddy", "sandwake", "ls").CombinedOutput()
-		if err != nil || !strings.Contains(string(ls), id) {
-			t.Errorf("kubectl exec sandwake-0 -- caddy sandwake ls: %v\n%s", err, ls)
+		// The CLI in a gateway's pod, as docs/kubernetes.md shows it: its
+		// API address and token from the pod's environment; each replica
+		// lists every sandbox of the cluster.
+		for _, name := range replicaNames {
+			ls, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "-n", ns, "exec", name, "--", "caddy", "sandwake", "ls").CombinedOutput()
+			if err != nil || !strings.Contains(string(ls), id) {
+				t.Errorf("kubectl exec %s -- caddy sandwake ls: %v\n%s", name, err, ls)
+			}
 		}
 
 		// A pause and an egress change under the base's Role: its patch
@@ -268,13 +272,43 @@ func TestKubernetesInstall(t *testing.T) {
 				fmt.Sprintf("the sandbox's pod, claim and policy gone (%v; %v; %v)", perr, cerr, nerr)
 		})
 	})
+
+	testReplicas(t, ctx, replicaTest{cl: cl, cs: cs, ns: ns, token: token, hc: hc, kubectl: kubectl, pods: pods, suffix: suffix})
+}
+
+// replicaNames are the install's gateways: its StatefulSet's two pods.
+var replicaNames = []string{"sandwake-0", "sandwake-1"}
+
+// apiCall sends one API request to base and returns the answer's status
+// and body.
+func apiCall(t *testing.T, ctx context.Context, hc *http.Client, base, method, path, token string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	res, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s%s: %v", method, base, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
 }
 
 // TestDeployCaddyfileAdapts: deploy/kubernetes's Caddyfile adapts, with
 // the pod's environment, to what the install relies on (engine kubernetes
 // in the pod's namespace, the pod's name as the instance, the store on the
 // claim, the preview domain and scheme from the settings, the API's
-// token), without a cluster: an option renamed breaks this, not only
+// token, the replicas' cluster block), without a cluster: an option renamed breaks this, not only
 // TestKubernetesInstall.
 func TestDeployCaddyfileAdapts(t *testing.T) {
 	src, err := os.ReadFile(filepath.Join("..", "deploy", "kubernetes", "Caddyfile"))
@@ -283,6 +317,7 @@ func TestDeployCaddyfileAdapts(t *testing.T) {
 	}
 	t.Setenv("POD_NAME", "sandwake-0")
 	t.Setenv("POD_NAMESPACE", "previews")
+	t.Setenv("POD_IP", "10.1.2.3")
 	t.Setenv("SANDWAKE_DOMAIN", "example.org")
 	t.Setenv("SANDWAKE_PREVIEW_SCHEME", "http")
 	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": "Caddyfile"})
@@ -298,6 +333,7 @@ func TestDeployCaddyfileAdapts(t *testing.T) {
 				Domain, Storage, Instance string
 				PreviewURL                string `json:"preview_url"`
 				Engine                    struct{ Name, Namespace, Egress string }
+				Cluster                   map[string]any
 			} `json:"sandwake"`
 			HTTP struct {
 				Servers map[string]struct {
@@ -314,6 +350,17 @@ func TestDeployCaddyfileAdapts(t *testing.T) {
 	if sw.Domain != "example.org" || sw.PreviewURL != "http://*.preview.example.org" || sw.Storage != "/data/sandwake" || sw.Instance != "sandwake-0" ||
 		sw.Engine.Name != "kubernetes" || sw.Engine.Namespace != "previews" || sw.Engine.Egress != "networkpolicy" {
 		t.Errorf("the sandwake app: %+v", sw)
+	}
+	// The replicas' cluster: on the Kubernetes API, each named and
+	// advertised as its pod, its certificate issued with the Secret's CA.
+	for k, want := range map[string]any{
+		"backend": "kubernetes", "node": "sandwake-0", "peer_listen": ":7443", "advertise": "10.1.2.3:7443",
+		"peer_ca_file": "/etc/sandwake/cluster/ca.crt", "peer_ca_key_file": "/etc/sandwake/cluster/ca.key",
+		"secret": "{env.SANDWAKE_CLUSTER_SECRET}",
+	} {
+		if got := sw.Cluster[k]; got != want {
+			t.Errorf("cluster %s: %v, want %v", k, got, want)
+		}
 	}
 	handlers := map[string]map[string]any{}
 	for _, srv := range got.Apps.HTTP.Servers {
@@ -404,6 +451,9 @@ func writeInstallOverlay(t *testing.T, root, ns, image, storageClass string, api
 		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_HOST", "value": kubetest.APIServerName}},
 		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_PORT", "value": fmt.Sprint(apiServer.Port())}},
 	}
+	// The Job's pod needs the same way in to the API server, and the image
+	// never pulled.
+	jobPatchJSON, _ := json.Marshal(patch)
 	if storageClass != "" {
 		patch = append(patch, map[string]any{"op": "add", "path": "/spec/volumeClaimTemplates/0/spec/storageClassName", "value": storageClass})
 	}
@@ -428,7 +478,11 @@ patches:
       kind: StatefulSet
       name: sandwake
     patch: '%s'
-`, ns, base, name, tag, installDomain, patchJSON)
+  - target:
+      kind: Job
+      name: sandwake-init
+    patch: '%s'
+`, ns, base, name, tag, installDomain, patchJSON, jobPatchJSON)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +518,12 @@ func describeGateway(t *testing.T, cl kubetest.Cluster, kubectl, ns string) {
 	for _, args := range [][]string{
 		{"describe", "pods"},
 		{"get", "events", "--sort-by", ".lastTimestamp"},
+		{"get", "leases", "-o", "wide"},
+		{"logs", "job/sandwake-init", "--tail", "20"},
 		{"logs", "sandwake-0", "--tail", "80"},
+		{"logs", "sandwake-1", "--tail", "80"},
+		{"logs", "sandwake-0", "--previous", "--tail", "40"},
+		{"logs", "sandwake-1", "--previous", "--tail", "40"},
 	} {
 		out, _ := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", cl.Kubeconfig, "-n", ns}, args...)...).CombinedOutput()
 		t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)

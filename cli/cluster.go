@@ -21,11 +21,11 @@ import (
 // call).
 func (c *session) clusterCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "cluster <ca|cert>",
+		Use:   "cluster <ca|cert|secrets>",
 		Short: "Makes the cluster CA and node certificates (mutual TLS between nodes)",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(c.clusterCACommand(), c.clusterCertCommand())
+	cmd.AddCommand(c.clusterCACommand(), c.clusterCertCommand(), c.clusterSecretsCommand())
 	for _, sub := range cmd.Commands() {
 		sub.SilenceErrors, sub.SilenceUsage = true, true
 	}

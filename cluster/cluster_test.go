@@ -154,7 +154,7 @@ func crash(c *Cluster) {
 	})
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return ctx
@@ -223,221 +223,220 @@ func newClient(t testing.TB, endpoints []string) *clientv3.Client {
 }
 
 func TestReserveIsUniqueAcrossNodes(t *testing.T) {
-	ec := etcdtest.Start(t, 3)
-	prefix := testPrefix()
-	nodes := []*Cluster{
-		startNode(t, ec.Endpoints(), prefix, "node-a", newMemSource()),
-		startNode(t, ec.Endpoints(), prefix, "node-b", newMemSource()),
-		startNode(t, ec.Endpoints(), prefix, "node-c", newMemSource()),
-	}
-	const n = 100
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			errs[i] = nodes[i%3].Reserve(context.Background(), "same-id", 128)
-		}()
-	}
-	close(start)
-	wg.Wait()
-	won, taken := -1, 0
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			if won >= 0 {
-				t.Fatalf("Reserve succeeded twice (calls %d and %d)", won, i)
-			}
-			won = i
-		case errors.Is(err, ErrTaken):
-			taken++
-		default:
-			t.Fatalf("Reserve %d: %v", i, err)
+	eachBackend(t, func(t *testing.T, be testBackend) {
+		prefix := testPrefix()
+		nodes := []*Cluster{
+			be.start(t, prefix, "node-a", newMemSource()),
+			be.start(t, prefix, "node-b", newMemSource()),
+			be.start(t, prefix, "node-c", newMemSource()),
 		}
-	}
-	if won < 0 || taken != n-1 {
-		t.Fatalf("Reserve: winner %d, %d taken; want one winner and %d taken", won, taken, n-1)
-	}
-	owner := nodes[won%3].Self()
-	for _, c := range nodes {
-		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-			e, ok := c.Lookup("same-id")
-			return ok && e.Node == owner && e.State == lifecycle.Creating && e.MemoryMB == 128,
-				fmt.Sprintf("%s sees %+v (%v), want a creating entry of %s", c.Self(), e, ok, owner)
-		})
-	}
-	// The winner's republish keeps the reservation although no record
-	// exists yet; Release removes it.
-	winner := nodes[won%3]
-	if err := winner.republish(); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := rawEntry(t, winner.etcdCli(), prefix, "same-id"); !ok {
-		t.Fatal("a republish deleted a reservation")
-	}
-	// Release by a node that does not hold it leaves it alone.
-	if err := nodes[(won+1)%3].Release(ctxT(t), "same-id"); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := rawEntry(t, winner.etcdCli(), prefix, "same-id"); !ok {
-		t.Fatal("another node's Release deleted the entry")
-	}
-	if err := winner.Release(ctxT(t), "same-id"); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := rawEntry(t, winner.etcdCli(), prefix, "same-id"); ok {
-		t.Fatal("the entry survived its owner's Release")
-	}
-	if err := nodes[(won+1)%3].Reserve(ctxT(t), "same-id", 0); err != nil {
-		t.Fatalf("Reserve of a released id: %v", err)
-	}
+		const n = 100
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				errs[i] = nodes[i%3].Reserve(context.Background(), "same-id", 128)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		won, taken := -1, 0
+		for i, err := range errs {
+			switch {
+			case err == nil:
+				if won >= 0 {
+					t.Fatalf("Reserve succeeded twice (calls %d and %d)", won, i)
+				}
+				won = i
+			case errors.Is(err, ErrTaken):
+				taken++
+			default:
+				t.Fatalf("Reserve %d: %v", i, err)
+			}
+		}
+		if won < 0 || taken != n-1 {
+			t.Fatalf("Reserve: winner %d, %d taken; want one winner and %d taken", won, taken, n-1)
+		}
+		owner := nodes[won%3].Self()
+		for _, c := range nodes {
+			testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+				e, ok := c.Lookup("same-id")
+				return ok && e.Node == owner && e.State == lifecycle.Creating && e.MemoryMB == 128,
+					fmt.Sprintf("%s sees %+v (%v), want a creating entry of %s", c.Self(), e, ok, owner)
+			})
+		}
+		// The winner's republish keeps the reservation although no record
+		// exists yet; Release removes it.
+		winner := nodes[won%3]
+		if err := winner.republish(); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := be.entry(t, prefix, "same-id"); !ok {
+			t.Fatal("a republish deleted a reservation")
+		}
+		// Release by a node that does not hold it leaves it alone.
+		if err := nodes[(won+1)%3].Release(ctxT(t), "same-id"); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := be.entry(t, prefix, "same-id"); !ok {
+			t.Fatal("another node's Release deleted the entry")
+		}
+		if err := winner.Release(ctxT(t), "same-id"); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := be.entry(t, prefix, "same-id"); ok {
+			t.Fatal("the entry survived its owner's Release")
+		}
+		if err := nodes[(won+1)%3].Reserve(ctxT(t), "same-id", 0); err != nil {
+			t.Fatalf("Reserve of a released id: %v", err)
+		}
+	})
 }
 
 func TestPublishFollowsLocalRecords(t *testing.T) {
-	ec := etcdtest.Start(t, 3)
-	prefix := testPrefix()
-	srcA, srcB := newMemSource(), newMemSource()
-	a := startNode(t, ec.Endpoints(), prefix, "node-a", srcA)
-	b := startNode(t, ec.Endpoints(), prefix, "node-b", srcB)
+	eachBackend(t, func(t *testing.T, be testBackend) {
+		prefix := testPrefix()
+		srcA, srcB := newMemSource(), newMemSource()
+		a := be.start(t, prefix, "node-a", srcA)
+		b := be.start(t, prefix, "node-b", srcB)
 
-	var mu sync.Mutex
-	var seen []string
-	b.Watch(func(ch Change) {
-		if ch.Entry.ID != "x" {
-			return
-		}
+		var mu sync.Mutex
+		var seen []string
+		b.Watch(func(ch Change) {
+			if ch.Entry.ID != "x" {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if ch.Deleted {
+				seen = append(seen, "deleted")
+			} else {
+				seen = append(seen, string(ch.Entry.State))
+			}
+		})
+
+		srcA.set(record("x", lifecycle.Running))
+		a.Changed("x")
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			e, ok := b.Lookup("x")
+			return ok && e.Node == "node-a" && e.State == lifecycle.Running && slices.Equal(e.Ports, []int{8080}) &&
+					e.Access == "private" && e.Incarnation == "inc-x" && e.Revision > 0,
+				fmt.Sprintf("node-b sees %+v (%v)", e, ok)
+		})
+		srcA.set(record("x", lifecycle.Paused))
+		a.Changed("x")
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			e, _ := b.Lookup("x")
+			return e.State == lifecycle.Paused, fmt.Sprintf("node-b sees state %q", e.State)
+		})
+		srcA.del("x")
+		a.Changed("x")
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			_, ok := b.Lookup("x")
+			return !ok, "x still in node-b's catalog"
+		})
 		mu.Lock()
-		defer mu.Unlock()
-		if ch.Deleted {
-			seen = append(seen, "deleted")
-		} else {
-			seen = append(seen, string(ch.Entry.State))
+		got := slices.Clone(seen)
+		mu.Unlock()
+		if want := []string{"running", "paused", "deleted"}; !slices.Equal(got, want) {
+			t.Fatalf("node-b's watcher saw %v, want %v", got, want)
+		}
+
+		// An id node-b holds is never overwritten or deleted by node-a, by a
+		// single publish or a full republish.
+		if err := b.Reserve(ctxT(t), "y", 0); err != nil {
+			t.Fatal(err)
+		}
+		srcA.set(record("y", lifecycle.Running))
+		a.Changed("y")
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			st := a.Stats()
+			return st.Pending == 0, fmt.Sprintf("node-a has %d changes pending", st.Pending)
+		})
+		if err := a.republish(); err != nil {
+			t.Fatal(err)
+		}
+		if e, ok := be.entry(t, prefix, "y"); !ok || e.Node != "node-b" || e.State != lifecycle.Creating {
+			t.Fatalf("y in etcd: %+v (%v), want node-b's reservation", e, ok)
+		}
+		srcA.del("y")
+		a.Changed("y")
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			return a.Stats().Pending == 0, "node-a's delete of y pending"
+		})
+		if e, ok := be.entry(t, prefix, "y"); !ok || e.Node != "node-b" {
+			t.Fatalf("y in etcd after node-a lost its record: %+v (%v), want node-b's", e, ok)
+		}
+
+		// A restarted node republishes: its records are put, its entries
+		// without records are deleted, other nodes' entries are left alone.
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
+		}
+		be.put(t, prefix+sandboxesDir+"stale", sealed(Entry{ID: "stale", Node: "node-a", State: lifecycle.Running}))
+		srcA.set(record("z", lifecycle.Stopped))
+		a2 := be.start(t, prefix, "node-a", srcA)
+		if e, ok := be.entry(t, prefix, "z"); !ok || e.Node != "node-a" || e.State != lifecycle.Stopped {
+			t.Fatalf("z after node-a's restart: %+v (%v)", e, ok)
+		}
+		if _, ok := be.entry(t, prefix, "stale"); ok {
+			t.Fatal("node-a's entry without a record survived its republish")
+		}
+		if e, ok := be.entry(t, prefix, "y"); !ok || e.Node != "node-b" {
+			t.Fatalf("y after node-a's restart: %+v (%v), want node-b's", e, ok)
+		}
+		waitLive(t, a2, "node-a", "node-b")
+		if n, ok := a2.Node("node-b"); !ok || n.Sandboxes != 1 || n.Advertise != "node-b.test:8080" {
+			t.Fatalf("node-b as node-a sees it: %+v (%v)", n, ok)
 		}
 	})
-
-	srcA.set(record("x", lifecycle.Running))
-	a.Changed("x")
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		e, ok := b.Lookup("x")
-		return ok && e.Node == "node-a" && e.State == lifecycle.Running && slices.Equal(e.Ports, []int{8080}) &&
-				e.Access == "private" && e.Incarnation == "inc-x" && e.Revision > 0,
-			fmt.Sprintf("node-b sees %+v (%v)", e, ok)
-	})
-	srcA.set(record("x", lifecycle.Paused))
-	a.Changed("x")
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		e, _ := b.Lookup("x")
-		return e.State == lifecycle.Paused, fmt.Sprintf("node-b sees state %q", e.State)
-	})
-	srcA.del("x")
-	a.Changed("x")
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		_, ok := b.Lookup("x")
-		return !ok, "x still in node-b's catalog"
-	})
-	mu.Lock()
-	got := slices.Clone(seen)
-	mu.Unlock()
-	if want := []string{"running", "paused", "deleted"}; !slices.Equal(got, want) {
-		t.Fatalf("node-b's watcher saw %v, want %v", got, want)
-	}
-
-	// An id node-b holds is never overwritten or deleted by node-a, by a
-	// single publish or a full republish.
-	if err := b.Reserve(ctxT(t), "y", 0); err != nil {
-		t.Fatal(err)
-	}
-	srcA.set(record("y", lifecycle.Running))
-	a.Changed("y")
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		st := a.Stats()
-		return st.Pending == 0, fmt.Sprintf("node-a has %d changes pending", st.Pending)
-	})
-	if err := a.republish(); err != nil {
-		t.Fatal(err)
-	}
-	if e, ok := rawEntry(t, a.etcdCli(), prefix, "y"); !ok || e.Node != "node-b" || e.State != lifecycle.Creating {
-		t.Fatalf("y in etcd: %+v (%v), want node-b's reservation", e, ok)
-	}
-	srcA.del("y")
-	a.Changed("y")
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		return a.Stats().Pending == 0, "node-a's delete of y pending"
-	})
-	if e, ok := rawEntry(t, a.etcdCli(), prefix, "y"); !ok || e.Node != "node-b" {
-		t.Fatalf("y in etcd after node-a lost its record: %+v (%v), want node-b's", e, ok)
-	}
-
-	// A restarted node republishes: its records are put, its entries
-	// without records are deleted, other nodes' entries are left alone.
-	if err := a.Close(); err != nil {
-		t.Fatal(err)
-	}
-	cli := newClient(t, ec.Endpoints())
-	stale := sealed(Entry{ID: "stale", Node: "node-a", State: lifecycle.Running})
-	if _, err := cli.Put(ctxT(t), prefix+sandboxesDir+"stale", string(stale)); err != nil {
-		t.Fatal(err)
-	}
-	srcA.set(record("z", lifecycle.Stopped))
-	a2 := startNode(t, ec.Endpoints(), prefix, "node-a", srcA)
-	if e, ok := rawEntry(t, cli, prefix, "z"); !ok || e.Node != "node-a" || e.State != lifecycle.Stopped {
-		t.Fatalf("z after node-a's restart: %+v (%v)", e, ok)
-	}
-	if _, ok := rawEntry(t, cli, prefix, "stale"); ok {
-		t.Fatal("node-a's entry without a record survived its republish")
-	}
-	if e, ok := rawEntry(t, cli, prefix, "y"); !ok || e.Node != "node-b" {
-		t.Fatalf("y after node-a's restart: %+v (%v), want node-b's", e, ok)
-	}
-	waitLive(t, a2, "node-a", "node-b")
-	if n, ok := a2.Node("node-b"); !ok || n.Sandboxes != 1 || n.Advertise != "node-b.test:8080" {
-		t.Fatalf("node-b as node-a sees it: %+v (%v)", n, ok)
-	}
 }
 
 func TestLostNodeShowsNotLive(t *testing.T) {
-	ec := etcdtest.Start(t, 3)
-	prefix := testPrefix()
-	srcC := newMemSource()
-	a := startNode(t, ec.Endpoints(), prefix, "node-a", newMemSource())
-	b := startNode(t, ec.Endpoints(), prefix, "node-b", newMemSource())
-	c := startNode(t, ec.Endpoints(), prefix, "node-c", srcC)
-	srcC.set(record("on-c", lifecycle.Running))
-	c.Changed("on-c")
-	waitLive(t, a, "node-a", "node-b", "node-c")
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		_, ok := a.Lookup("on-c")
-		return ok, "on-c not in node-a's catalog"
-	})
-
-	crash(c)
-	// The lease runs out TTL after the last keepalive; allow 2 s more
-	// for etcd's expiry check and the watch.
-	for _, n := range []*Cluster{a, b} {
-		testenv.Eventually(t, testTTL+2*time.Second, func() (bool, string) {
-			info, known := n.Node("node-c")
-			return known && !info.Live, fmt.Sprintf("%s sees node-c %+v", n.Self(), info)
+	eachBackend(t, func(t *testing.T, be testBackend) {
+		prefix := testPrefix()
+		srcC := newMemSource()
+		a := be.start(t, prefix, "node-a", newMemSource())
+		b := be.start(t, prefix, "node-b", newMemSource())
+		c := be.start(t, prefix, "node-c", srcC)
+		srcC.set(record("on-c", lifecycle.Running))
+		c.Changed("on-c")
+		waitLive(t, a, "node-a", "node-b", "node-c")
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			_, ok := a.Lookup("on-c")
+			return ok, "on-c not in node-a's catalog"
 		})
-	}
-	info, _ := a.Node("node-c")
-	if info.Sandboxes != 1 || info.Advertise != "node-c.test:8080" {
-		t.Fatalf("lost node-c: %+v, want its last advertise address and 1 sandbox", info)
-	}
-	if e, ok := a.Lookup("on-c"); !ok || e.Node != "node-c" {
-		t.Fatalf("on-c after node-c was lost: %+v (%v), want it kept for node-c", e, ok)
-	}
-	if st := a.Stats(); st.LiveNodes != 2 {
-		t.Fatalf("live nodes: %d, want 2", st.LiveNodes)
-	}
 
-	// A clean Close revokes the lease: node-b leaves at once.
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	waitLive(t, a, "node-a")
+		crash(c)
+		// The lease runs out TTL after the last keepalive; allow 2 s more
+		// for etcd's expiry check and the watch.
+		for _, n := range []*Cluster{a, b} {
+			testenv.Eventually(t, testTTL+2*time.Second, func() (bool, string) {
+				info, known := n.Node("node-c")
+				return known && !info.Live, fmt.Sprintf("%s sees node-c %+v", n.Self(), info)
+			})
+		}
+		info, _ := a.Node("node-c")
+		if info.Sandboxes != 1 || info.Advertise != "node-c.test:8080" {
+			t.Fatalf("lost node-c: %+v, want its last advertise address and 1 sandbox", info)
+		}
+		if e, ok := a.Lookup("on-c"); !ok || e.Node != "node-c" {
+			t.Fatalf("on-c after node-c was lost: %+v (%v), want it kept for node-c", e, ok)
+		}
+		if st := a.Stats(); st.LiveNodes != 2 {
+			t.Fatalf("live nodes: %d, want 2", st.LiveNodes)
+		}
+
+		// A clean Close revokes the lease: node-b leaves at once.
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		waitLive(t, a, "node-a")
+	})
 }
 
 func TestEtcdLoss(t *testing.T) {
@@ -522,130 +521,131 @@ func TestEtcdLoss(t *testing.T) {
 }
 
 func TestDrainRemoveAndPlace(t *testing.T) {
-	ec := etcdtest.Start(t, 3)
-	prefix := testPrefix()
-	srcA, srcB, srcC := newMemSource(), newMemSource(), newMemSource()
-	srcA.setCapacity(Capacity{Resident: 5, MaxResident: 10, FreeMemoryMB: 4000})
-	srcB.setCapacity(Capacity{Resident: 2, MaxResident: 10, FreeMemoryMB: 1000})
-	srcC.setCapacity(Capacity{Resident: 0, MaxResident: 10, FreeMemoryMB: 8000})
-	a := startNode(t, ec.Endpoints(), prefix, "node-a", srcA)
-	startNode(t, ec.Endpoints(), prefix, "node-b", srcB)
-	c := startNode(t, ec.Endpoints(), prefix, "node-c", srcC)
-	srcC.set(record("c1", lifecycle.Running))
-	srcC.set(record("c2", lifecycle.Stopped))
-	c.Changed("c1")
-	c.Changed("c2")
-	waitLive(t, a, "node-a", "node-b", "node-c")
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		n, _ := a.Node("node-c")
-		return n.Sandboxes == 2 && n.Capacity.FreeMemoryMB == 8000, fmt.Sprintf("node-c as seen: %+v", n)
-	})
+	eachBackend(t, func(t *testing.T, be testBackend) {
+		prefix := testPrefix()
+		srcA, srcB, srcC := newMemSource(), newMemSource(), newMemSource()
+		srcA.setCapacity(Capacity{Resident: 5, MaxResident: 10, FreeMemoryMB: 4000})
+		srcB.setCapacity(Capacity{Resident: 2, MaxResident: 10, FreeMemoryMB: 1000})
+		srcC.setCapacity(Capacity{Resident: 0, MaxResident: 10, FreeMemoryMB: 8000})
+		a := be.start(t, prefix, "node-a", srcA)
+		be.start(t, prefix, "node-b", srcB)
+		c := be.start(t, prefix, "node-c", srcC)
+		srcC.set(record("c1", lifecycle.Running))
+		srcC.set(record("c2", lifecycle.Stopped))
+		c.Changed("c1")
+		c.Changed("c2")
+		waitLive(t, a, "node-a", "node-b", "node-c")
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			n, _ := a.Node("node-c")
+			return n.Sandboxes == 2 && n.Capacity.FreeMemoryMB == 8000, fmt.Sprintf("node-c as seen: %+v", n)
+		})
 
-	placed := func() string {
-		t.Helper()
-		n, err := a.Place(512)
-		if err != nil {
+		placed := func() string {
+			t.Helper()
+			n, err := a.Place(512)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n.Name
+		}
+		if got := placed(); got != "node-c" {
+			t.Fatalf("Place: %s, want node-c (least loaded)", got)
+		}
+		if err := a.Drain(ctxT(t), "node-c", true); err != nil {
 			t.Fatal(err)
 		}
-		return n.Name
-	}
-	if got := placed(); got != "node-c" {
-		t.Fatalf("Place: %s, want node-c (least loaded)", got)
-	}
-	if err := a.Drain(ctxT(t), "node-c", true); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		n, _ := a.Node("node-c")
-		return n.Draining, "node-c not draining"
-	})
-	if got := placed(); got != "node-b" {
-		t.Fatalf("Place with node-c draining: %s, want node-b", got)
-	}
-	// Capacity is refreshed with the lease: node-b filling up moves
-	// placement to node-a.
-	srcB.setCapacity(Capacity{Resident: 10, MaxResident: 10, FreeMemoryMB: 1000})
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		n, _ := a.Node("node-b")
-		return n.Capacity.Resident == 10, fmt.Sprintf("node-b's capacity as seen: %+v", n.Capacity)
-	})
-	if got := placed(); got != "node-a" {
-		t.Fatalf("Place with node-b full: %s, want node-a", got)
-	}
-	if err := a.Drain(ctxT(t), "node-a", true); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			n, _ := a.Node("node-c")
+			return n.Draining, "node-c not draining"
+		})
+		if got := placed(); got != "node-b" {
+			t.Fatalf("Place with node-c draining: %s, want node-b", got)
+		}
+		// Capacity is refreshed with the lease: node-b filling up moves
+		// placement to node-a.
+		srcB.setCapacity(Capacity{Resident: 10, MaxResident: 10, FreeMemoryMB: 1000})
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			n, _ := a.Node("node-b")
+			return n.Capacity.Resident == 10, fmt.Sprintf("node-b's capacity as seen: %+v", n.Capacity)
+		})
+		if got := placed(); got != "node-a" {
+			t.Fatalf("Place with node-b full: %s, want node-a", got)
+		}
+		if err := a.Drain(ctxT(t), "node-a", true); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			_, err := a.Place(512)
+			return errors.Is(err, ErrNoRoom), fmt.Sprintf("Place with every node passed over: %v", err)
+		})
 		_, err := a.Place(512)
-		return errors.Is(err, ErrNoRoom), fmt.Sprintf("Place with every node passed over: %v", err)
-	})
-	_, err := a.Place(512)
-	for _, want := range []string{"node-a: draining", "node-b: 10 of max_resident 10", "node-c: draining"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Fatalf("ErrNoRoom message %q does not say %q", err, want)
+		for _, want := range []string{"node-a: draining", "node-b: 10 of max_resident 10", "node-c: draining"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Fatalf("ErrNoRoom message %q does not say %q", err, want)
+			}
 		}
-	}
-	if err := a.Drain(ctxT(t), "node-a", false); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Drain(ctxT(t), "nobody", true); !errors.Is(err, ErrUnknownNode) {
-		t.Fatalf("Drain of an unknown node: %v", err)
-	}
+		if err := a.Drain(ctxT(t), "node-a", false); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Drain(ctxT(t), "nobody", true); !errors.Is(err, ErrUnknownNode) {
+			t.Fatalf("Drain of an unknown node: %v", err)
+		}
 
-	// Remove refuses a live node, then marks a lost node's entries killed.
-	if _, err := a.Remove(ctxT(t), "node-c"); err == nil || !strings.Contains(err.Error(), "live") {
-		t.Fatalf("Remove of a live node: %v, want a refusal naming its liveness", err)
-	}
-	// Forget leaves a live node's sandbox alone.
-	if gone, err := a.Forget(ctxT(t), "c1"); err != nil || gone {
-		t.Fatalf("Forget of a live node's sandbox: %v, %v; want false, nil", gone, err)
-	}
-	crash(c)
-	testenv.Eventually(t, testTTL+2*time.Second, func() (bool, string) {
-		n, _ := a.Node("node-c")
-		return !n.Live, "node-c still live"
-	})
-	// Lost but not removed: still not forgettable (the node may come back).
-	if gone, err := a.Forget(ctxT(t), "c1"); err != nil || gone {
-		t.Fatalf("Forget of a lost, not removed node's sandbox: %v, %v; want false, nil", gone, err)
-	}
-	killed, err := a.Remove(ctxT(t), "node-c")
-	if err != nil || killed != 2 {
-		t.Fatalf("Remove of a lost node: %d killed, %v; want 2", killed, err)
-	}
-	for _, id := range []string{"c1", "c2"} {
-		if e, ok := rawEntry(t, a.etcdCli(), prefix, id); !ok || e.State != lifecycle.Killed || e.Reason != ReasonNodeRemoved || e.Node != "node-c" {
-			t.Fatalf("%s after Remove: %+v (%v)", id, e, ok)
+		// Remove refuses a live node, then marks a lost node's entries killed.
+		if _, err := a.Remove(ctxT(t), "node-c"); err == nil || !strings.Contains(err.Error(), "live") {
+			t.Fatalf("Remove of a live node: %v, want a refusal naming its liveness", err)
 		}
-	}
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		n, _ := a.Node("node-c")
-		return !n.Draining, "node-c's drain mark survived Remove"
+		// Forget leaves a live node's sandbox alone.
+		if gone, err := a.Forget(ctxT(t), "c1"); err != nil || gone {
+			t.Fatalf("Forget of a live node's sandbox: %v, %v; want false, nil", gone, err)
+		}
+		crash(c)
+		testenv.Eventually(t, testTTL+2*time.Second, func() (bool, string) {
+			n, _ := a.Node("node-c")
+			return !n.Live, "node-c still live"
+		})
+		// Lost but not removed: still not forgettable (the node may come back).
+		if gone, err := a.Forget(ctxT(t), "c1"); err != nil || gone {
+			t.Fatalf("Forget of a lost, not removed node's sandbox: %v, %v; want false, nil", gone, err)
+		}
+		killed, err := a.Remove(ctxT(t), "node-c")
+		if err != nil || killed != 2 {
+			t.Fatalf("Remove of a lost node: %d killed, %v; want 2", killed, err)
+		}
+		for _, id := range []string{"c1", "c2"} {
+			if e, ok := be.entry(t, prefix, id); !ok || e.State != lifecycle.Killed || e.Reason != ReasonNodeRemoved || e.Node != "node-c" {
+				t.Fatalf("%s after Remove: %+v (%v)", id, e, ok)
+			}
+		}
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			n, _ := a.Node("node-c")
+			return !n.Draining, "node-c's drain mark survived Remove"
+		})
+		if killed, err := a.Remove(ctxT(t), "node-c"); err != nil || killed != 0 {
+			t.Fatalf("second Remove: %d, %v; want 0 and no error", killed, err)
+		}
+		// A removed node's sandbox is forgotten: its entry goes and the id
+		// can be taken again.
+		testenv.Eventually(t, 5*time.Second, func() (bool, string) {
+			e, _ := a.Lookup("c1")
+			return e.State == lifecycle.Killed, fmt.Sprintf("c1 as a sees it: %+v", e)
+		})
+		if gone, err := a.Forget(ctxT(t), "c1"); err != nil || !gone {
+			t.Fatalf("Forget of a removed node's sandbox: %v, %v; want true, nil", gone, err)
+		}
+		if e, ok := be.entry(t, prefix, "c1"); ok {
+			t.Fatalf("c1 still in etcd after Forget: %+v", e)
+		}
+		if err := a.Reserve(ctxT(t), "c1", 64); err != nil {
+			t.Fatalf("Reserve of a forgotten id: %v", err)
+		}
+		if e, ok := be.entry(t, prefix, "c2"); !ok || e.State != lifecycle.Killed {
+			t.Fatalf("c2 after forgetting c1: %+v (%v)", e, ok)
+		}
+		if _, err := a.Remove(ctxT(t), "nobody"); !errors.Is(err, ErrUnknownNode) {
+			t.Fatalf("Remove of an unknown node: %v", err)
+		}
 	})
-	if killed, err := a.Remove(ctxT(t), "node-c"); err != nil || killed != 0 {
-		t.Fatalf("second Remove: %d, %v; want 0 and no error", killed, err)
-	}
-	// A removed node's sandbox is forgotten: its entry goes and the id
-	// can be taken again.
-	testenv.Eventually(t, 5*time.Second, func() (bool, string) {
-		e, _ := a.Lookup("c1")
-		return e.State == lifecycle.Killed, fmt.Sprintf("c1 as a sees it: %+v", e)
-	})
-	if gone, err := a.Forget(ctxT(t), "c1"); err != nil || !gone {
-		t.Fatalf("Forget of a removed node's sandbox: %v, %v; want true, nil", gone, err)
-	}
-	if e, ok := rawEntry(t, a.etcdCli(), prefix, "c1"); ok {
-		t.Fatalf("c1 still in etcd after Forget: %+v", e)
-	}
-	if err := a.Reserve(ctxT(t), "c1", 64); err != nil {
-		t.Fatalf("Reserve of a forgotten id: %v", err)
-	}
-	if e, ok := rawEntry(t, a.etcdCli(), prefix, "c2"); !ok || e.State != lifecycle.Killed {
-		t.Fatalf("c2 after forgetting c1: %+v (%v)", e, ok)
-	}
-	if _, err := a.Remove(ctxT(t), "nobody"); !errors.Is(err, ErrUnknownNode) {
-		t.Fatalf("Remove of an unknown node: %v", err)
-	}
 }
 
 // TestCatalogReloadsAfterCompaction: a watch that cannot resume (its

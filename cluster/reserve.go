@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-
 	"github.com/sandwake/sandwake/lifecycle"
 )
 

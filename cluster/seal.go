@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-
 )
 
 // This file signs catalog entries. Lists, pages and event streams of other

@@ -1,0 +1,371 @@
+package caddymodule_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sandwake/sandwake/client"
+	"github.com/sandwake/sandwake/cluster"
+	"github.com/sandwake/sandwake/internal/kubetest"
+	"github.com/sandwake/sandwake/internal/testenv"
+)
+
+// replicaTest is the install of TestKubernetesInstall as its replica
+// tests use it: the gateways' pods (by name, replaced when one comes back)
+// and the API's token.
+type replicaTest struct {
+	cl                         kubetest.Cluster
+	cs                         kubernetes.Interface
+	ns, token, kubectl, suffix string
+	hc                         *http.Client
+	pods                       map[string]*corev1.Pod
+}
+
+// addr is replica name's address on the cluster's bridge at port.
+func (r *replicaTest) addr(t *testing.T, name string, port uint16) string {
+	t.Helper()
+	p := r.pods[name]
+	if p == nil {
+		t.Fatalf("no replica %s", name)
+	}
+	if err := r.cl.CheckOnBridge(p.Status.PodIP); err != nil {
+		t.Fatal(err)
+	}
+	return netip.AddrPortFrom(netip.MustParseAddr(p.Status.PodIP), port).String()
+}
+
+// api calls replica name's API.
+func (r *replicaTest) api(t *testing.T, ctx context.Context, name, method, path string, body any) (int, []byte) {
+	t.Helper()
+	return apiCall(t, ctx, r.hc, "http://"+r.addr(t, name, 8081), method, path, r.token, body)
+}
+
+// previewAnswer is one preview request's answer.
+type previewAnswer struct {
+	status int
+	body   string
+	header http.Header
+	err    error
+}
+
+// preview asks replica name for sandbox id's port 8080 as an API client
+// does (held through a wake, JSON errors).
+func (r *replicaTest) preview(ctx context.Context, t *testing.T, name, id string) previewAnswer {
+	return r.previewAt(ctx, r.addr(t, name, 8080), id)
+}
+
+// previewAt is preview at a replica's preview address (checked by addr).
+func (r *replicaTest) previewAt(ctx context.Context, addr, id string) previewAnswer {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+addr+"/", nil)
+	if err != nil {
+		return previewAnswer{err: err}
+	}
+	req.Host = fmt.Sprintf("s-%s-8080.preview.%s", id, installDomain)
+	req.Header.Set("Accept", "application/json")
+	res, err := r.hc.Do(req)
+	if err != nil {
+		return previewAnswer{err: err}
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return previewAnswer{status: res.StatusCode, body: string(b), header: res.Header}
+}
+
+// served reports whether a is the testapp's page from sandbox id's pod.
+func (a previewAnswer) served(id string) bool {
+	return a.err == nil && a.status == http.StatusOK && strings.Contains(a.body, "Hello from the sandbox") && strings.Contains(a.body, "s-"+id)
+}
+
+// create makes sandbox id through replica via and returns its record.
+func (r *replicaTest) create(t *testing.T, ctx context.Context, via, id, image string) client.Sandbox {
+	t.Helper()
+	code, body := r.api(t, ctx, via, "POST", "/v1/sandboxes", map[string]any{"id": id, "image": image, "ports": []int{8080}})
+	var rec client.Sandbox
+	if err := json.Unmarshal(body, &rec); err != nil || code != http.StatusCreated || rec.State != "running" {
+		t.Fatalf("create %s through %s: %d %s", id, via, code, body)
+	}
+	if _, ok := r.pods[rec.Node]; !ok {
+		t.Fatalf("sandbox %s was placed on %q, want one of %v", id, rec.Node, replicaNames)
+	}
+	return rec
+}
+
+// other is the replica that is not name.
+func other(name string) string {
+	if name == replicaNames[0] {
+		return replicaNames[1]
+	}
+	return replicaNames[0]
+}
+
+// podUID is the UID of sandbox id's pod ("" when it has none).
+func (r *replicaTest) podUID(t *testing.T, ctx context.Context, id string) string {
+	t.Helper()
+	p, err := r.cs.CoreV1().Pods(r.ns).Get(ctx, "s-"+id, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(p.UID)
+}
+
+// testReplicas: the install's two replicas are one cluster on the
+// Kubernetes API (cluster { backend kubernetes }): each lists the other
+// live; a sandbox created through either is served through both; a forged
+// catalog entry is written back by its owner; a drained replica places
+// creates on the other; a storm spread over both at a stopped sandbox
+// makes one pod; a replica deleted comes back with its store, adopts its
+// sandboxes' pods (never restarted), and meanwhile the other answers for
+// them with 503 and Retry-After, or serves them.
+func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
+	app := r.cl.Image(t)
+	owners := map[string]string{} // sandbox id → its replica
+	ids := []string{"a" + r.suffix, "b" + r.suffix}
+
+	t.Run("the replicas are one cluster", func(t *testing.T) {
+		for _, name := range replicaNames {
+			testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+				code, body := r.api(t, ctx, name, "GET", "/v1/nodes", nil)
+				var view struct {
+					Self  string
+					Nodes []cluster.NodeInfo
+				}
+				if code != http.StatusOK || json.Unmarshal(body, &view) != nil || view.Self != name {
+					return false, fmt.Sprintf("GET /v1/nodes at %s: %d %s", name, code, body)
+				}
+				live := 0
+				for _, n := range view.Nodes {
+					if n.Live && n.Advertise == r.addr(t, n.Name, 7443) {
+						live++
+					}
+				}
+				return live == 2, fmt.Sprintf("%s sees nodes %+v, want both replicas live at their pods' addresses", name, view.Nodes)
+			})
+		}
+		for i, id := range ids {
+			rec := r.create(t, ctx, replicaNames[i], id, app)
+			owners[id] = rec.Node
+			t.Logf("sandbox %s created through %s, placed on %s", id, replicaNames[i], rec.Node)
+		}
+		for _, id := range ids {
+			for _, name := range replicaNames {
+				if a := r.preview(ctx, t, name, id); !a.served(id) {
+					t.Fatalf("sandbox %s (on %s) through %s: %d %.200s %v", id, owners[id], name, a.status, a.body, a.err)
+				}
+			}
+		}
+		// The registry and the catalog are Leases in the namespace: one per
+		// replica (held by it) and one per sandbox.
+		leases, err := r.cs.CoordinationV1().Leases(r.ns).List(ctx, metav1.ListOptions{LabelSelector: cluster.LabelCatalog + "=sandwake"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, entries := 0, 0
+		for _, l := range leases.Items {
+			switch l.Labels[cluster.LabelSpace] {
+			case "node":
+				if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == l.Annotations[cluster.AnnotationKey] {
+					held++
+				}
+			case "sandbox":
+				entries++
+			}
+		}
+		if held != 2 || entries < len(ids) {
+			t.Fatalf("Leases: %d held by their replica, %d sandbox entries; want 2 and at least %d", held, entries, len(ids))
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	id := ids[0]
+	owner := owners[id]
+
+	t.Run("a forged catalog entry is repaired by its owner", func(t *testing.T) {
+		name := "sandwake-sandbox-" + id
+		l, err := r.cs.CoordinationV1().Leases(r.ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the catalog entry of %s: %v", id, err)
+		}
+		orig := l.Annotations[cluster.AnnotationValue]
+		var e cluster.Entry
+		if err := json.Unmarshal([]byte(orig), &e); err != nil || e.Node != owner || e.Sig == "" {
+			t.Fatalf("the entry of %s: %v %+v, want %s's, signed", id, err, e, owner)
+		}
+		// Someone with write access to Leases (not to the cluster's
+		// secret) points the sandbox at the other replica.
+		e.Node = other(owner)
+		forged, _ := json.Marshal(e)
+		l.Annotations[cluster.AnnotationValue] = string(forged)
+		if _, err := r.cs.CoordinationV1().Leases(r.ns).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+			l, err := r.cs.CoordinationV1().Leases(r.ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			return l.Annotations[cluster.AnnotationValue] == orig, fmt.Sprintf("the entry of %s: %s, want %s's written back", id, l.Annotations[cluster.AnnotationValue], owner)
+		})
+		for _, via := range replicaNames {
+			if a := r.preview(ctx, t, via, id); !a.served(id) {
+				t.Fatalf("sandbox %s through %s after the repair: %d %.200s %v", id, via, a.status, a.body, a.err)
+			}
+		}
+	})
+
+	t.Run("a drained replica hands new creates to the other", func(t *testing.T) {
+		drained := replicaNames[0]
+		drain := func(on bool) {
+			t.Helper()
+			if code, body := r.api(t, ctx, replicaNames[1], "POST", "/v1/nodes/"+drained+"/drain", map[string]bool{"draining": on}); code != http.StatusOK {
+				t.Fatalf("drain %s %v: %d %s", drained, on, code, body)
+			}
+		}
+		drain(true)
+		defer drain(false)
+		testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+			_, body := r.api(t, ctx, drained, "GET", "/v1/nodes", nil)
+			return strings.Contains(string(body), `"name":"`+drained+`"`) && strings.Contains(string(body), `"draining":true`),
+				fmt.Sprintf("%s does not see its drain mark: %s", drained, body)
+		})
+		for i := range 3 {
+			d := fmt.Sprintf("d%d%s", i, r.suffix)
+			rec := r.create(t, ctx, drained, d, app)
+			if rec.Node != replicaNames[1] {
+				t.Fatalf("sandbox %s created through drained %s was placed on %s, want %s", d, drained, rec.Node, replicaNames[1])
+			}
+			if code, body := r.api(t, ctx, drained, "DELETE", "/v1/sandboxes/"+d, nil); code != http.StatusNoContent {
+				t.Fatalf("destroy %s: %d %s", d, code, body)
+			}
+		}
+	})
+
+	t.Run("a storm spread over both replicas makes one pod", func(t *testing.T) {
+		if code, body := r.api(t, ctx, other(owner), "POST", "/v1/sandboxes/"+id+"/stop", nil); code != http.StatusOK {
+			t.Fatalf("stop %s through %s: %d %s", id, other(owner), code, body)
+		}
+		testenv.Eventually(t, time.Minute, func() (bool, string) {
+			return r.podUID(t, ctx, id) == "", "the stopped sandbox's pod still there"
+		})
+		w, err := r.cs.CoreV1().Pods(r.ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", "s-"+id).String()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		var made atomic.Int64
+		uids := map[string]bool{}
+		var mu sync.Mutex
+		go func() {
+			for ev := range w.ResultChan() {
+				if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added {
+					mu.Lock()
+					if !uids[string(p.UID)] {
+						uids[string(p.UID)] = true
+						made.Add(1)
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+		const n = 200
+		answers := make([]previewAnswer, n)
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		addrs := []string{r.addr(t, replicaNames[0], 8080), r.addr(t, replicaNames[1], 8080)}
+		for i := range n {
+			wg.Go(func() { answers[i] = r.previewAt(ctx, addrs[i%2], id) })
+		}
+		wg.Wait()
+		t.Logf("storm of %d over both replicas at stopped %s (on %s): last answer after %v", n, id, owner, time.Since(t0).Round(time.Millisecond))
+		for i, a := range answers {
+			if !a.served(id) {
+				t.Fatalf("request %d (through %s): %d %.200s %v", i, replicaNames[i%2], a.status, a.body, a.err)
+			}
+		}
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) { return made.Load() >= 1, "the woken pod's ADDED event" })
+		if m := made.Load(); m != 1 {
+			t.Fatalf("pods made for the storm: %d, want 1", m)
+		}
+	})
+
+	t.Run("a replica deleted comes back and adopts its sandboxes", func(t *testing.T) {
+		survivor := other(owner)
+		// Both sandboxes running, one on each side or both on one.
+		for _, s := range ids {
+			if a := r.preview(ctx, t, survivor, s); !a.served(s) {
+				t.Fatalf("sandbox %s through %s before the deletion: %d %.200s %v", s, survivor, a.status, a.body, a.err)
+			}
+		}
+		before := r.podUID(t, ctx, id)
+		old := r.pods[owner]
+		if err := r.cs.CoreV1().Pods(r.ns).Delete(ctx, owner, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		// Until the replica is back: its sandbox, through the survivor,
+		// is served or answered 503 with Retry-After, nothing else.
+		var served, unavailable int
+		back := false
+		for deadline := time.Now().Add(4 * time.Minute); time.Now().Before(deadline); {
+			a := r.preview(ctx, t, survivor, id)
+			switch {
+			case a.served(id):
+				served++
+			case a.err == nil && a.status == http.StatusServiceUnavailable && a.header.Get("Retry-After") != "" && strings.Contains(a.body, "host_unavailable"):
+				unavailable++
+			default:
+				t.Fatalf("sandbox %s through %s while %s is away: %d %.300s %v (header %v)", id, survivor, owner, a.status, a.body, a.err, a.header)
+			}
+			p, err := r.cs.CoreV1().Pods(r.ns).Get(ctx, owner, metav1.GetOptions{})
+			if err == nil && p.UID != old.UID && podReady(p) {
+				r.pods[owner] = p
+				back = true
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if !back {
+			t.Fatalf("replica %s not back and Ready within 4 minutes", owner)
+		}
+		t.Logf("replica %s deleted → back and Ready in %v; meanwhile %s answered %d served, %d 503 with Retry-After", owner, time.Since(t0).Round(time.Millisecond), survivor, served, unavailable)
+		if unavailable == 0 && served == 0 {
+			t.Fatal("no answer recorded while the replica was away")
+		}
+		// Back with its store: it holds the sandbox (its record), adopted
+		// the pod (same UID: never restarted), and both replicas serve it.
+		testenv.Eventually(t, time.Minute, func() (bool, string) {
+			a := r.preview(ctx, t, survivor, id)
+			return a.served(id), fmt.Sprintf("sandbox %s through %s after %s came back: %d %.200s %v", id, survivor, owner, a.status, a.body, a.err)
+		})
+		if a := r.preview(ctx, t, owner, id); !a.served(id) {
+			t.Fatalf("sandbox %s through its returned owner: %d %.200s %v", id, a.status, a.body, a.err)
+		}
+		if after := r.podUID(t, ctx, id); after != before {
+			t.Fatalf("sandbox %s's pod: %s before, %s after its replica came back; want it adopted, not replaced", id, before, after)
+		}
+		code, body := r.api(t, ctx, owner, "GET", "/v1/sandboxes/"+id, nil)
+		var rec client.Sandbox
+		if json.Unmarshal(body, &rec); code != http.StatusOK || rec.Node != owner || rec.State != "running" {
+			t.Fatalf("sandbox %s as its returned owner reads it: %d %s", id, code, body)
+		}
+	})
+}

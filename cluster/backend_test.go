@@ -1,0 +1,218 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sclient "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sandwake/sandwake/internal/etcdtest"
+	"github.com/sandwake/sandwake/internal/kubetest"
+	"github.com/sandwake/sandwake/internal/testenv"
+	"github.com/sandwake/sandwake/lifecycle"
+)
+
+// testBackend is one store a test runs its nodes on: an etcd cluster of
+// the test's, or a namespace of its own on the test Kubernetes cluster.
+type testBackend struct {
+	name string
+	// start starts node name under prefix (closed when the test ends).
+	start func(t testing.TB, prefix, name string, src Source) *Cluster
+	// raw reads the value of a key straight from the store (ok false:
+	// absent); put writes one (a forgery, a stale entry).
+	raw func(t testing.TB, key string) ([]byte, bool)
+	put func(t testing.TB, key string, value []byte)
+}
+
+// eachBackend runs fn as subtests etcd and kubernetes (the latter skips
+// without a test cluster; make test-k8s runs it with -run '/kubernetes$').
+func eachBackend(t *testing.T, fn func(t *testing.T, b testBackend)) {
+	t.Run("etcd", func(t *testing.T) { fn(t, etcdBackend(t)) })
+	t.Run("kubernetes", func(t *testing.T) { fn(t, kubeBackend(t)) })
+}
+
+func etcdBackend(t *testing.T) testBackend {
+	ec := etcdtest.Start(t, 3)
+	cli := newClient(t, ec.Endpoints())
+	return testBackend{
+		name: "etcd",
+		start: func(t testing.TB, prefix, name string, src Source) *Cluster {
+			return startNode(t, ec.Endpoints(), prefix, name, src)
+		},
+		raw: func(t testing.TB, key string) ([]byte, bool) {
+			resp, err := cli.Get(ctxT(t), key)
+			if err != nil {
+				t.Fatalf("reading %s: %v", key, err)
+			}
+			if len(resp.Kvs) == 0 {
+				return nil, false
+			}
+			return resp.Kvs[0].Value, true
+		},
+		put: func(t testing.TB, key string, value []byte) {
+			if _, err := cli.Put(ctxT(t), key, string(value)); err != nil {
+				t.Fatalf("writing %s: %v", key, err)
+			}
+		},
+	}
+}
+
+// kubeBackend makes a namespace of the test's own on the test cluster
+// (deleted at the end) for its nodes' Leases.
+func kubeBackend(t *testing.T) testBackend {
+	kc := kubetest.Need(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", kc.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	cli, err := k8sclient.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := "sw-cluster-" + kubetest.Suffix()
+	if _, err := cli.CoreV1().Namespaces().Create(ctxT(t), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cli.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting namespace %s: %v", ns, err)
+		}
+	})
+	kb := KubeBackend{Client: cli, Namespace: ns, Server: cfg.Host}
+	// A store of the test's own reads and writes keys as the nodes do.
+	stores := map[string]*kubeStore{}
+	storeOf := func(key string) *kubeStore {
+		for _, p := range []string{nodesDir, drainDir, sandboxesDir} {
+			if i := strings.Index(key, "/"+p); i >= 0 {
+				prefix := key[:i+1]
+				if stores[prefix] == nil {
+					stores[prefix] = newKubeStore(kb, prefix, testTTL, zaptest.NewLogger(t))
+				}
+				return stores[prefix]
+			}
+		}
+		t.Fatalf("key %s is in no space", key)
+		return nil
+	}
+	return testBackend{
+		name: "kubernetes",
+		start: func(t testing.TB, prefix, name string, src Source) *Cluster {
+			c, err := New(Config{
+				Kubernetes: &kb,
+				Node:       name,
+				Advertise:  name + ".test:8080",
+				Peers:      testPeers(t, name),
+				Secret:     []byte("s3cret"),
+				Prefix:     prefix,
+				LeaseTTL:   testTTL,
+				Logger:     zaptest.NewLogger(t).Named(name),
+			}, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+			defer cancel()
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		},
+		raw: func(t testing.TB, key string) ([]byte, bool) {
+			_, k, err := storeOf(key).get(ctxT(t), key)
+			if err != nil {
+				t.Fatalf("reading %s: %v", key, err)
+			}
+			return k.Value, k.Rev != 0
+		},
+		put: func(t testing.TB, key string, value []byte) {
+			if err := storeOf(key).Put(ctxT(t), key, value); err != nil {
+				t.Fatalf("writing %s: %v", key, err)
+			}
+		},
+	}
+}
+
+// entry reads id's entry straight from b's store.
+func (b testBackend) entry(t testing.TB, prefix, id string) (Entry, bool) {
+	t.Helper()
+	v, ok := b.raw(t, prefix+sandboxesDir+id)
+	if !ok {
+		return Entry{}, false
+	}
+	e, err := testSigner.decodeEntry(id, kv{Key: prefix + sandboxesDir + id, Value: v})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, true
+}
+
+// TestForgedEntryIsRepaired: an entry written without the cluster's secret
+// (someone with write access to the store, pointing a sandbox at another
+// node) is ignored by every node and written back by its owner; a node
+// registration written by someone else (no lease held) counts for none.
+func TestForgedEntryIsRepaired(t *testing.T) {
+	eachBackend(t, func(t *testing.T, be testBackend) {
+		prefix := testPrefix()
+		srcA := newMemSource()
+		a := be.start(t, prefix, "node-a", srcA)
+		b := be.start(t, prefix, "node-b", newMemSource())
+		srcA.set(record("x", lifecycle.Running))
+		a.Changed("x")
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			e, ok := b.Lookup("x")
+			return ok && e.Node == "node-a", fmt.Sprintf("node-b sees x as %+v (%v)", e, ok)
+		})
+		want, _ := be.raw(t, prefix+sandboxesDir+"x")
+
+		forger := &Cluster{cfg: Config{Secret: []byte("not-the-secret")}, log: zap.NewNop()}
+		forger.ekey = forger.entryKey()
+		forged, err := forger.sealEntry(Entry{ID: "x", Node: "node-b", State: lifecycle.Running, Ports: []int{8080}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		be.put(t, prefix+sandboxesDir+"x", forged)
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			got, _ := be.raw(t, prefix+sandboxesDir+"x")
+			return string(got) == string(want), fmt.Sprintf("x in the store: %s, want node-a's entry written back", got)
+		})
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			e, ok := b.Lookup("x")
+			return ok && e.Node == "node-a", fmt.Sprintf("node-b sees x as %+v (%v) after the repair", e, ok)
+		})
+		if st := a.Stats(); st.Repairs == 0 || st.RejectedEntries == 0 {
+			t.Fatalf("node-a's stats: %+v, want the forgery rejected and repaired", st)
+		}
+		if st := b.Stats(); st.RejectedEntries == 0 {
+			t.Fatalf("node-b's stats: %+v, want the forgery rejected", st)
+		}
+
+		// A registration someone else wrote: node-a's own record, under
+		// another name, without a lease.
+		reg, ok := be.raw(t, prefix+nodesDir+"node-a")
+		if !ok {
+			t.Fatal("node-a's registration is not in the store")
+		}
+		be.put(t, prefix+nodesDir+"node-z", reg)
+		be.put(t, prefix+drainDir+"node-b", []byte(`{"since":"2026-01-01T00:00:00Z","by":"test"}`))
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			n, _ := b.Node("node-b")
+			return n.Draining, "the drain mark of node-b not seen"
+		})
+		if n, _ := b.Node("node-z"); n.Live {
+			t.Fatalf("a registration written without a lease counts as live: %+v", n)
+		}
+		waitLive(t, b, "node-a", "node-b")
+	})
+}
