@@ -230,27 +230,37 @@ func (c *ClusterConfig) issuePeerCredentials() error {
 	if err != nil || host == "" {
 		return nil // validate says what advertise lacks
 	}
-	caKey, err := readPrivateFile("peer_ca_key_file", c.PeerCAKeyFile)
+	creds, err := c.issue(host)
 	if err != nil {
 		return err
 	}
+	c.creds = creds
+	return nil
+}
+
+// issue issues this node's credentials for host with the CA's key (read
+// again each time: a rotated Secret takes effect at the next renewal).
+func (c *ClusterConfig) issue(host string) (*cluster.Credentials, error) {
+	caKey, err := readPrivateFile("peer_ca_key_file", c.PeerCAKeyFile)
+	if err != nil {
+		return nil, err
+	}
 	caPEM, err := os.ReadFile(c.PeerCAFile)
 	if err != nil {
-		return fmt.Errorf("sandwake: cluster: peer_ca_file: %w", err)
+		return nil, fmt.Errorf("sandwake: cluster: peer_ca_file: %w", err)
 	}
 	now := time.Now()
 	// The bundle's first certificate is the CA that issues (the current
 	// one during a rotation); every one of them is trusted.
 	certPEM, keyPEM, err := cluster.IssueNodeCert(caPEM, caKey, cluster.NodeCertRequest{Node: c.Node, Hosts: []string{host}}, now)
 	if err != nil {
-		return fmt.Errorf("sandwake: cluster: issuing this node's certificate with peer_ca_key_file %s: %w", c.PeerCAKeyFile, err)
+		return nil, fmt.Errorf("sandwake: cluster: issuing this node's certificate with peer_ca_key_file %s (the CA must be peer_ca_file's first certificate): %w", c.PeerCAKeyFile, err)
 	}
 	creds, err := cluster.NewCredentials(caPEM, certPEM, keyPEM, now)
 	if err != nil {
-		return fmt.Errorf("sandwake: cluster: the certificate issued with peer_ca_key_file: %w", err)
+		return nil, fmt.Errorf("sandwake: cluster: the certificate issued with peer_ca_key_file: %w", err)
 	}
-	c.creds = creds
-	return nil
+	return creds, nil
 }
 
 // provisionEtcdAuth reads the etcd client's TLS files and password.
@@ -503,11 +513,27 @@ func (e *engine) applyCluster(a *App) {
 	}
 	cc := a.Cluster
 	e.Cluster.Peers.Store(cc.creds)
+	// A certificate the node issues itself is renewed at half its life;
+	// one from files is the operator's to renew (warned below).
+	e.Cluster.Peers.SetRenewal(nil)
+	if cc.PeerCAKeyFile != "" {
+		host, _, _ := net.SplitHostPort(cc.Advertise)
+		log := e.Log
+		e.Cluster.Peers.SetRenewal(func() (*cluster.Credentials, error) {
+			creds, err := cc.issue(host)
+			if err != nil {
+				log.Error("cluster: renewing the node certificate with peer_ca_key_file", zap.Error(err))
+				return nil, err
+			}
+			log.Info("cluster: node certificate renewed", zap.Time("not_after", creds.Cert.Leaf.NotAfter))
+			return creds, nil
+		})
+	}
 	e.Cluster.SetTargets(cc.previewServer(), cc.api)
 	if cc.api == nil {
 		e.Log.Warn("cluster: this config has no sandwake_api handler: API calls other nodes forward here answer 503")
 	}
-	if left := time.Until(cc.creds.Cert.Leaf.NotAfter); left < peer.CertRenewWarning {
+	if left := time.Until(cc.creds.Cert.Leaf.NotAfter); left < peer.CertRenewWarning && cc.PeerCAKeyFile == "" {
 		e.Log.Warn("cluster: the node certificate expires soon: issue a new one (caddy sandwake cluster cert) and reload",
 			zap.String("peer_cert_file", cc.PeerCertFile), zap.Time("not_after", cc.creds.Cert.Leaf.NotAfter))
 	}

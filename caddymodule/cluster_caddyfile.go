@@ -35,8 +35,7 @@ func unmarshalCluster(d *caddyfile.Dispenser) (*ClusterConfig, error) {
 			}
 			*map[string]*string{
 				"backend": &cc.Backend, "kubeconfig": &cc.Kubeconfig, "namespace": &cc.Namespace,
-				"peer_ca_key_file": &cc.PeerCAKeyFile,
-				"node": &cc.Node, "peer_listen": &cc.PeerListen, "advertise": &cc.Advertise,
+				"peer_ca_key_file": &cc.PeerCAKeyFile, "node": &cc.Node, "peer_listen": &cc.PeerListen, "advertise": &cc.Advertise,
 				"secret": &cc.Secret, "prefix": &cc.Prefix,
 				"peer_ca_file": &cc.PeerCAFile, "peer_cert_file": &cc.PeerCertFile, "peer_key_file": &cc.PeerKeyFile,
 				"etcd_ca_file": &cc.EtcdCAFile, "etcd_cert_file": &cc.EtcdCertFile, "etcd_key_file": &cc.EtcdKeyFile,

@@ -97,7 +97,7 @@ func kubeBackend(t *testing.T) testBackend {
 			if i := strings.Index(key, "/"+p); i >= 0 {
 				prefix := key[:i+1]
 				if stores[prefix] == nil {
-					stores[prefix] = newKubeStore(kb, prefix, testTTL, zaptest.NewLogger(t))
+					stores[prefix] = newKubeStore(kb, prefix, "test", testTTL, zaptest.NewLogger(t))
 				}
 				return stores[prefix]
 			}

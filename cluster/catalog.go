@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -158,15 +159,32 @@ func (c *Cluster) runCatalog(first chan struct{}) {
 	}
 }
 
-// list reads every key under prefix (see store.List) and records the
-// outcome for Health. The store bounds each page by the request timeout,
-// not the whole: a catalog of a million entries takes longer to read.
+// list reads every key under prefix, page by page, all at the revision
+// of the first page, and calls fn with each page; it returns that
+// revision. Each page is one read under the request timeout, retried
+// through a failover (see do): a catalog of a million entries takes longer
+// than one request may.
 func (c *Cluster) list(what, prefix string, fn func([]kv)) (int64, error) {
-	if c.st == nil {
-		return 0, fmt.Errorf("%s: %w (%s): cluster not started", what, ErrEtcd, c.endpoints)
+	var rev int64
+	cont := ""
+	for {
+		var page []kv
+		var at int64
+		var next string
+		err := c.callRead(c.ctx, what, func(ctx context.Context) (err error) {
+			page, at, next, err = c.st.ListPage(ctx, prefix, rev, cont)
+			return err
+		})
+		if err != nil {
+			return 0, err
+		}
+		rev = at
+		fn(page)
+		if next == "" {
+			return rev, nil
+		}
+		cont = next
 	}
-	rev, err := c.st.List(c.ctx, prefix, fn)
-	return rev, c.observe(c.ctx, what, false, err)
 }
 
 // loadCatalog replaces the cache with etcd's current content and tells
@@ -240,8 +258,11 @@ func (c *Cluster) followCatalog(rev int64) error {
 		c.reclaim(changes)
 		c.notify(changes)
 	})
-	if err != nil && c.ctx.Err() == nil {
+	if err != nil && c.ctx.Err() == nil && !errors.Is(err, errWatchRestart) {
 		return c.observe(c.ctx, "watching the catalog", false, err)
+	}
+	if err != nil && c.ctx.Err() == nil {
+		return err
 	}
 	return c.ctx.Err()
 }

@@ -22,8 +22,6 @@ import (
 type etcdStore struct {
 	cli       *clientv3.Client
 	endpoints string
-	// reqTimeout bounds each page of a List.
-	reqTimeout time.Duration
 }
 
 // newEtcdStore makes the etcd client of cfg (it dials in the background).
@@ -53,14 +51,14 @@ func newEtcdStore(cfg Config, reqTimeout time.Duration, log *zap.Logger, dialOpt
 	if err != nil {
 		return nil, fmt.Errorf("cluster: etcd client for %s: %w", endpoints, err)
 	}
-	return &etcdStore{cli: cli, endpoints: endpoints, reqTimeout: reqTimeout}, nil
+	return &etcdStore{cli: cli, endpoints: endpoints}, nil
 }
 
 func (s *etcdStore) String() string { return "etcd at " + s.endpoints }
 
 func (s *etcdStore) Close() error { return s.cli.Close() }
 
-// catalogPage is how many keys one read of List asks for: a catalog of a
+// catalogPage is how many keys one ListPage asks for: a catalog of a
 // million entries (about 330 MB) is read in twenty answers of about 16 MB at
 // one revision, never as one that etcd must build and hold whole. Not
 // smaller: etcd 3.4 walks its index from a page's first key to the range's
@@ -79,33 +77,30 @@ func fromEtcdAll(kvs []*mvccpb.KeyValue) []kv {
 	return out
 }
 
-// List reads every key under prefix in pages of catalogPage keys, all at
-// the revision of the first page. If the revision is compacted away
-// meanwhile, it fails (the caller tries again). Each page is bounded by
-// the request timeout.
-func (s *etcdStore) List(ctx context.Context, prefix string, fn func([]kv)) (int64, error) {
+// ListPage reads up to catalogPage keys under prefix from cont (a key),
+// at revision rev. If the revision is compacted away meanwhile, it fails
+// (the caller lists again).
+func (s *etcdStore) ListPage(ctx context.Context, prefix string, rev int64, cont string) ([]kv, int64, string, error) {
 	from, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
-	var rev int64
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(catalogPage)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		pctx, cancel := context.WithTimeout(ctx, s.reqTimeout)
-		resp, err := s.cli.Get(pctx, from, opts...)
-		cancel()
-		if err != nil {
-			return 0, err
-		}
-		if rev == 0 {
-			rev = resp.Header.Revision
-		}
-		fn(fromEtcdAll(resp.Kvs))
-		if !resp.More || len(resp.Kvs) == 0 {
-			return rev, nil
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	if cont != "" {
+		from = cont
 	}
+	opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(catalogPage)}
+	if rev != 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	resp, err := s.cli.Get(ctx, from, opts...)
+	if err != nil {
+		return nil, 0, "", err
+	}
+	if rev == 0 {
+		rev = resp.Header.Revision
+	}
+	next := ""
+	if resp.More && len(resp.Kvs) > 0 {
+		next = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return fromEtcdAll(resp.Kvs), rev, next, nil
 }
 
 // Watch follows prefix from rev+1.
@@ -119,13 +114,13 @@ func (s *etcdStore) Watch(ctx context.Context, prefix string, rev int64, fn func
 	wch := s.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV())
 	for wr := range wch {
 		if wr.CompactRevision != 0 {
-			return fmt.Errorf("revision %d compacted (now %d)", from, wr.CompactRevision)
+			return fmt.Errorf("%w: revision %d compacted (now %d)", errWatchRestart, from, wr.CompactRevision)
 		}
 		if err := wr.Err(); err != nil {
 			return err
 		}
 		if wr.Canceled {
-			return errors.New("watch canceled by etcd")
+			return fmt.Errorf("%w: watch canceled by etcd", errWatchRestart)
 		}
 		if len(wr.Events) == 0 {
 			continue

@@ -160,6 +160,10 @@ type PeerTLS struct {
 	cur atomic.Pointer[Credentials]
 	// now is the clock certificates are checked against (nil: time.Now).
 	now func() time.Time
+	// renew, when set, issues fresh credentials (see SetRenewal);
+	// renewing is true while it runs.
+	renew    atomic.Pointer[func() (*Credentials, error)]
+	renewing atomic.Bool
 }
 
 // NewPeerTLS holds cr.
@@ -180,7 +184,41 @@ func (p *PeerTLS) clock() time.Time {
 func (p *PeerTLS) Store(cr *Credentials) { p.cur.Store(cr) }
 
 // Current returns the credentials in use.
-func (p *PeerTLS) Current() *Credentials { return p.cur.Load() }
+func (p *PeerTLS) Current() *Credentials { return p.load() }
+
+// SetRenewal makes the credentials renew themselves: once the certificate
+// in use is past half its life, the next use of it calls issue (in the
+// background; the current one serves meanwhile) and stores what it
+// returns. A node that issues its own certificate (peer_ca_key_file) never
+// outlives it however long it runs. Nil stops renewing.
+func (p *PeerTLS) SetRenewal(issue func() (*Credentials, error)) {
+	if issue == nil {
+		p.renew.Store(nil)
+		return
+	}
+	p.renew.Store(&issue)
+}
+
+// load returns the credentials in use, starting their renewal when due.
+func (p *PeerTLS) load() *Credentials {
+	cr := p.cur.Load()
+	issue := p.renew.Load()
+	if issue == nil || cr == nil || cr.Cert.Leaf == nil {
+		return cr
+	}
+	leaf := cr.Cert.Leaf
+	half := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) / 2)
+	if p.clock().Before(half) || !p.renewing.CompareAndSwap(false, true) {
+		return cr
+	}
+	go func() {
+		defer p.renewing.Store(false)
+		if next, err := (*issue)(); err == nil && next != nil {
+			p.cur.CompareAndSwap(cr, next)
+		}
+	}()
+	return cr
+}
 
 // ServerConfig is the TLS configuration of the node's peer listener: TLS
 // 1.3, the node's certificate, and a client certificate of the cluster's
@@ -189,7 +227,7 @@ func (p *PeerTLS) ServerConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			cr := p.cur.Load()
+			cr := p.load()
 			return &tls.Config{
 				MinVersion:   tls.VersionTLS13,
 				Certificates: []tls.Certificate{cr.Cert},
@@ -228,7 +266,7 @@ func (p *PeerTLS) ClientConfig(node, host string) *tls.Config {
 		// name, which the standard check knows nothing of.
 		InsecureSkipVerify: true,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			return &p.cur.Load().Cert, nil
+			return &p.load().Cert, nil
 		},
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			return p.verifyPeer(cs.PeerCertificates, node, host)
@@ -239,7 +277,7 @@ func (p *PeerTLS) ClientConfig(node, host string) *tls.Config {
 // verifyPeer checks that certs (leaf first) are node's, issued by the
 // cluster's CA for serving at host.
 func (p *PeerTLS) verifyPeer(certs []*x509.Certificate, node, host string) error {
-	name, err := p.cur.Load().verifyParsed(certs, p.clock(), x509.ExtKeyUsageServerAuth)
+	name, err := p.load().verifyParsed(certs, p.clock(), x509.ExtKeyUsageServerAuth)
 	if err != nil {
 		return fmt.Errorf("node %s at %s: %w", node, host, err)
 	}
@@ -256,7 +294,7 @@ func (p *PeerTLS) verifyPeer(certs []*x509.Certificate, node, host string) error
 // its registration: issued by the cluster's CA to node, for serving at
 // host.
 func (p *PeerTLS) verifyRegistration(chain [][]byte, node, host string) error {
-	cr := p.cur.Load()
+	cr := p.load()
 	name, err := cr.verify(chain, p.clock(), x509.ExtKeyUsageServerAuth)
 	if err != nil {
 		return err

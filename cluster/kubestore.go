@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -92,24 +93,38 @@ type kubeStore struct {
 	log     *zap.Logger
 	now     func() time.Time
 
+	// nodeKey is this node's registration key (Grant reads it).
+	nodeKey string
+
+	// unreachable is set by a call that did not reach the API server and
+	// cleared by one that did (Connected).
+	unreachable atomic.Bool
+
 	mu sync.Mutex
-	// held is the lease this store granted and not lost, with the node
-	// key it holds and when it was last renewed.
+	// held is the lease this store granted and not revoked, with the
+	// resourceVersion of its last write (Revoke deletes only that).
 	held struct {
-		id      leaseID
-		key     string
-		renewed time.Time
-		lost    chan struct{}
+		id   leaseID
+		rv   string
+		lost chan struct{}
 	}
 	// expiry is, for each node registration seen, when it expires unless
 	// renewed: judged by this node's clock from when the renewal was seen
-	// (a watch event), or from its renewTime (a list).
-	expiry map[string]leased
+	// (a watch event), or from its renewTime (a list). staging is the
+	// expiry a listing in pages builds.
+	expiry, staging map[string]leased
+	// gone holds the last renewal of registrations told as expired: an
+	// edit that does not renew one does not bring it back.
+	gone map[string]time.Time
 }
 
-// leased is a node registration's last revision and its expiry.
+// expiredRenewal is key's last renewal when it expired (zero: none seen).
+func (s *kubeStore) expiredRenewal(key string) time.Time { return s.gone[key] }
+
+// leased is a node registration's last revision, renewal and expiry.
 type leased struct {
 	kv      kv
+	renewed time.Time
 	expires time.Time
 }
 
@@ -119,8 +134,9 @@ func catalogName(prefix string) string {
 	return strings.ReplaceAll(strings.Trim(prefix, "/"), "/", ".")
 }
 
-func newKubeStore(b KubeBackend, prefix string, ttl time.Duration, log *zap.Logger) *kubeStore {
-	return &kubeStore{b: b, prefix: prefix, catalog: catalogName(prefix), ttl: ttl, log: log, now: time.Now, expiry: map[string]leased{}}
+func newKubeStore(b KubeBackend, prefix, node string, ttl time.Duration, log *zap.Logger) *kubeStore {
+	return &kubeStore{b: b, prefix: prefix, catalog: catalogName(prefix), nodeKey: prefix + nodesDir + node,
+		ttl: ttl, log: log, now: time.Now, expiry: map[string]leased{}}
 }
 
 // checkKubePrefix refuses a prefix that makes no label value.
@@ -135,15 +151,66 @@ func (s *kubeStore) String() string { return s.b.String() }
 
 func (s *kubeStore) Close() error { return nil }
 
-func (s *kubeStore) leases() interface {
+// leaseClient is the part of the Leases client the store uses.
+type leaseClient interface {
 	Create(context.Context, *coordv1.Lease, metav1.CreateOptions) (*coordv1.Lease, error)
 	Update(context.Context, *coordv1.Lease, metav1.UpdateOptions) (*coordv1.Lease, error)
 	Delete(context.Context, string, metav1.DeleteOptions) error
 	Get(context.Context, string, metav1.GetOptions) (*coordv1.Lease, error)
 	List(context.Context, metav1.ListOptions) (*coordv1.LeaseList, error)
 	Watch(context.Context, metav1.ListOptions) (watch.Interface, error)
-} {
-	return s.b.Client.CoordinationV1().Leases(s.b.Namespace)
+}
+
+func (s *kubeStore) leases() leaseClient {
+	return noted{s.b.Client.CoordinationV1().Leases(s.b.Namespace), s}
+}
+
+// noted is a leaseClient that notes whether each call reached the API
+// server (an answer, even a refusal) or not (Connected).
+type noted struct {
+	leaseClient
+	s *kubeStore
+}
+
+func (n noted) note(err error) {
+	var st apierrors.APIStatus
+	n.s.unreachable.Store(err != nil && !errors.As(err, &st))
+}
+
+func (n noted) Create(ctx context.Context, l *coordv1.Lease, o metav1.CreateOptions) (*coordv1.Lease, error) {
+	out, err := n.leaseClient.Create(ctx, l, o)
+	n.note(err)
+	return out, err
+}
+
+func (n noted) Update(ctx context.Context, l *coordv1.Lease, o metav1.UpdateOptions) (*coordv1.Lease, error) {
+	out, err := n.leaseClient.Update(ctx, l, o)
+	n.note(err)
+	return out, err
+}
+
+func (n noted) Delete(ctx context.Context, name string, o metav1.DeleteOptions) error {
+	err := n.leaseClient.Delete(ctx, name, o)
+	n.note(err)
+	return err
+}
+
+func (n noted) Get(ctx context.Context, name string, o metav1.GetOptions) (*coordv1.Lease, error) {
+	out, err := n.leaseClient.Get(ctx, name, o)
+	n.note(err)
+	return out, err
+}
+
+func (n noted) List(ctx context.Context, o metav1.ListOptions) (*coordv1.LeaseList, error) {
+	out, err := n.leaseClient.List(ctx, o)
+	n.note(err)
+	return out, err
+}
+
+func (n noted) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	out, err := n.leaseClient.Watch(ctx, o)
+	n.note(err)
+	return out, err
 }
 
 // split cuts a key into its space's label and its name.
@@ -187,7 +254,7 @@ func (s *kubeStore) selector(prefix string) (string, error) {
 
 // rev parses a resourceVersion. The API calls them opaque; every API
 // server on etcd gives etcd's revision, and the catalog compares them.
-func rev(rv string) (int64, error) {
+func parseRev(rv string) (int64, error) {
 	n, err := strconv.ParseInt(rv, 10, 64)
 	if err != nil || n <= 0 {
 		return 0, fmt.Errorf("resourceVersion %q is not a positive integer (an API server not on etcd?)", rv)
@@ -214,7 +281,7 @@ func (s *kubeStore) toKV(l *coordv1.Lease) (kv, bool) {
 	if dir == "" {
 		return kv{}, false
 	}
-	r, err := rev(l.ResourceVersion)
+	r, err := parseRev(l.ResourceVersion)
 	if err != nil {
 		return kv{}, false
 	}
@@ -248,95 +315,126 @@ func (s *kubeStore) expiredAt(l *coordv1.Lease, now time.Time) (time.Time, bool)
 	return exp, !exp.After(now)
 }
 
-// List reads every Lease under prefix in pages, one consistent snapshot
-// (the first page's resourceVersion); expired registrations read as
-// absent, as etcd deletes a lease's keys when it expires.
-func (s *kubeStore) List(ctx context.Context, prefix string, fn func([]kv)) (int64, error) {
+// ListPage reads one page of the Leases under prefix (kubePage of them);
+// the pages after the first continue its listing, one consistent
+// snapshot. Expired registrations read as absent, as etcd deletes a
+// lease's keys when it expires.
+func (s *kubeStore) ListPage(ctx context.Context, prefix string, rev int64, cont string) ([]kv, int64, string, error) {
 	sel, err := s.selector(prefix)
 	if err != nil {
-		return 0, err
+		return nil, 0, "", err
 	}
-	opts := metav1.ListOptions{LabelSelector: sel, Limit: kubePage}
-	var listRev int64
+	list, err := s.leases().List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: kubePage, Continue: cont})
+	if err != nil {
+		return nil, 0, "", err
+	}
+	if cont == "" {
+		if rev, err = parseRev(list.ResourceVersion); err != nil {
+			return nil, 0, "", err
+		}
+	}
 	now := s.now()
-	expiry := map[string]leased{}
-	for {
-		list, err := s.leases().List(ctx, opts)
-		if err != nil {
-			return 0, err
+	whole := prefix == s.prefix
+	page := make([]kv, 0, len(list.Items))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if whole && cont == "" {
+		s.staging = map[string]leased{}
+	}
+	for i := range list.Items {
+		l := &list.Items[i]
+		k, ok := s.toKV(l)
+		if !ok {
+			continue
 		}
-		if listRev == 0 {
-			if listRev, err = rev(list.ResourceVersion); err != nil {
-				return 0, err
-			}
-		}
-		page := make([]kv, 0, len(list.Items))
-		for i := range list.Items {
-			l := &list.Items[i]
-			k, ok := s.toKV(l)
-			if !ok {
+		if k.Leased {
+			exp, gone := s.expiredAt(l, now)
+			if gone {
 				continue
 			}
-			if k.Leased {
-				exp, gone := s.expiredAt(l, now)
-				if gone {
-					continue
-				}
-				expiry[k.Key] = leased{kv: k, expires: exp}
+			if whole && s.staging != nil {
+				s.staging[k.Key] = leased{kv: k, renewed: l.Spec.RenewTime.Time, expires: exp}
 			}
-			page = append(page, k)
 		}
-		fn(page)
-		if list.Continue == "" {
-			break
-		}
-		opts.Continue = list.Continue
+		page = append(page, k)
 	}
-	if prefix == s.prefix {
-		s.mu.Lock()
-		s.expiry = expiry
-		s.mu.Unlock()
+	if whole && list.Continue == "" && s.staging != nil {
+		// The whole listing read: a Watch follows from here.
+		s.expiry, s.staging = s.staging, nil
 	}
-	return listRev, nil
+	return page, rev, list.Continue, nil
 }
 
-// Watch follows the Leases under prefix after rev. A registration not
-// renewed for its duration (seen by this node's clock) is told as
-// deleted, as etcd's lease expiry deletes its key.
+// Watch follows the Leases under prefix after rev. The API server ends
+// every watch after a while: it is made again from the last revision seen
+// (events and bookmarks), and only a revision too old (410 Gone) ends the
+// Watch, with errWatchRestart. A registration not renewed for its
+// duration (seen by this node's clock) is told as deleted, as etcd's lease
+// expiry deletes its key.
 func (s *kubeStore) Watch(ctx context.Context, prefix string, after int64, fn func([]event)) error {
 	sel, err := s.selector(prefix)
 	if err != nil {
 		return err
 	}
-	w, err := s.leases().Watch(ctx, metav1.ListOptions{
-		LabelSelector: sel, ResourceVersion: strconv.FormatInt(after, 10), AllowWatchBookmarks: true,
-	})
-	if err != nil {
-		return err
-	}
-	defer w.Stop()
 	tick := time.NewTicker(min(max(s.ttl/10, 100*time.Millisecond), time.Second))
 	defer tick.Stop()
+	last := strconv.FormatInt(after, 10)
+	for {
+		began := time.Now()
+		w, err := s.leases().Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: last, AllowWatchBookmarks: true})
+		if apierrors.IsGone(err) || apierrors.IsResourceExpired(err) {
+			return fmt.Errorf("%w: %w", errWatchRestart, err)
+		}
+		if err != nil {
+			return err
+		}
+		err = s.follow(ctx, w, tick.C, &last, fn)
+		w.Stop()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return err
+		}
+		// Closed by the server: watched again, not more than once a
+		// second (a server that closes every watch at once is not
+		// hammered).
+		if time.Since(began) < time.Second && !sleep(ctx, time.Second) {
+			return ctx.Err()
+		}
+	}
+}
+
+// follow reads watch w until it ends (nil: the server closed it, the
+// caller watches again from *last) or fails.
+func (s *kubeStore) follow(ctx context.Context, w watch.Interface, tick <-chan time.Time, last *string, fn func([]event)) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
+			return nil
+		case <-tick:
 			if evs := s.expire(); len(evs) > 0 {
 				fn(evs)
 			}
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				return errors.New("the API server ended the watch of leases")
+				return nil
 			}
-			switch ev.Type {
-			case watch.Error:
-				return fmt.Errorf("watching leases: %w", apierrors.FromObject(ev.Object))
-			case watch.Bookmark:
-				continue
+			if ev.Type == watch.Error {
+				err := apierrors.FromObject(ev.Object)
+				if apierrors.IsGone(err) || apierrors.IsResourceExpired(err) {
+					return fmt.Errorf("%w: %w", errWatchRestart, err)
+				}
+				return fmt.Errorf("watching leases: %w", err)
 			}
 			l, ok := ev.Object.(*coordv1.Lease)
 			if !ok {
+				continue
+			}
+			if l.ResourceVersion != "" {
+				*last = l.ResourceVersion
+			}
+			if ev.Type == watch.Bookmark {
 				continue
 			}
 			k, ok := s.toKV(l)
@@ -359,6 +457,7 @@ func (s *kubeStore) observe(typ watch.EventType, l *coordv1.Lease, k kv) (event,
 	prev, tracked := s.expiry[k.Key]
 	if typ == watch.Deleted {
 		delete(s.expiry, k.Key)
+		delete(s.gone, k.Key)
 		if k.Leased && !tracked {
 			return event{}, false // told already (expired)
 		}
@@ -371,9 +470,22 @@ func (s *kubeStore) observe(typ watch.EventType, l *coordv1.Lease, k kv) (event,
 		return e, true
 	}
 	if k.Leased {
+		renewed := l.Spec.RenewTime.Time
+		if tracked && !renewed.After(prev.renewed) {
+			// Changed but not renewed (a label added by hand): its
+			// expiry stands.
+			prev.kv = k
+			s.expiry[k.Key] = prev
+			return event{KV: k}, true
+		}
+		if !tracked && !renewed.After(s.expiredRenewal(k.Key)) {
+			// An expired registration edited, not renewed: still gone.
+			return event{}, false
+		}
 		// Seen renewed now: its duration runs from this node's clock,
 		// not the writer's.
-		s.expiry[k.Key] = leased{kv: k, expires: s.now().Add(duration(l))}
+		s.expiry[k.Key] = leased{kv: k, renewed: renewed, expires: s.now().Add(duration(l))}
+		delete(s.gone, k.Key)
 	} else {
 		delete(s.expiry, k.Key)
 	}
@@ -392,6 +504,10 @@ func (s *kubeStore) expire() []event {
 			continue
 		}
 		delete(s.expiry, key)
+		if s.gone == nil {
+			s.gone = map[string]time.Time{}
+		}
+		s.gone[key] = l.renewed
 		prev := l.kv
 		evs = append(evs, event{Deleted: true, KV: kv{Key: key, Rev: l.kv.Rev}, Prev: &prev})
 	}
@@ -471,12 +587,15 @@ func (s *kubeStore) Swap(ctx context.Context, key string, want int64, op swapOp,
 			return swapResult{Cur: cur, AbsentExists: true}, nil
 		}
 	}
+	// lost reads the key after a write that did not apply; a key found
+	// as the comparison wanted is reported so (the write is tried again
+	// by the caller, as after etcd's failed comparison).
 	lost := func() (swapResult, error) {
 		_, cur, err := s.get(ctx, key)
 		if err != nil {
 			return swapResult{}, err
 		}
-		if cur.Rev == want && op == swapNone {
+		if cur.Rev == want && (op == swapNone || (op == swapDelete && want == 0)) {
 			return swapResult{Succeeded: true}, nil
 		}
 		return swapResult{Cur: cur}, nil
@@ -490,7 +609,18 @@ func (s *kubeStore) Swap(ctx context.Context, key string, want int64, op swapOp,
 			return swapResult{}, err
 		}
 		if want == 0 {
-			_, err = s.leases().Create(ctx, obj, metav1.CreateOptions{})
+			for range 2 {
+				_, err = s.leases().Create(ctx, obj, metav1.CreateOptions{})
+				if !apierrors.IsAlreadyExists(err) {
+					break
+				}
+				res, lerr := lost()
+				if lerr != nil || res.Cur.Rev != 0 {
+					return res, lerr
+				}
+				// Deleted between the create and the read: absent, as
+				// the comparison wanted; create again.
+			}
 			if apierrors.IsAlreadyExists(err) {
 				return lost()
 			}
@@ -509,6 +639,7 @@ func (s *kubeStore) Swap(ctx context.Context, key string, want int64, op swapOp,
 		if want == 0 {
 			return lost() // deleting an absent key: done if it is absent
 		}
+		// (lost reports an absent key as the comparison's success.)
 		space, name, err := s.split(key)
 		if err != nil {
 			return swapResult{}, err
@@ -529,15 +660,17 @@ func (s *kubeStore) Swap(ctx context.Context, key string, want int64, op swapOp,
 // Put writes key whatever it holds: an update of the current object, or
 // a create.
 func (s *kubeStore) Put(ctx context.Context, key string, value []byte) error {
-	return s.write(ctx, key, value, nil)
+	_, err := s.write(ctx, key, value, nil)
+	return err
 }
 
-// write creates or updates key's Lease with value; spec, when not nil,
-// sets the Lease's spec (a registration).
-func (s *kubeStore) write(ctx context.Context, key string, value []byte, spec *coordv1.LeaseSpec) error {
+// write creates or updates key's Lease with value and returns its new
+// resourceVersion; spec, when not nil, sets the Lease's spec (a
+// registration).
+func (s *kubeStore) write(ctx context.Context, key string, value []byte, spec *coordv1.LeaseSpec) (string, error) {
 	obj, err := s.object(key, value)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if spec != nil {
 		obj.Spec = *spec
@@ -547,25 +680,31 @@ func (s *kubeStore) write(ctx context.Context, key string, value []byte, spec *c
 		switch {
 		case apierrors.IsNotFound(err):
 			obj.ResourceVersion = ""
-			_, err = s.leases().Create(ctx, obj, metav1.CreateOptions{})
+			made, err := s.leases().Create(ctx, obj, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
 				continue
 			}
-			return err
+			if err != nil {
+				return "", err
+			}
+			return made.ResourceVersion, nil
 		case err != nil:
-			return err
+			return "", err
 		}
 		obj.ResourceVersion = cur.ResourceVersion
 		if spec != nil && cur.Spec.AcquireTime != nil && cur.Spec.HolderIdentity != nil && spec.HolderIdentity != nil && *cur.Spec.HolderIdentity == *spec.HolderIdentity {
 			obj.Spec.AcquireTime = cur.Spec.AcquireTime
 		}
-		_, err = s.leases().Update(ctx, obj, metav1.UpdateOptions{})
+		done, err := s.leases().Update(ctx, obj, metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			continue
 		}
-		return err
+		if err != nil {
+			return "", err
+		}
+		return done.ResourceVersion, nil
 	}
-	return fmt.Errorf("writing %s: the lease kept changing under %d attempts", key, maxCASAttempts)
+	return "", fmt.Errorf("writing %s: the lease kept changing under %d attempts", key, maxCASAttempts)
 }
 
 func (s *kubeStore) Delete(ctx context.Context, key string) error {
@@ -580,49 +719,52 @@ func (s *kubeStore) Delete(ctx context.Context, key string) error {
 	return err
 }
 
-// Grant starts a lease: nothing is written until PutLeased.
+// Grant starts a lease: nothing is written until PutLeased, but the
+// node's registration is read, so that a Grant tells whether the API
+// server answers (Health follows it).
 func (s *kubeStore) Grant(ctx context.Context, ttl time.Duration) (leaseID, error) {
+	if _, _, err := s.get(ctx, s.nodeKey); err != nil {
+		return 0, err
+	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return 0, err
 	}
-	id := leaseID(binary.BigEndian.Uint64(b[:]) >> 1)
-	if id == 0 {
-		id = 1
-	}
+	id := leaseID(binary.BigEndian.Uint64(b[:])>>1) | 1
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.held.lost != nil && s.held.id != 0 {
+	if s.held.lost != nil {
 		close(s.held.lost)
 	}
-	s.held.id, s.held.key, s.held.renewed, s.held.lost = id, "", s.now(), make(chan struct{})
+	s.held.id, s.held.rv, s.held.lost = id, "", make(chan struct{})
 	return id, nil
 }
 
 // PutLeased writes the registration as the node's Lease proper: holder
-// the node, duration the TTL, renewed now. A lease not renewed within its
-// TTL is lost (the others saw it expire), as is one revoked.
+// the node, duration the TTL, renewed now. There is no lease to lose on
+// the API server: a registration others saw expire is renewed by the next
+// write, which they see as a put.
 func (s *kubeStore) PutLeased(ctx context.Context, key string, value []byte, lease leaseID) error {
-	now := s.now()
 	s.mu.Lock()
-	ok := s.held.id == lease && lease != 0 && now.Sub(s.held.renewed) < s.ttl
+	ok := s.held.id == lease && lease != 0
 	s.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("%w (lease %d, not renewed within %s)", errLeaseLost, lease, s.ttl)
+		return fmt.Errorf("%w (lease %d was revoked)", errLeaseLost, lease)
 	}
 	_, name, err := s.split(key)
 	if err != nil {
 		return err
 	}
 	secs := int32((s.ttl + time.Second - 1) / time.Second)
-	t := metav1.NewMicroTime(now)
+	t := metav1.NewMicroTime(s.now())
 	spec := &coordv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &secs, RenewTime: &t, AcquireTime: &t}
-	if err := s.write(ctx, key, value, spec); err != nil {
+	rv, err := s.write(ctx, key, value, spec)
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	if s.held.id == lease {
-		s.held.key, s.held.renewed = key, now
+		s.held.rv = rv
 	}
 	s.mu.Unlock()
 	return nil
@@ -639,35 +781,42 @@ func (s *kubeStore) KeepAlive(ctx context.Context, lease leaseID) (<-chan struct
 	return s.held.lost, nil
 }
 
-// Revoke deletes the node's registration: the others see it leave at
-// once.
+// Revoke deletes the node's registration as this store last wrote it (a
+// successor's write under the same name is left alone): the others see it
+// leave at once.
 func (s *kubeStore) Revoke(ctx context.Context, lease leaseID) error {
 	s.mu.Lock()
-	key := ""
+	rv := ""
 	if s.held.id == lease {
-		key = s.held.key
+		rv = s.held.rv
 		if s.held.lost != nil {
 			close(s.held.lost)
 		}
-		s.held.id, s.held.key, s.held.lost = 0, "", nil
+		s.held.id, s.held.rv, s.held.lost = 0, "", nil
 	}
 	s.mu.Unlock()
-	if key == "" {
+	if rv == "" {
 		return nil
 	}
-	return s.Delete(ctx, key)
+	space, name, err := s.split(s.nodeKey)
+	if err != nil {
+		return err
+	}
+	err = s.leases().Delete(ctx, s.objectName(space, name), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
 }
 
-// Connected is always true: client-go keeps no connection state to ask;
-// a call's own failure tells.
-func (s *kubeStore) Connected() bool { return true }
+// Connected is false after a call that did not reach the API server,
+// until one does: a failing call is then not tried again (a create
+// answers 503 promptly while the API server is gone).
+func (s *kubeStore) Connected() bool { return !s.unreachable.Load() }
 
 // Answered: the API server answered with a refusal of the request (4xx
-// but a timeout or throttling), or the lease was lost.
+// but a timeout or throttling).
 func (s *kubeStore) Answered(err error) bool {
-	if errors.Is(err, errLeaseLost) {
-		return true
-	}
 	var st apierrors.APIStatus
 	if !errors.As(err, &st) {
 		return false

@@ -197,11 +197,7 @@ func (c *Cluster) Remove(ctx context.Context, node string) (killed int, err erro
 	}
 	reg, drain := keys[0], keys[1]
 	var entries []kv
-	err = c.callRead(ctx, "reading the catalog for node "+node, func(ctx context.Context) error {
-		entries = entries[:0]
-		_, err := c.st.List(ctx, c.sandboxesPrefix(), func(kvs []kv) { entries = append(entries, kvs...) })
-		return err
-	})
+	_, err = c.list("reading the catalog for node "+node, c.sandboxesPrefix(), func(kvs []kv) { entries = append(entries, kvs...) })
 	if err != nil {
 		return 0, fmt.Errorf("removing node %s: %w", node, err)
 	}

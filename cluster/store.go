@@ -51,6 +51,10 @@ type swapResult struct {
 // leaseID names a node's lease in the store (0: none).
 type leaseID int64
 
+// errWatchRestart wraps why a watch ended that says nothing of the store's
+// health.
+var errWatchRestart = errors.New("the watch must start again from a new listing")
+
 // errLeaseLost is a store's answer to a put on a lease that expired or
 // was revoked: the node must register again.
 var errLeaseLost = errors.New("the node's lease is lost")
@@ -61,11 +65,17 @@ var errLeaseLost = errors.New("the node's lease is lost")
 // Kubernetes API (kubeStore) are the two. Every call is bounded by its
 // context; the Cluster adds retries and Health (see do).
 type store interface {
-	// List reads every key under prefix, calling fn with each page; it
-	// returns the revision a Watch continues from.
-	List(ctx context.Context, prefix string, fn func([]kv)) (rev int64, err error)
+	// ListPage reads one page of the keys under prefix: the first when
+	// cont is empty, else the one cont (the last page's next) names, at
+	// revision rev (0 on the first page: now). It returns the page, the
+	// revision the listing reads at (a Watch continues from it) and the
+	// next page's cont ("" after the last page). Each page is one request:
+	// the Cluster bounds and retries each (see list).
+	ListPage(ctx context.Context, prefix string, rev int64, cont string) (page []kv, at int64, next string, err error)
 	// Watch calls fn with each batch of changes under prefix after rev
-	// until ctx ends or the watch breaks; it returns why it ended.
+	// until ctx ends or the watch breaks; it returns why it ended, wrapping
+	// errWatchRestart when the store is fine but the watch cannot go on
+	// (its revision compacted away): the catalog is loaded again.
 	Watch(ctx context.Context, prefix string, rev int64, fn func([]event)) error
 	// Get reads keys at one point (absent keys have Rev 0).
 	Get(ctx context.Context, keys ...string) ([]kv, error)

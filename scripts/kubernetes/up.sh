@@ -306,6 +306,15 @@ waitfor "default serviceaccount" 60 $K -n default get serviceaccount default
 waitfor "kube-root-ca.crt configmap" 60 $K -n default get configmap kube-root-ca.crt
 sleep 0.3; alive local-path-provisioner || { ts "local-path-provisioner exited"; exit 1; }
 
+# One pod through to Ready and deleted: the CNI plugin makes the pod bridge
+# with its gateway address at the first pod, and the tests need both from
+# the start (kubetest.ForwardAPIServer reaches the API server from pods
+# through the bridge's address); it also proves pods start and get an IP.
+$K -n default run sandwake-warmup --image="$IMG_HELLO" --image-pull-policy=Never --restart=Never >/dev/null
+podready() { [ "$($K -n default get pod sandwake-warmup -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]; }
+waitfor "warm-up pod Ready (pod network and $BRIDGE)" 120 podready
+$K -n default delete pod sandwake-warmup --grace-period=1 --wait=false >/dev/null
+
 cat > "$STATE/env" <<EOF
 KUBECONFIG=$KUBECONFIG_OUT
 SANDWAKE_K8S_BIN=$BIN
