@@ -1,0 +1,81 @@
+package cluster
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// TestKubeStoreExpiry: a registration expires by this node's clock when
+// its renewals stop (told as a delete), an edit of it that does not renew
+// it (a label added by hand) neither revives an expired one nor extends a
+// live one, and a renewal brings it back.
+func TestKubeStoreExpiry(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second, zap.NewNop())
+	s.now = func() time.Time { return now }
+	secs := int32(2)
+	rv := 10
+	lease := func(renewed time.Time) *coordv1.Lease {
+		rv++
+		holder := "node-b"
+		rt := metav1.NewMicroTime(renewed)
+		return &coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: "sandwake-node-node-b", ResourceVersion: strconv.Itoa(rv),
+				Labels:      map[string]string{LabelCatalog: "sandwake", LabelSpace: "node"},
+				Annotations: map[string]string{AnnotationKey: "node-b", AnnotationValue: "{}"},
+			},
+			Spec: coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &rt},
+		}
+	}
+	see := func(typ watch.EventType, l *coordv1.Lease) (event, bool) {
+		k, ok := s.toKV(l)
+		if !ok || !k.Leased || k.Key != "/sandwake/nodes/node-b" {
+			t.Fatalf("toKV: %+v %v", k, ok)
+		}
+		return s.observe(typ, l, k)
+	}
+
+	t0 := now
+	if e, ok := see(watch.Added, lease(t0)); !ok || e.Deleted {
+		t.Fatalf("a new registration: %+v %v, want a put", e, ok)
+	}
+	now = now.Add(1500 * time.Millisecond)
+	if evs := s.expire(); len(evs) != 0 {
+		t.Fatalf("expired within its duration: %+v", evs)
+	}
+	// A label added by hand: a put, but no renewal.
+	if e, ok := see(watch.Modified, lease(t0)); !ok || e.Deleted {
+		t.Fatalf("an edit of a live registration: %+v %v, want a put", e, ok)
+	}
+	now = now.Add(600 * time.Millisecond) // 2.1 s after the renewal was seen
+	evs := s.expire()
+	if len(evs) != 1 || !evs[0].Deleted || evs[0].KV.Key != "/sandwake/nodes/node-b" || evs[0].Prev == nil {
+		t.Fatalf("after its duration unrenewed: %+v, want one delete with the value before", evs)
+	}
+	if e, ok := see(watch.Modified, lease(t0)); ok {
+		t.Fatalf("an edit of an expired registration: %+v, want nothing (still gone)", e)
+	}
+	if evs := s.expire(); len(evs) != 0 {
+		t.Fatalf("told expired twice: %+v", evs)
+	}
+	// Renewed (the node is back): a put, live for its duration again.
+	if e, ok := see(watch.Modified, lease(now)); !ok || e.Deleted {
+		t.Fatalf("a renewal after expiry: %+v %v, want a put", e, ok)
+	}
+	now = now.Add(time.Second)
+	if evs := s.expire(); len(evs) != 0 {
+		t.Fatalf("a renewed registration expired early: %+v", evs)
+	}
+	// Deleted (a clean Close): a delete; an expired one deleted is not
+	// told again.
+	if e, ok := see(watch.Deleted, lease(now)); !ok || !e.Deleted {
+		t.Fatalf("a deleted registration: %+v %v, want a delete", e, ok)
+	}
+}
