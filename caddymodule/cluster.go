@@ -397,7 +397,7 @@ func (c *ClusterConfig) validateNode() error {
 		return errors.New("sandwake: cluster: peer_ca_key_file issues this node's certificate: give it instead of peer_cert_file and peer_key_file, not with them")
 	}
 	if c.PeerCAFile == "" || ((c.PeerCertFile == "" || c.PeerKeyFile == "") && c.PeerCAKeyFile == "") {
-		return errors.New("sandwake: cluster: peer_ca_file, and peer_cert_file and peer_key_file (or peer_ca_key_file), are required: " +
+		return errors.New("sandwake: cluster: peer_ca_file, peer_cert_file and peer_key_file are required (or peer_ca_file and peer_ca_key_file, to issue the certificate at load): " +
 			"make a cluster CA with `caddy sandwake cluster ca` and this node's certificate with `caddy sandwake cluster cert`")
 	}
 	if c.creds.Node != c.Node {
@@ -433,7 +433,7 @@ func (e *engine) joinCluster(a *App) error {
 		Secret: cc.secret, Prefix: cc.Prefix, LeaseTTL: time.Duration(cc.LeaseTTL),
 		Logger: e.Log.Named("cluster"),
 		TLS:    cc.tls, Username: cc.EtcdUsername, Password: cc.password,
-	}, peer.Source{Mgr: e.Mgr, Limits: &e.Limits})
+	}, peer.Source{Mgr: e.Mgr, Limits: &e.Limits, NoHostMemory: a.Engine.kind() == core.KindKubernetes})
 	if cc.InsecurePlaintext {
 		e.Log.Warn("cluster: etcd over plaintext http (insecure_plaintext): anyone on the network between this node and etcd can read and forge the catalog that routes every preview",
 			zap.Strings("etcd", cc.Etcd))

@@ -79,6 +79,23 @@ func TestClusterOptions(t *testing.T) {
 	if err := os.Chmod(worldPeerKey, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Backend kubernetes: a kubeconfig (nothing is contacted at load), the
+	// CA's key to issue the node's certificate with.
+	kubeconfig := secretFile("kubeconfig", `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`, 0o600)
+	caFile := secretFile("ca.crt", string(pki.CACert), 0o644)
+	caKey := secretFile("ca.key", string(pki.CAKey), 0o600)
+	worldCAKey := secretFile("world-ca.key", string(pki.CAKey), 0o644)
+	kube := func(lines ...string) string {
+		return block(append([]string{"backend kubernetes", "kubeconfig " + kubeconfig, "namespace previews", "node sandwake-1",
+			"peer_listen :7443", "advertise 10.244.0.7:7443", "peer_ca_file " + caFile, "peer_ca_key_file " + caKey,
+			"secret 0123456789abcdef"}, lines...)...)
+	}
 	tests := []struct {
 		name    string
 		input   string
@@ -161,6 +178,31 @@ func TestClusterOptions(t *testing.T) {
 		{"option twice", block(append(required, "node n2")...), "given twice", nil},
 		{"bad ttl", with("lease_ttl soon"), "lease_ttl", nil},
 		{"argument on block", "cluster x {\n}", "wrong argument", nil},
+		{"backend kubernetes", kube(), "", func(t *testing.T, a *App) {
+			c := a.Cluster
+			if c.Backend != "kubernetes" || c.kube == nil || c.kube.Namespace != "previews" || c.kube.Server != "https://127.0.0.1:1" || a.Instance != "sandwake-1" {
+				t.Fatalf("backend %q kube %+v instance %q", c.Backend, c.kube, a.Instance)
+			}
+			// The node's certificate, issued at load: its name, its
+			// advertised address, the CA given.
+			if c.creds == nil || c.creds.Node != "sandwake-1" || c.creds.Cert.Leaf.VerifyHostname("10.244.0.7") != nil {
+				t.Fatalf("issued credentials %+v", c.creds)
+			}
+		}},
+		{"backend kubernetes, namespace from engine kubernetes", "engine kubernetes {\n namespace sandboxes\n kubeconfig " + kubeconfig + "\n}\n" +
+			block("backend kubernetes", "node sandwake-1", "peer_listen :7443", "advertise 10.244.0.7:7443", "peer_ca_file "+caFile, "peer_ca_key_file "+caKey, "secret 0123456789abcdef"),
+			"", func(t *testing.T, a *App) {
+				if a.Cluster.kube == nil || a.Cluster.kube.Namespace != "sandboxes" || a.Cluster.Kubeconfig != kubeconfig {
+					t.Fatalf("kube %+v kubeconfig %q, want the engine's", a.Cluster.kube, a.Cluster.Kubeconfig)
+				}
+			}},
+		{"backend unknown", kube("backend consul"), "given twice", nil},
+		{"backend unknown alone", block("backend consul"), `backend "consul": want etcd or kubernetes`, nil},
+		{"etcd with backend kubernetes", kube("etcd https://127.0.0.1:2379"), "settings of backend etcd, not kubernetes", nil},
+		{"namespace with backend etcd", with("namespace previews"), "kubeconfig and namespace are settings of backend kubernetes", nil},
+		{"peer_ca_key_file with peer_cert_file", with("peer_ca_key_file " + caKey), "give it instead of peer_cert_file and peer_key_file", nil},
+		{"world-readable CA key", block("backend kubernetes", "kubeconfig "+kubeconfig, "namespace previews", "node sandwake-1", "peer_listen :7443",
+			"advertise 10.244.0.7:7443", "peer_ca_file "+caFile, "peer_ca_key_file "+worldCAKey, "secret 0123456789abcdef"), "peer_ca_key_file " + worldCAKey + " is readable by every user", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { checkOption(t, tt.input, tt.wantErr, tt.check) })

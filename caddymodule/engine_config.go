@@ -210,8 +210,6 @@ func (a *App) provisionEngine() error {
 		return refuse("pull always", "the kubernetes engine never pulls (imagePullPolicy Never): only images the nodes have are used")
 	case len(a.AllowedRegistries) > 0:
 		return refuse("allowed_registries", "the kubelet, not sandwake, would pull, and no registry check stands before it yet: the kubernetes engine uses only images the nodes have")
-	case a.Cluster != nil:
-		return refuse("cluster", "a cluster of gateways on the kubernetes engine is not built yet")
 	}
 	if err := core.CheckKubernetesLabels(a.Labels); err != nil {
 		return refuse("label", err.Error()+" (the pods, claims and NetworkPolicies carry the configured labels)")

@@ -20,6 +20,10 @@ import (
 type Source struct {
 	Mgr    *lifecycle.Manager
 	Limits *Limits
+	// NoHostMemory leaves the host's free memory out of the capacity:
+	// sandboxes do not run on the gateway's host (engine kubernetes, where
+	// the scheduler places pods on nodes by their own room).
+	NoHostMemory bool
 }
 
 // Get is the manager's record of sandbox id.
@@ -39,7 +43,7 @@ func (s Source) Capacity() cluster.Capacity {
 		MaxResident:     int(s.Limits.MaxResident.Load()),
 		MinFreeMemoryMB: int64(s.Limits.MinFreeBytes.Load() >> 20),
 	}
-	if avail, err := lifecycle.HostMemAvailable(); err == nil {
+	if avail, err := lifecycle.HostMemAvailable(); err == nil && !s.NoHostMemory {
 		c.FreeMemoryMB = int64(avail >> 20)
 	}
 	for _, t := range s.Mgr.Templates() {
