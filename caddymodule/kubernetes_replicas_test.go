@@ -244,8 +244,14 @@ func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
 		defer drain(false)
 		testenv.Eventually(t, 30*time.Second, func() (bool, string) {
 			_, body := r.api(t, ctx, drained, "GET", "/v1/nodes", nil)
-			return strings.Contains(string(body), `"name":"`+drained+`"`) && strings.Contains(string(body), `"draining":true`),
-				fmt.Sprintf("%s does not see its drain mark: %s", drained, body)
+			var view struct{ Nodes []cluster.NodeInfo }
+			json.Unmarshal(body, &view)
+			for _, n := range view.Nodes {
+				if n.Name == drained && n.Draining {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%s does not see its drain mark: %s", drained, body)
 		})
 		for i := range 3 {
 			d := fmt.Sprintf("d%d%s", i, r.suffix)
@@ -266,7 +272,14 @@ func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
 		testenv.Eventually(t, time.Minute, func() (bool, string) {
 			return r.podUID(t, ctx, id) == "", "the stopped sandbox's pod still there"
 		})
-		w, err := r.cs.CoreV1().Pods(r.ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", "s-"+id).String()})
+		// Every pod of the sandbox made from here on: a watch from the
+		// list's revision.
+		sel := fields.OneTermEqualSelector("metadata.name", "s-"+id).String()
+		list, err := r.cs.CoreV1().Pods(r.ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := r.cs.CoreV1().Pods(r.ns).Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -274,8 +287,15 @@ func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
 		var made atomic.Int64
 		uids := map[string]bool{}
 		var mu sync.Mutex
+		var watchErr atomic.Pointer[error]
 		go func() {
 			for ev := range w.ResultChan() {
+				if ev.Type == watch.Error {
+					// (Also what client-go reports once the watch is
+					// stopped: told only if the count is wrong.)
+					err := apierrors.FromObject(ev.Object)
+					watchErr.Store(&err)
+				}
 				if p, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Added {
 					mu.Lock()
 					if !uids[string(p.UID)] {
@@ -301,7 +321,13 @@ func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
 				t.Fatalf("request %d (through %s): %d %.200s %v", i, replicaNames[i%2], a.status, a.body, a.err)
 			}
 		}
-		testenv.Eventually(t, 10*time.Second, func() (bool, string) { return made.Load() >= 1, "the woken pod's ADDED event" })
+		testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+			why := "none"
+			if err := watchErr.Load(); err != nil {
+				why = (*err).Error()
+			}
+			return made.Load() >= 1, "the woken pod's ADDED event (watch error: " + why + ")"
+		})
 		if m := made.Load(); m != 1 {
 			t.Fatalf("pods made for the storm: %d, want 1", m)
 		}
