@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"errors"
+	"fmt"
 	"sync/atomic"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -74,9 +76,31 @@ func NewRouteCache(mgr *lifecycle.Manager) *RouteCache {
 	return &RouteCache{mgr: mgr, cache: c}
 }
 
+// absent is the cached route of a sandbox this node does not hold (see
+// Holds).
+var absent = &Route{}
+
+// Holds reports whether this node holds sandbox id. An id it does not hold
+// is remembered until its next event (a create here is one), so that a
+// request forwarded to another node reads the store once, not every time.
+func (c *RouteCache) Holds(id string) bool {
+	if rt, ok := c.cache.Get(id); ok {
+		return rt != absent
+	}
+	gen := c.gen.Load()
+	_, err := c.Get(id)
+	if errors.Is(err, lifecycle.ErrNotFound) && c.gen.Load() == gen {
+		c.cache.Add(id, absent)
+	}
+	return err == nil
+}
+
 // Get returns sandbox id's route, reading the store on a miss.
 func (c *RouteCache) Get(id string) (*Route, error) {
 	if rt, ok := c.cache.Get(id); ok {
+		if rt == absent {
+			return nil, fmt.Errorf("sandbox %s: %w", id, lifecycle.ErrNotFound)
+		}
 		return rt, nil
 	}
 	gen := c.gen.Load()

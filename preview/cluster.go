@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httputil"
+	"sync"
 
 	"go.uber.org/zap"
 
@@ -47,7 +48,7 @@ func (g *Handler) serveCluster(w http.ResponseWriter, r *http.Request, e *gatewa
 	if !ok || en.Node == c.Self() {
 		return false, nil
 	}
-	if _, err := e.Routes.Get(id); err == nil {
+	if e.Routes.Holds(id) {
 		// This node holds the sandbox: served here, whatever the
 		// catalog says (see the publisher's repair).
 		return false, nil
@@ -66,25 +67,9 @@ func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gate
 		return g.hostUnavailable(w, r, s, en, port)
 	}
 	peer.CountForwardedPreview()
-	var failed error
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", node.Advertise
-			peer.SetForwardedHeaders(pr)
-			// A visitor's request names no API caller: one it sent is
-			// not signed on its behalf.
-			delete(pr.Out.Header, cluster.CallerHeader)
-			peer.SignForward(cs.Cluster, pr.Out)
-		},
-		Transport:     cs.Transport(node.Name, node.Advertise),
-		FlushInterval: -1, // streams pass through as they come
-		ErrorLog:      peer.ForwardErrorLog,
-		ErrorHandler: func(_ http.ResponseWriter, _ *http.Request, err error) {
-			failed = err
-		},
-	}
-	rp.ServeHTTP(w, r)
-	if failed != nil {
+	fw := &forwardWriter{ResponseWriter: w}
+	g.peerProxy(cs, node.Name, node.Advertise).ServeHTTP(fw, r)
+	if failed := fw.failed; failed != nil {
 		// No answer from the node (nothing was written): it went down
 		// before its lease ran out, or the listener at its address is not
 		// that node.
@@ -96,6 +81,66 @@ func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gate
 	}
 	return nil
 }
+
+// forwardWriter is the ResponseWriter a forward is proxied through: the
+// proxy's error handler records its failure here (nothing written) for
+// forwardPreview to answer. Unwrap keeps flushing and hijacking (streams,
+// websockets) to the writer beneath.
+type forwardWriter struct {
+	http.ResponseWriter
+	failed error
+}
+
+func (fw *forwardWriter) Unwrap() http.ResponseWriter { return fw.ResponseWriter }
+
+// peerProxy is the reverse proxy to node at addr, made once and kept (a
+// node's new address, or a new engine's peer credentials, make another).
+func (g *Handler) peerProxy(cs *peer.Node, node, addr string) *httputil.ReverseProxy {
+	key := peerKey{cs: cs, node: node, addr: addr}
+	if v, ok := g.peerProxies.Load(key); ok {
+		return v.(*httputil.ReverseProxy)
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", addr
+			peer.SetForwardedHeaders(pr)
+			// A visitor's request names no API caller: one it sent is
+			// not signed on its behalf.
+			delete(pr.Out.Header, cluster.CallerHeader)
+			peer.SignForward(cs.Cluster, pr.Out)
+		},
+		Transport: cs.Transport(node, addr),
+		// 0: answers of a known length are copied whole, streams (unknown
+		// length, text/event-stream) flushed as they come, as the
+		// standard library decides per answer. -1 would wrap every answer
+		// in a flushing writer with a timer.
+		FlushInterval: 0,
+		BufferPool:    copyBuffers,
+		ErrorLog:      peer.ForwardErrorLog,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			if fw, ok := w.(*forwardWriter); ok {
+				fw.failed = err
+			}
+		},
+	}
+	v, _ := g.peerProxies.LoadOrStore(key, rp)
+	return v.(*httputil.ReverseProxy)
+}
+
+// peerKey names a peer proxy.
+type peerKey struct {
+	cs         *peer.Node
+	node, addr string
+}
+
+// copyBuffers are the forwarding proxies' copy buffers (32 KiB, as the
+// standard library's own), reused instead of made per answer.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+
+type bufferPool struct{ pool sync.Pool }
+
+func (p *bufferPool) Get() []byte  { return *(p.pool.Get().(*[]byte)) }
+func (p *bufferPool) Put(b []byte) { p.pool.Put(&b) }
 
 // hostUnavailable answers a request for a sandbox whose node is lost: 503
 // with Retry-After, a page for browsers.

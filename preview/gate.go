@@ -50,6 +50,9 @@ type Handler struct {
 	exit    context.CancelFunc
 	// cardImages are og:images of sandboxes' own hosts, for unfurl bots.
 	cardImages cardImages
+	// peerProxies are the reverse proxies to other nodes' peer listeners,
+	// one per node and address (see forwardPreview).
+	peerProxies sync.Map
 }
 
 // New is a gate over the gateway gw returns (nil before it starts: the gate

@@ -2,6 +2,7 @@ package preview
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -157,5 +158,35 @@ func BenchmarkGateHotPath(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		g.ServeHTTP(w, r, next)
+	}
+}
+
+// TestHoldsRemembersAbsentIDs: an id this node does not hold (a sandbox of
+// another node, forwarded there) is read from the store once and
+// remembered, and a create here drops what was remembered.
+func TestHoldsRemembersAbsentIDs(t *testing.T) {
+	g, rt := hotPathGate(t)
+	app := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer app.Close()
+	rt.SetUpstreams(map[int]string{8080: app.Listener.Addr().String()})
+	e := g.gateway()
+	if !e.Routes.Holds("hot") {
+		t.Fatal("Holds(hot): false, want true")
+	}
+	n := e.Routes.Len()
+	if e.Routes.Holds("elsewhere") {
+		t.Fatal("Holds(elsewhere): true for an id with no record")
+	}
+	if got := e.Routes.Len(); got != n+1 {
+		t.Fatalf("cached routes after an absent id: %d, want %d (the absence remembered)", got, n+1)
+	}
+	if _, err := e.Routes.Get("elsewhere"); !errors.Is(err, lifecycle.ErrNotFound) {
+		t.Fatalf("Get of a remembered absence: %v, want ErrNotFound", err)
+	}
+	if _, err := e.Mgr.Create(context.Background(), lifecycle.CreateRequest{ID: "elsewhere", Spec: lifecycle.Spec{Image: "x", Ports: []int{8080}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Routes.Holds("elsewhere") {
+		t.Fatal("Holds(elsewhere) after its create here: false (a stale absence)")
 	}
 }
