@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/sandwake/sandwake/cluster/peer"
 	"github.com/sandwake/sandwake/gateway"
 	"github.com/sandwake/sandwake/internal/web"
+	"github.com/sandwake/sandwake/lifecycle"
 )
 
 // serveCluster routes a preview request in cluster mode and reports whether
@@ -66,9 +68,20 @@ func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gate
 	if !ok || !node.Live || node.Advertise == "" {
 		return g.hostUnavailable(w, r, s, en, port)
 	}
-	peer.CountForwardedPreview()
 	fw := &forwardWriter{ResponseWriter: w}
+	if en.State != lifecycle.Running {
+		// One request per sandbox crosses to the owner while it wakes;
+		// the others wait here for its first answer, then cross to a
+		// running sandbox (a storm spread over the gateways opens a few
+		// connections to the owner, not one per request).
+		if lead := g.waitRemoteWake(r, s, en.ID); lead != nil {
+			fw.answered = lead
+			defer g.remoteWakes.Delete(en.ID)
+		}
+	}
+	peer.CountForwardedPreview()
 	g.peerProxy(cs, node.Name, node.Advertise).ServeHTTP(fw, r)
+	fw.answer()
 	if failed := fw.failed; failed != nil {
 		// No answer from the node (nothing was written): it went down
 		// before its lease ran out, or the listener at its address is not
@@ -85,13 +98,54 @@ func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gate
 // forwardWriter is the ResponseWriter a forward is proxied through: the
 // proxy's error handler records its failure here (nothing written) for
 // forwardPreview to answer. Unwrap keeps flushing and hijacking (streams,
-// websockets) to the writer beneath.
+// websockets) to the writer beneath. answered, when set, is closed at the
+// owner's first answer (the request leading a remote wake).
 type forwardWriter struct {
 	http.ResponseWriter
-	failed error
+	failed   error
+	answered chan struct{}
 }
 
 func (fw *forwardWriter) Unwrap() http.ResponseWriter { return fw.ResponseWriter }
+
+func (fw *forwardWriter) WriteHeader(code int) {
+	fw.answer()
+	fw.ResponseWriter.WriteHeader(code)
+}
+
+func (fw *forwardWriter) Write(b []byte) (int, error) {
+	fw.answer()
+	return fw.ResponseWriter.Write(b)
+}
+
+// answer closes answered, once.
+func (fw *forwardWriter) answer() {
+	if fw.answered != nil {
+		close(fw.answered)
+		fw.answered = nil
+	}
+}
+
+// waitRemoteWake returns, for the first request for sandbox id while its
+// catalog entry says it is not running, the channel to close at the
+// owner's first answer (the caller leads and forwards at once); any other
+// request waits for that answer (or its hold timeout, or its client gone)
+// and gets nil.
+func (g *Handler) waitRemoteWake(r *http.Request, s *gateway.Settings, id string) chan struct{} {
+	lead := make(chan struct{})
+	v, loaded := g.remoteWakes.LoadOrStore(id, lead)
+	if !loaded {
+		return lead
+	}
+	t := time.NewTimer(s.HoldTimeout)
+	defer t.Stop()
+	select {
+	case <-v.(chan struct{}):
+	case <-t.C:
+	case <-r.Context().Done():
+	}
+	return nil
+}
 
 // peerProxy is the reverse proxy to node at addr, made once and kept (a
 // node's new address, or a new engine's peer credentials, make another).

@@ -8,7 +8,10 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -117,4 +120,48 @@ func TestForwardedRequestTrustsItsNode(t *testing.T) {
 	if _, w, done = serve(r); !done || w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "unsigned_forward") {
 		t.Fatalf("a signed request on a visitor's listener: %v %d %s, want 403 unsigned_forward", done, w.Code, w.Body)
 	}
+}
+
+// TestRemoteWakeLeadsOnce: while another node's sandbox is not running,
+// the first forward for it leads (crosses at once) and the others wait
+// here for its first answer, then cross; a client gone, or the hold
+// timeout, ends a wait too.
+func TestRemoteWakeLeadsOnce(t *testing.T) {
+	g := New(func() *gateway.Gateway { return nil }, zap.NewNop())
+	s := &gateway.Settings{HoldTimeout: time.Minute}
+	req := httptest.NewRequest("GET", "http://s-x-8080.preview.localhost/", nil)
+	lead := g.waitRemoteWake(req, s, "x")
+	if lead == nil {
+		t.Fatal("the first forward does not lead")
+	}
+	const n = 20
+	var waited atomic.Int32
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if g.waitRemoteWake(req, s, "x") != nil {
+				t.Error("a second forward leads too")
+			}
+			waited.Add(1)
+		})
+	}
+	// Another sandbox's forward does not wait on this one.
+	if g.waitRemoteWake(req, s, "y") == nil {
+		t.Fatal("the first forward of another sandbox does not lead")
+	}
+	if got := waited.Load(); got != 0 {
+		t.Fatalf("%d followers went before the leader's answer", got)
+	}
+	fw := &forwardWriter{ResponseWriter: httptest.NewRecorder(), answered: lead}
+	fw.WriteHeader(http.StatusOK) // the owner's first answer
+	wg.Wait()
+	if got := waited.Load(); got != n {
+		t.Fatalf("%d of %d followers released", got, n)
+	}
+	// A follower whose client is gone stops waiting.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.waitRemoteWake(httptest.NewRequest("GET", "/", nil).WithContext(ctx), s, "y")
+	// One whose hold timeout runs out too.
+	g.waitRemoteWake(req, &gateway.Settings{HoldTimeout: time.Millisecond}, "y")
 }

@@ -51,8 +51,11 @@ type Handler struct {
 	// cardImages are og:images of sandboxes' own hosts, for unfurl bots.
 	cardImages cardImages
 	// peerProxies are the reverse proxies to other nodes' peer listeners,
-	// one per node and address (see forwardPreview).
+	// one per node and address (see forwardPreview); remoteWakes the
+	// forwards leading a wake on another node, by sandbox id (see
+	// waitRemoteWake).
 	peerProxies sync.Map
+	remoteWakes sync.Map
 }
 
 // New is a gate over the gateway gw returns (nil before it starts: the gate

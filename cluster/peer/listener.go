@@ -157,6 +157,9 @@ func (p *peerListener) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t.preview.ServeHTTP(w, r)
 }
 
+// peerDialsAtOnce bounds the connections being opened to one peer at once.
+const peerDialsAtOnce = 8
+
 // Transport is the transport to node at addr (its advertised peer
 // listener): TLS 1.3 with this node's certificate, and the peer's
 // accepted only if the cluster CA issued it to node for addr's host.
@@ -166,11 +169,36 @@ func (cs *Node) Transport(node, addr string) *http.Transport {
 		return v.(*http.Transport)
 	}
 	host, _, _ := net.SplitHostPort(addr)
+	tlsConfig := cs.Peers.ClientConfig(node, host)
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	// Connections are opened (a TCP dial and a TLS handshake with client
+	// certificates, costly for both nodes) a few at a time: a burst of
+	// requests waits for them or for a connection another request gives
+	// back, which the transport hands to the first waiting, instead of
+	// every request opening one of its own.
+	dials := make(chan struct{}, peerDialsAtOnce)
 	t := &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:     cs.Peers.ClientConfig(node, host),
-		TLSHandshakeTimeout: 5 * time.Second,
+		Proxy: nil,
+		DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			select {
+			case dials <- struct{}{}:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			defer func() { <-dials }()
+			raw, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			tc := tls.Client(raw, tlsConfig)
+			if err := tc.HandshakeContext(hctx); err != nil {
+				raw.Close()
+				return nil, err
+			}
+			return tc, nil
+		},
 		// Kept for as many requests as run at once: a connection
 		// closed for want of an idle slot costs a TLS handshake to open
 		// again, which under load costs more than the requests.
