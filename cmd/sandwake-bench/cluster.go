@@ -388,12 +388,15 @@ func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (
 	return t, nil
 }
 
+// clusterStormTitle begins the spread storm's table's title.
+const clusterStormTitle = "Cluster wake storm:"
+
 // spreadStorm runs rounds pairs of wake storms of n requests on the stopped
 // sandbox: all to node 1 (the owner; the baseline) and spread evenly over
 // the three gateways, alternating which goes first.
 func (c *cluster) spreadStorm(ctx context.Context, cli *client.Client, id string, n, rounds int) (*table, error) {
 	t := &table{
-		title: fmt.Sprintf("Cluster wake storm: %s concurrent GETs to a stopped sandbox, all to the owner (baseline) vs spread over 3 gateways", groupThousands(int64(n))),
+		title: fmt.Sprintf(clusterStormTitle+" %s concurrent GETs to a stopped sandbox, all to the owner (baseline) vs spread over 3 gateways", groupThousands(int64(n))),
 		sides: [2]string{"one gateway", "3 gateways"},
 		note: fmt.Sprintf("sandbox on node 1, stopped through the API before each storm; %d storm(s) of each kind, alternated; start calls counted from Docker's event stream; time to last answer = mean over the storms; p50/p99 over all their requests; ratio = spread / one gateway",
 			rounds),
@@ -464,7 +467,9 @@ func (c *cluster) spreadStorm(ctx context.Context, cli *client.Client, id string
 		}
 		return mean(ds).Seconds()
 	}
-	t.add(ratioRow("time to last answer", wall(single), wall(spreadRes), fmtSeconds, info))
+	// Issue 40: a storm spread over the gateways is held at each as at the
+	// owner (one forward per sandbox and gateway while it wakes).
+	t.add(ratioRow("time to last answer", wall(single), wall(spreadRes), fmtSeconds, atMost(1.2)))
 	all := func(rs []stormResult) []time.Duration {
 		var ds []time.Duration
 		for _, r := range rs {
@@ -474,6 +479,6 @@ func (c *cluster) spreadStorm(ctx context.Context, cli *client.Client, id string
 	}
 	sd, pd := all(single), all(spreadRes)
 	t.add(ratioRow("p50 time to answer", percentile(sd, 50).Seconds(), percentile(pd, 50).Seconds(), fmtSeconds, info))
-	t.add(ratioRow("p99 time to answer", percentile(sd, 99).Seconds(), percentile(pd, 99).Seconds(), fmtSeconds, info))
+	t.add(ratioRow("p99 time to answer", percentile(sd, 99).Seconds(), percentile(pd, 99).Seconds(), fmtSeconds, atMost(1.3)))
 	return t, nil
 }

@@ -593,6 +593,9 @@ func (b *bench) summary() {
 		{"wake from stopped (mean)", "", "from stopped, mean", true, "≤ 1.10"},
 		{"forwarded throughput, worst cell", clusterForwardTitle, " throughput", false, ""},
 		{"forwarded p99 latency, worst cell", clusterForwardTitle, " p99", true, ""},
+		{"forwarded Caddy CPU/req, worst", clusterForwardTitle, " Caddy CPU/request", true, "≤ 2.1"},
+		{"spread storm p99", clusterStormTitle, "p99 time to answer", true, "≤ 1.3"},
+		{"spread storm last answer", clusterStormTitle, "time to last answer", true, "≤ 1.2"},
 	} {
 		if r, ok := b.worst(s.title, s.suffix, s.worstHigh); ok {
 			if s.g == "" {
@@ -633,13 +636,14 @@ func (b *bench) summary() {
 }
 
 // worst finds, among the rows whose cell ends with suffix in the tables
-// titled title (any table for ""), the one with the highest (worstHigh) or
+// whose title begins with title (any table but the kubernetes scenario's
+// for ""), the one with the highest (worstHigh) or
 // lowest ratio.
 func (b *bench) worst(title, suffix string, worstHigh bool) (row, bool) {
 	var w row
 	found := false
 	for _, t := range b.tables {
-		if (title != "" && t.title != title) || (title == "" && strings.HasPrefix(t.title, kubeTitlePrefix)) {
+		if (title != "" && !strings.HasPrefix(t.title, title)) || (title == "" && strings.HasPrefix(t.title, kubeTitlePrefix)) {
 			continue
 		}
 		for _, r := range t.rows {
