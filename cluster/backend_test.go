@@ -108,26 +108,9 @@ func kubeBackend(t *testing.T) testBackend {
 	return testBackend{
 		name: "kubernetes",
 		start: func(t testing.TB, prefix, name string, src Source) *Cluster {
-			c, err := New(Config{
-				Kubernetes: &kb,
-				Node:       name,
-				Advertise:  name + ".test:8080",
-				Peers:      testPeers(t, name),
-				Secret:     []byte("s3cret"),
-				Prefix:     prefix,
-				LeaseTTL:   testTTL,
-				Logger:     zaptest.NewLogger(t).Named(name),
-			}, src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-			defer cancel()
-			if err := c.Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = c.Close() })
-			return c
+			cfg := testConfig(t, prefix, name)
+			cfg.Kubernetes = &kb
+			return startConfig(t, cfg, src, nil)
 		},
 		raw: func(t testing.TB, key string) ([]byte, bool) {
 			_, k, err := storeOf(key).get(ctxT(t), key)

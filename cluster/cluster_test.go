@@ -114,8 +114,18 @@ func startNode(t testing.TB, endpoints []string, prefix, name string, src Source
 // (nil: none).
 func startNodeWith(t testing.TB, endpoints []string, prefix, name string, src Source, icpt *interceptor) *Cluster {
 	t.Helper()
-	c, err := New(Config{
-		Endpoints: endpoints,
+	cfg := testConfig(t, prefix, name)
+	cfg.Endpoints, cfg.TLS = endpoints, etcdtest.ClientTLS(endpoints)
+	return startConfig(t, cfg, src, func(c *Cluster) {
+		if icpt != nil {
+			c.dialOptions = append(c.dialOptions, icpt.dialOption())
+		}
+	})
+}
+
+// testConfig is a test node's config but its store's.
+func testConfig(t testing.TB, prefix, name string) Config {
+	return Config{
 		Node:      name,
 		Advertise: name + ".test:8080",
 		Peers:     testPeers(t, name),
@@ -123,13 +133,19 @@ func startNodeWith(t testing.TB, endpoints []string, prefix, name string, src So
 		Prefix:    prefix,
 		LeaseTTL:  testTTL,
 		Logger:    zaptest.NewLogger(t).Named(name),
-		TLS:       etcdtest.ClientTLS(endpoints),
-	}, src)
+	}
+}
+
+// startConfig starts a node of cfg (before calls prepare on it, when not
+// nil); it is closed when the test ends.
+func startConfig(t testing.TB, cfg Config, src Source, prepare func(*Cluster)) *Cluster {
+	t.Helper()
+	c, err := New(cfg, src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if icpt != nil {
-		c.dialOptions = append(c.dialOptions, icpt.dialOption())
+	if prepare != nil {
+		prepare(c)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
