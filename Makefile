@@ -29,8 +29,9 @@ test: tools vet lint
 ## CNI plugins and containerd; the first build takes ~25-30 min on 2 cores and is
 ## cached in ~/.cache/sandwake/kubernetes, later runs start in seconds); as root;
 ## the cluster is torn down after, whatever the tests did
-# The cluster package's tests that run on each backend (eachBackend).
-CLUSTER_BACKEND_TESTS = ^Test(ReserveIsUniqueAcrossNodes|PublishFollowsLocalRecords|LostNodeShowsNotLive|DrainRemoveAndPlace|ForgedEntryIsRepaired)$$
+# The cluster package's tests of the Kubernetes store: those run on each backend
+# (eachBackend; their kubernetes subtests) and the Kubernetes-only ones.
+CLUSTER_BACKEND_TESTS = ^Test(ReserveIsUniqueAcrossNodes|PublishFollowsLocalRecords|LostNodeShowsNotLive|DrainRemoveAndPlace|ForgedEntryIsRepaired|KubeStoreForbidden)$$
 test-k8s:
 	scripts/kubernetes/up.sh >/dev/null
 	set -a; . $${SANDWAKE_K8S_STATE:-/tmp/sandwake-k8s}/env; set +a; \

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,9 +10,12 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sclient "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sandwake/sandwake/internal/etcdtest"
@@ -30,6 +34,10 @@ type testBackend struct {
 	// absent); put writes one (a forgery, a stale entry).
 	raw func(t testing.TB, key string) ([]byte, bool)
 	put func(t testing.TB, key string, value []byte)
+	// kube is the Kubernetes store's backend (nil on etcd), admin the
+	// test cluster's admin config.
+	kube  *KubeBackend
+	admin *rest.Config
 }
 
 // eachBackend runs fn as subtests etcd and kubernetes (the latter skips
@@ -106,7 +114,9 @@ func kubeBackend(t *testing.T) testBackend {
 		return nil
 	}
 	return testBackend{
-		name: "kubernetes",
+		name:  "kubernetes",
+		kube:  &kb,
+		admin: cfg,
 		start: func(t testing.TB, prefix, name string, src Source) *Cluster {
 			cfg := testConfig(t, prefix, name)
 			cfg.Kubernetes = &kb
@@ -198,4 +208,51 @@ func TestForgedEntryIsRepaired(t *testing.T) {
 		}
 		waitLive(t, b, "node-a", "node-b")
 	})
+}
+
+// TestKubeStoreForbidden: a gateway whose identity may not use Leases (a
+// Role without them) is unhealthy, naming the refusal, instead of taking
+// the refusals for answers.
+func TestKubeStoreForbidden(t *testing.T) {
+	be := kubeBackend(t)
+	admin, err := k8sclient.NewForConfig(be.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := be.kube.Namespace
+	ctx := ctxT(t)
+	// A service account whose Role has everything but Leases.
+	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "no-leases"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "no-leases"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "no-leases"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "no-leases"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "no-leases", Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "no-leases", &authv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited := rest.AnonymousClientConfig(be.admin)
+	limited.BearerToken = tok.Status.Token
+	cli, err := k8sclient.NewForConfig(limited)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, testPrefix(), "node-a")
+	cfg.Kubernetes = &KubeBackend{Client: cli, Namespace: ns, Server: be.admin.Host}
+	c := startConfig(t, cfg, newMemSource(), nil)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		err := c.Health()
+		return errors.Is(err, ErrEtcd) && strings.Contains(err.Error(), "forbidden"),
+			fmt.Sprintf("Health of a node whose Role has no leases: %v, want ErrEtcd naming the refusal", err)
+	})
+	if err := c.Reserve(ctx, "x", 0); !errors.Is(err, ErrEtcd) {
+		t.Fatalf("Reserve with no leases in the Role: %v, want ErrEtcd (503 cluster_unavailable)", err)
+	}
 }

@@ -815,15 +815,27 @@ func (s *kubeStore) Revoke(ctx context.Context, lease leaseID) error {
 func (s *kubeStore) Connected() bool { return !s.unreachable.Load() }
 
 // Answered: the API server answered with a refusal of the request (4xx
-// but a timeout or throttling).
+// but a timeout or throttling). Not a refusal of the gateway's identity
+// (401, 403: a Role without leases, a token revoked): that is the store
+// out of reach as surely as a connection refused, and Health says so.
 func (s *kubeStore) Answered(err error) bool {
-	var st apierrors.APIStatus
-	if !errors.As(err, &st) {
-		return false
-	}
-	code := int(st.Status().Code)
-	return code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests
+	code := statusCode(err)
+	return code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests &&
+		code != http.StatusUnauthorized && code != http.StatusForbidden
 }
 
-// Retryable: anything the API server did not refuse.
-func (s *kubeStore) Retryable(err error) bool { return !s.Answered(err) }
+// Retryable: anything the API server did not refuse, but a refusal of the
+// gateway's identity (it lasts until an operator acts).
+func (s *kubeStore) Retryable(err error) bool {
+	code := statusCode(err)
+	return !s.Answered(err) && code != http.StatusUnauthorized && code != http.StatusForbidden
+}
+
+// statusCode is the HTTP status of an API server's answer (0: none).
+func statusCode(err error) int {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return 0
+	}
+	return int(st.Status().Code)
+}

@@ -1,13 +1,18 @@
 package cluster
 
 import (
+	"errors"
+	"fmt"
+	"net"
 	"strconv"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 	coordv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -77,5 +82,38 @@ func TestKubeStoreExpiry(t *testing.T) {
 	// told again.
 	if e, ok := see(watch.Deleted, lease(now)); !ok || !e.Deleted {
 		t.Fatalf("a deleted registration: %+v %v, want a delete", e, ok)
+	}
+}
+
+// TestKubeStoreErrors: the API server's refusals of a request are
+// answers (Health stays); a refusal of the gateway's identity, a timeout,
+// throttling or no answer is the store out of reach, and only the last
+// three are tried again.
+func TestKubeStoreErrors(t *testing.T) {
+	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second, zap.NewNop())
+	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	for _, tc := range []struct {
+		name              string
+		err               error
+		answered, retried bool
+	}{
+		{"conflict", apierrors.NewConflict(gr, "x", errors.New("changed")), true, false},
+		{"not found", apierrors.NewNotFound(gr, "x"), true, false},
+		{"exists", apierrors.NewAlreadyExists(gr, "x"), true, false},
+		{"gone", apierrors.NewGone("too old"), true, false},
+		{"forbidden", apierrors.NewForbidden(gr, "x", errors.New("no leases in the Role")), false, false},
+		{"unauthorized", apierrors.NewUnauthorized("token revoked"), false, false},
+		{"timeout", apierrors.NewTimeoutError("slow", 1), false, true},
+		{"throttled", apierrors.NewTooManyRequests("busy", 1), false, true},
+		{"server error", apierrors.NewInternalError(errors.New("etcd")), false, true},
+		{"no answer", &net.OpError{Op: "dial", Err: errors.New("connection refused")}, false, true},
+	} {
+		wrapped := fmt.Errorf("publishing: %w", tc.err)
+		if got := s.Answered(wrapped); got != tc.answered {
+			t.Errorf("%s: Answered %v, want %v", tc.name, got, tc.answered)
+		}
+		if got := s.Retryable(wrapped); got != tc.retried {
+			t.Errorf("%s: Retryable %v, want %v", tc.name, got, tc.retried)
+		}
 	}
 }
