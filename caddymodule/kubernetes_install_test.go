@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	cerrdefs "github.com/containerd/errdefs"
-	dockerclient "github.com/moby/moby/client"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -383,107 +381,25 @@ func TestDeployCaddyfileAdapts(t *testing.T) {
 // when the test ends, whatever it did.
 func gatewayImage(t *testing.T, ctx context.Context, cl kubetest.Cluster, root, ref string) string {
 	t.Helper()
-	docker := testenv.Docker(t)
+	remove, err := cl.GatewayImage(ctx, testenv.Docker(t), root, ref, t.TempDir())
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := docker.ImageRemove(ctx, ref, dockerclient.ImageRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-			t.Errorf("removing %s from Docker: %v", ref, err)
-		}
-	})
-	build := exec.CommandContext(ctx, "go", "run", "./internal/image", "--tag", ref)
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go run ./internal/image --tag %s: %v\n%s", ref, err, out)
-	}
-	tarball := filepath.Join(t.TempDir(), "gateway.tar")
-	if err := saveImage(ctx, docker, ref, tarball); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cl.RemoveImage(ref); err != nil {
+		if err := remove(); err != nil {
 			t.Error(err)
 		}
 	})
-	if err := cl.ImportImage(ctx, tarball); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	return ref
 }
 
-// saveImage writes Docker's image ref to tarball, as docker save does.
-func saveImage(ctx context.Context, docker *dockerclient.Client, ref, tarball string) error {
-	rd, err := docker.ImageSave(ctx, []string{ref})
-	if err != nil {
-		return fmt.Errorf("saving %s: %w", ref, err)
-	}
-	defer rd.Close()
-	f, err := os.Create(tarball)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, rd); err != nil {
-		f.Close()
-		return fmt.Errorf("saving %s: %w", ref, err)
-	}
-	return f.Close()
-}
-
-// writeInstallOverlay writes, in a directory of the test's, a kustomization
-// over deploy/kubernetes as an operator would: its namespace (kustomize
-// renames the base's Namespace object and moves every object and the
-// RoleBinding's subject into it), image (never pulled), storage class and
-// preview domain; and, for this cluster alone, the API server's way in.
+// writeInstallOverlay writes, in a directory of the test's, the install's
+// overlay (kubetest.Install) with the test's domain.
 func writeInstallOverlay(t *testing.T, root, ns, image, storageClass string, apiServer netip.AddrPort) string {
 	t.Helper()
 	dir := t.TempDir()
-	// kustomize refuses an absolute path to a base.
-	base, err := filepath.Rel(dir, filepath.Join(root, "deploy", "kubernetes"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, tag, _ := strings.Cut(image, ":")
-	patch := []map[string]any{
-		{"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Never"},
-		{"op": "add", "path": "/spec/template/spec/hostAliases", "value": []map[string]any{
-			{"ip": apiServer.Addr().String(), "hostnames": []string{kubetest.APIServerName}},
-		}},
-		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_HOST", "value": kubetest.APIServerName}},
-		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_PORT", "value": fmt.Sprint(apiServer.Port())}},
-	}
-	// The Job's pod needs the same way in to the API server, and the image
-	// never pulled.
-	jobPatchJSON, _ := json.Marshal(patch)
-	if storageClass != "" {
-		patch = append(patch, map[string]any{"op": "add", "path": "/spec/volumeClaimTemplates/0/spec/storageClassName", "value": storageClass})
-	}
-	patchJSON, _ := json.Marshal(patch)
-	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-namespace: %s
-resources:
-  - %s
-images:
-  - name: sandwake
-    newName: %s
-    newTag: %s
-configMapGenerator:
-  - name: sandwake-settings
-    behavior: merge
-    literals:
-      - SANDWAKE_DOMAIN=%s
-      - SANDWAKE_PREVIEW_SCHEME=http
-patches:
-  - target:
-      kind: StatefulSet
-      name: sandwake
-    patch: '%s'
-  - target:
-      kind: Job
-      name: sandwake-init
-    patch: '%s'
-`, ns, base, name, tag, installDomain, patchJSON, jobPatchJSON)
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+	in := kubetest.Install{Root: root, Namespace: ns, Image: image, StorageClass: storageClass, Domain: installDomain, APIServer: apiServer}
+	if err := in.WriteOverlay(dir); err != nil {
 		t.Fatal(err)
 	}
 	return dir

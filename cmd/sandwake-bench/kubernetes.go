@@ -46,7 +46,7 @@ type kubeOptions struct {
 }
 
 // kubeCells are the scenario's cells, in the order they run.
-var kubeCells = []string{"hotpath", "wake", "storm", "resize", "informer"}
+var kubeCells = []string{"hotpath", "wake", "storm", "replicas", "resize", "informer"}
 
 // runs reports whether cell is among the cells asked for.
 func (k kubeOptions) runs(cell string) bool {
@@ -93,6 +93,16 @@ func (b *bench) runKubernetes(ctx context.Context) error {
 	id := "k" + kb.suffix
 	if k.runs("hotpath") || k.runs("wake") || k.runs("storm") || k.runs("informer") {
 		if err := b.kubeGatewayCells(ctx, kb, id); err != nil {
+			return err
+		}
+	}
+	if k.runs("replicas") {
+		progress("kubernetes: replicas: deploy/kubernetes in the cluster, forwarding between its two replicas")
+		t, err := b.kubeReplicas(ctx, kb)
+		if t != nil && len(t.rows) > 0 {
+			b.show(t)
+		}
+		if err != nil {
 			return err
 		}
 	}

@@ -233,7 +233,8 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	// The kubernetes scenario alone needs no Docker engine.
 	api := ""
-	if slices.ContainsFunc(scenarios, func(s string) bool { return s != "kubernetes" && o.runs(s) }) {
+	// (Its replicas cell builds the gateway's image with Docker.)
+	if slices.ContainsFunc(scenarios, func(s string) bool { return s != "kubernetes" && o.runs(s) }) || (o.runs("kubernetes") && o.kube.runs("replicas")) {
 		cli, err := client.New(client.FromEnv)
 		if err != nil {
 			return fmt.Errorf("docker client: %w", err)

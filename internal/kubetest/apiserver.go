@@ -26,30 +26,41 @@ const APIServerName = "kubernetes.default.svc"
 // to the name and the port (client-go's in-cluster config reads them).
 func (c Cluster) ForwardAPIServer(t testing.TB) netip.AddrPort {
 	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	addr, stop, err := c.StartAPIForward()
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return addr
+}
+
+// StartAPIForward is ForwardAPIServer for a caller that is not a test
+// (the bench): it returns the forward's address and the function that
+// stops it.
+func (c Cluster) StartAPIForward() (netip.AddrPort, func(), error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return netip.AddrPort{}, nil, err
 	}
 	u, err := url.Parse(cfg.Host)
 	if err != nil {
-		t.Fatalf("the kubeconfig's server %q: %v", cfg.Host, err)
+		return netip.AddrPort{}, nil, fmt.Errorf("the kubeconfig's server %q: %w", cfg.Host, err)
 	}
 	target, err := netip.ParseAddrPort(u.Host)
 	if err != nil || !target.Addr().IsLoopback() {
-		t.Fatalf("the kubeconfig's server %q is not a loopback address and port: not forwarded to", cfg.Host)
+		return netip.AddrPort{}, nil, fmt.Errorf("the kubeconfig's server %q is not a loopback address and port: not forwarded to", cfg.Host)
 	}
 	host, err := c.bridgeAddr()
 	if err != nil {
-		t.Fatal(err)
+		return netip.AddrPort{}, nil, err
 	}
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(host, 0).String())
 	if err != nil {
-		t.Fatal(err)
+		return netip.AddrPort{}, nil, err
 	}
 	f := &forwarder{ln: ln, target: target.String(), open: map[net.Conn]bool{}}
 	f.wg.Go(f.accept)
-	t.Cleanup(f.close)
-	return netip.MustParseAddrPort(ln.Addr().String())
+	return netip.MustParseAddrPort(ln.Addr().String()), f.close, nil
 }
 
 // bridgeAddr is the host's IPv4 address on the cluster's CNI bridge (the

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sandwake/sandwake/internal/kubetest"
+)
+
+// kubeReplicasTitle is the replicas cell's table's title.
+const kubeReplicasTitle = kubeTitlePrefix + "replicas: straight to the owner replica (baseline) vs forwarded through the other"
+
+// replicasDomain is the preview domain of the bench's install.
+const replicasDomain = "bench.test"
+
+// kubeReplicas installs deploy/kubernetes (two replicas joined in one
+// cluster on Leases) in a namespace of the run, as TestKubernetesInstall
+// does, creates a sandbox and compares a small GET sent straight to the
+// replica that owns it with the same GET through the other replica (which
+// forwards it over mutual TLS, signed), as the cluster scenario does
+// between Docker nodes. The CPU per request is the two gateway pods'
+// (their cgroups).
+func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error) {
+	root, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(root, "deploy", "kubernetes", "kustomization.yaml")); err != nil {
+		return nil, fmt.Errorf("the replicas cell installs deploy/kubernetes: run the bench from the repository's root (%w)", err)
+	}
+	kubectl := os.Getenv("SANDWAKE_K8S_KUBECTL")
+	if kubectl == "" {
+		kubectl = "kubectl"
+	}
+	ns := "bench-replicas-" + kb.suffix
+	if err := kb.namespace(ctx, ns); err != nil {
+		return nil, err
+	}
+	ref := "sandwake.local/gateway:bench-" + kb.suffix
+	progress("kubernetes: replicas: building the gateway image (make image's) and importing it")
+	dir := filepath.Join(b.tmp, "replicas")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	remove, err := kb.cl.GatewayImage(ctx, b.cli, root, ref, dir)
+	defer func() {
+		if err := remove(); err != nil {
+			fmt.Fprintln(os.Stderr, "sandwake-bench:", err)
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	apiServer, stop, err := kb.cl.StartAPIForward()
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	in := kubetest.Install{Root: root, Namespace: ns, Image: ref, StorageClass: kb.cl.StorageClass, Domain: replicasDomain, APIServer: apiServer}
+	if err := in.WriteOverlay(dir); err != nil {
+		return nil, err
+	}
+	if out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", kb.cl.Kubeconfig, "apply", "-k", dir).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("kubectl apply -k: %v\n%s", err, out)
+	}
+	pods := map[string]*corev1.Pod{}
+	names := []string{"sandwake-0", "sandwake-1"}
+	var last string
+	if err := poll(ctx, 5*time.Minute, func() bool {
+		for _, name := range names {
+			p, err := kb.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				last = err.Error()
+				return false
+			}
+			pods[name] = p
+			if !podIsReady(p) {
+				last = name + " not Ready"
+				return false
+			}
+		}
+		return true
+	}, func() string { return "the replicas: " + last }); err != nil {
+		return nil, err
+	}
+	for _, p := range pods {
+		if err := kb.cl.CheckOnBridge(p.Status.PodIP); err != nil {
+			return nil, err
+		}
+	}
+	sec, err := kb.cs.CoreV1().Secrets(ns).Get(ctx, "sandwake-api", metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("the install's API token: %w", err)
+	}
+	token := string(sec.Data["token"])
+
+	id := "r" + kb.suffix
+	progress("kubernetes: replicas: both Ready; creating sandbox %s through sandwake-0", id)
+	body, _ := json.Marshal(map[string]any{"id": id, "image": kb.image, "ports": []int{8080}})
+	hr, _ := http.NewRequestWithContext(ctx, "POST", "http://"+net.JoinHostPort(pods["sandwake-0"].Status.PodIP, "8081")+"/v1/sandboxes", strings.NewReader(string(body)))
+	hr.Header.Set("Authorization", "Bearer "+token)
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(hr)
+	if err != nil {
+		return nil, err
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var rec struct{ Node, State string }
+	if json.Unmarshal(rb, &rec); resp.StatusCode != http.StatusCreated || pods[rec.Node] == nil {
+		return nil, fmt.Errorf("create %s: %d %s", id, resp.StatusCode, rb)
+	}
+	owner, other := rec.Node, "sandwake-0"
+	if owner == other {
+		other = "sandwake-1"
+	}
+
+	cfg := hotPathConfig{perSide: b.o.perSide, warmup: 500 * time.Millisecond, rounds: 3, concs: []int{1, 16, 128}}
+	if b.o.quick {
+		cfg.warmup, cfg.rounds = 250*time.Millisecond, 2
+	}
+	if cfg.perSide == 0 {
+		cfg.perSide = 3 * time.Second
+		if b.o.quick {
+			cfg.perSide = time.Second
+		}
+	}
+	req := request{name: "GET /healthz (3 B)", method: "GET", path: "/healthz", wantLen: 3}
+	url := fmt.Sprintf("http://s-%s-8080.preview.%s", id, replicasDomain)
+	direct, fwd := podClient(pods[owner].Status.PodIP, 128), podClient(pods[other].Status.PodIP, 128)
+	// The other replica routes to the owner once its catalog has the
+	// entry: one answer through it first.
+	if err := poll(ctx, 30*time.Second, func() bool {
+		r := load(ctx, fwd, url, req, 1, 50*time.Millisecond)
+		last = fmt.Sprint(r.err)
+		return r.ok > 0 && r.bad == 0
+	}, func() string { return "no answer through " + other + ": " + last }); err != nil {
+		return nil, err
+	}
+	cpu := func() time.Duration {
+		var sum time.Duration
+		for _, p := range pods {
+			d, _ := podCPU(p)
+			sum += d
+		}
+		return sum
+	}
+	if _, err := podCPU(pods[owner]); err != nil {
+		progress("kubernetes: replicas: no CPU per request (%v)", err)
+	}
+	t := &table{
+		title: kubeReplicasTitle,
+		sides: [2]string{"direct", "forwarded"},
+		note: fmt.Sprintf("deploy/kubernetes installed with kubectl apply -k (2 replicas, cluster on Leases); sandbox on %s, GET sent to its preview port vs to %s's (which forwards it over mutual TLS, signed); %s per side per cell after %s warm-up, alternated in %d slices; CPU = both gateway pods' cgroups; ratio = forwarded / direct",
+			owner, other, cfg.perSide, cfg.warmup, cfg.rounds),
+	}
+	slice := cfg.perSide / time.Duration(cfg.rounds)
+	measured := func(hc *http.Client, conc int) loadResult {
+		c0 := cpu()
+		r := load(ctx, hc, url, req, conc, slice)
+		r.cpu = cpu() - c0
+		return r
+	}
+	for _, conc := range cfg.concs {
+		load(ctx, direct, url, req, conc, cfg.warmup)
+		load(ctx, fwd, url, req, conc, cfg.warmup)
+		var d, f loadResult
+		for r := range cfg.rounds {
+			sides := []func(){func() { d.merge(measured(direct, conc)) }, func() { f.merge(measured(fwd, conc)) }}
+			sides[r%2]()
+			sides[(r+1)%2]()
+		}
+		if ctx.Err() != nil {
+			return t, ctx.Err()
+		}
+		if d.bad > 0 || f.bad > 0 || d.ok == 0 || f.ok == 0 {
+			return t, fmt.Errorf("replicas, c=%d: direct %d failed (%v), forwarded %d failed (%v)", conc, d.bad, d.err, f.bad, f.err)
+		}
+		ds, fs := sortedCopy(d.durs), sortedCopy(f.durs)
+		cell := fmt.Sprintf("%s c=%d", req.name, conc)
+		t.add(ratioRow(cell+" throughput", d.throughput(), f.throughput(), fmtRate, info))
+		t.add(ratioRow(cell+" p50", percentile(ds, 50).Seconds(), percentile(fs, 50).Seconds(), fmtSeconds, info))
+		if conc == 1 {
+			added := percentile(fs, 50) - percentile(ds, 50)
+			t.add(valueRow(cell+" p50 added by forwarding", "", added.Seconds(), fmtSeconds, goal{op: "<=", limit: 0.0003, format: fmtSeconds}))
+		}
+		t.add(ratioRow(cell+" p99", percentile(ds, 99).Seconds(), percentile(fs, 99).Seconds(), fmtSeconds, info))
+		if d.cpu > 0 {
+			t.add(ratioRow(cell+" gateway CPU/request", d.cpuPerRequest(), f.cpuPerRequest(), fmtNanos, atMost(2.1)))
+		}
+		progress("kubernetes: replicas: %s: direct %.0f, forwarded %.0f req/s", cell, d.throughput(), f.throughput())
+	}
+	return t, nil
+}
+
+// podClient is an HTTP client that dials addr's port 8080 whatever the
+// request's host (the preview host names the sandbox).
+func podClient(ip string, conns int) *http.Client {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	target := net.JoinHostPort(ip, "8080")
+	return &http.Client{
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return d.DialContext(ctx, network, target)
+			},
+			MaxIdleConnsPerHost: conns,
+			DisableCompression:  true,
+			Proxy:               nil,
+		},
+		Timeout:       2 * time.Minute,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// podCPU is the CPU time pod p's containers used so far, from its cgroup
+// (cgroup v1, the kubelet's cgroupfs layout: kubepods[/<qos>]/pod<uid>).
+func podCPU(p *corev1.Pod) (time.Duration, error) {
+	for _, qos := range []string{"burstable/", "besteffort/", ""} {
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct/kubepods", qos+"pod"+string(p.UID), "cpuacct.usage"))
+		if err != nil {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		return time.Duration(n), nil
+	}
+	return 0, fmt.Errorf("no cgroup v1 cpuacct for pod %s (uid %s)", p.Name, p.UID)
+}
+
+// podIsReady reports whether p's Ready condition is true.
+func podIsReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

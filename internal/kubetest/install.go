@@ -1,0 +1,140 @@
+package kubetest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	dockerclient "github.com/moby/moby/client"
+)
+
+// Install is deploy/kubernetes as a test or the bench installs it on the
+// test cluster: an overlay of the base in a namespace of its own.
+type Install struct {
+	// Root is the repository's root (deploy/kubernetes is under it).
+	Root string
+	// Namespace, Image (never pulled), StorageClass ("": the cluster's
+	// default) and Domain (the previews', served over http) of the
+	// install.
+	Namespace, Image, StorageClass, Domain string
+	// APIServer is the API server's way in for the pods
+	// (StartAPIForward: the test cluster has no kube-proxy).
+	APIServer netip.AddrPort
+}
+
+// WriteOverlay writes in dir a kustomization over deploy/kubernetes as an
+// operator would: its namespace (kustomize renames the base's Namespace
+// object and moves every object and the RoleBindings' subjects into it),
+// image, storage class and preview domain; and, for this cluster alone,
+// the API server's way in for the gateways and the init Job.
+func (in Install) WriteOverlay(dir string) error {
+	// kustomize refuses an absolute path to a base.
+	base, err := filepath.Rel(dir, filepath.Join(in.Root, "deploy", "kubernetes"))
+	if err != nil {
+		return err
+	}
+	name, tag, _ := strings.Cut(in.Image, ":")
+	patch := []map[string]any{
+		{"op": "replace", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Never"},
+		{"op": "add", "path": "/spec/template/spec/hostAliases", "value": []map[string]any{
+			{"ip": in.APIServer.Addr().String(), "hostnames": []string{APIServerName}},
+		}},
+		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_HOST", "value": APIServerName}},
+		{"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": map[string]string{"name": "KUBERNETES_SERVICE_PORT", "value": fmt.Sprint(in.APIServer.Port())}},
+	}
+	// The Job's pod needs the same way in, and the image never pulled.
+	jobPatchJSON, _ := json.Marshal(patch)
+	if in.StorageClass != "" {
+		patch = append(patch, map[string]any{"op": "add", "path": "/spec/volumeClaimTemplates/0/spec/storageClassName", "value": in.StorageClass})
+	}
+	patchJSON, _ := json.Marshal(patch)
+	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: %s
+resources:
+  - %s
+images:
+  - name: sandwake
+    newName: %s
+    newTag: %s
+configMapGenerator:
+  - name: sandwake-settings
+    behavior: merge
+    literals:
+      - SANDWAKE_DOMAIN=%s
+      - SANDWAKE_PREVIEW_SCHEME=http
+patches:
+  - target:
+      kind: StatefulSet
+      name: sandwake
+    patch: '%s'
+  - target:
+      kind: Job
+      name: sandwake-init
+    patch: '%s'
+`, in.Namespace, base, name, tag, in.Domain, patchJSON, jobPatchJSON)
+	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644)
+}
+
+// GatewayImage builds make image's image as ref into Docker (go run
+// ./internal/image from root), saves it to a tarball in dir and imports it
+// into the cluster's containerd. The returned function removes both
+// copies; it is returned (and must be called) even when the build fails
+// midway.
+func (c Cluster) GatewayImage(ctx context.Context, docker *dockerclient.Client, root, ref, dir string) (func() error, error) {
+	imported := false
+	remove := func() error {
+		var errs []string
+		if _, err := docker.ImageRemove(context.WithoutCancel(ctx), ref, dockerclient.ImageRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Sprintf("removing %s from Docker: %v", ref, err))
+		}
+		if imported {
+			if err := c.RemoveImage(ref); err != nil {
+				errs = append(errs, err.Error())
+			}
+		}
+		if len(errs) > 0 {
+			return fmt.Errorf("%s", strings.Join(errs, "; "))
+		}
+		return nil
+	}
+	build := exec.CommandContext(ctx, "go", "run", "./internal/image", "--tag", ref)
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return remove, fmt.Errorf("go run ./internal/image --tag %s: %v\n%s", ref, err, out)
+	}
+	tarball := filepath.Join(dir, "gateway.tar")
+	if err := saveImage(ctx, docker, ref, tarball); err != nil {
+		return remove, err
+	}
+	imported = true // (a failed import may have left part of it)
+	if err := c.ImportImage(ctx, tarball); err != nil {
+		return remove, err
+	}
+	return remove, nil
+}
+
+// saveImage writes Docker's image ref to tarball, as docker save does.
+func saveImage(ctx context.Context, docker *dockerclient.Client, ref, tarball string) error {
+	rd, err := docker.ImageSave(ctx, []string{ref})
+	if err != nil {
+		return fmt.Errorf("saving %s: %w", ref, err)
+	}
+	defer rd.Close()
+	f, err := os.Create(tarball)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, rd); err != nil {
+		f.Close()
+		return fmt.Errorf("saving %s: %w", ref, err)
+	}
+	return f.Close()
+}
