@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -178,6 +179,38 @@ func (h *Harness) LoadText(caddyfile string) {
 	if err := caddy.Load(cfg, true); err != nil {
 		h.T.Fatalf("loading config: %v", err)
 	}
+	// A reload binds each port's new socket beside the old one
+	// (SO_REUSEPORT) and closes the old one as the old servers shut down,
+	// which Caddy starts but may not have done when Load returns: a
+	// connection queued on the old socket then is reset at connect. The
+	// reload is done once each port has one listening socket left.
+	for _, port := range []int{h.PreviewPort, h.APIPort} {
+		testenv.Eventually(h.T, 10*time.Second, func() (bool, string) {
+			n, err := listeners(port)
+			return err == nil && n == 1, fmt.Sprintf("port %d: %d listening sockets (%v), want the new config's alone", port, n, err)
+		})
+	}
+}
+
+// listeners counts the TCP sockets listening on port (/proc/net/tcp and
+// tcp6).
+func listeners(port int) (int, error) {
+	want := fmt.Sprintf(":%04X", port)
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fields := strings.Fields(line)
+			// local_address is fields[1], st fields[3]: 0A is LISTEN.
+			if len(fields) > 3 && strings.HasSuffix(fields[1], want) && fields[3] == "0A" {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
 
 // WaitReady waits until readyz answers 200.
