@@ -356,7 +356,10 @@ func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
 			switch {
 			case a.served(id):
 				served++
-			case a.err == nil && a.status == http.StatusServiceUnavailable && a.header.Get("Retry-After") != "" && strings.Contains(a.body, "host_unavailable"):
+			case a.err == nil && a.status == http.StatusServiceUnavailable && a.header.Get("Retry-After") != "" &&
+				(strings.Contains(a.body, `"host_unavailable"`) || strings.Contains(a.body, `"unavailable"`)):
+				// host_unavailable: the survivor cannot reach the owner;
+				// unavailable: the owner, stopping, answered the forward.
 				unavailable++
 			default:
 				t.Fatalf("sandbox %s through %s while %s is away: %d %.300s %v (header %v)", id, survivor, owner, a.status, a.body, a.err, a.header)

@@ -84,6 +84,13 @@ func (g *Handler) Shutdown(exiting bool) {
 func (g *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	e := g.gateway()
 	if e == nil || !e.Ready.Load() {
+		select {
+		case <-g.stopping:
+			// The server is shutting down (a gateway's pod replaced):
+			// its successor, or another node, serves the retry.
+			return g.unavailable(w, r, "sandwake is stopping")
+		default:
+		}
 		return g.unavailable(w, r, "sandwake is starting")
 	}
 	s := e.Current.Load()

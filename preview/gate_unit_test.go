@@ -257,3 +257,29 @@ func callsEqual(got, want map[string]int) bool {
 	}
 	return callsAtLeast(got, want)
 }
+
+// TestUnavailableSaysStartingOrStopping: with no engine ready, the gate
+// answers 503 with Retry-After, saying the gateway is starting, or, once
+// its server shuts down (a pod replaced, a forward reaching it then),
+// stopping.
+func TestUnavailableSaysStartingOrStopping(t *testing.T) {
+	g := New(func() *gateway.Gateway { return nil }, zap.NewNop())
+	ask := func() (int, string, string) {
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest("GET", "http://s-x-8080.preview.localhost/", nil)
+		r.Header.Set("Accept", "application/json")
+		if err := g.ServeHTTP(w, r, caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })); err != nil {
+			t.Fatal(err)
+		}
+		var e client.ErrorResponse
+		json.Unmarshal(w.Body.Bytes(), &e)
+		return w.Code, e.Error.Code + ": " + e.Error.Message, w.Header().Get("Retry-After")
+	}
+	if code, msg, ra := ask(); code != http.StatusServiceUnavailable || msg != "unavailable: sandwake is starting" || ra == "" {
+		t.Fatalf("before the engine: %d %q Retry-After %q", code, msg, ra)
+	}
+	g.Shutdown(false)
+	if code, msg, ra := ask(); code != http.StatusServiceUnavailable || msg != "unavailable: sandwake is stopping" || ra == "" {
+		t.Fatalf("while the server shuts down: %d %q Retry-After %q", code, msg, ra)
+	}
+}
