@@ -100,7 +100,7 @@ func TestKubeStoreErrors(t *testing.T) {
 		{"conflict", apierrors.NewConflict(gr, "x", errors.New("changed")), true, false},
 		{"not found", apierrors.NewNotFound(gr, "x"), true, false},
 		{"exists", apierrors.NewAlreadyExists(gr, "x"), true, false},
-		{"gone", apierrors.NewGone("too old"), true, false},
+		{"gone", apierrors.NewResourceExpired("too old"), true, false},
 		{"forbidden", apierrors.NewForbidden(gr, "x", errors.New("no leases in the Role")), false, false},
 		{"unauthorized", apierrors.NewUnauthorized("token revoked"), false, false},
 		{"timeout", apierrors.NewTimeoutError("slow", 1), false, true},
