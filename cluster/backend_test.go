@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	authv1 "k8s.io/api/authentication/v1"
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -254,5 +255,50 @@ func TestKubeStoreForbidden(t *testing.T) {
 	})
 	if err := c.Reserve(ctx, "x", 0); !errors.Is(err, ErrEtcd) {
 		t.Fatalf("Reserve with no leases in the Role: %v, want ErrEtcd (503 cluster_unavailable)", err)
+	}
+}
+
+// TestKubeStoreLeavesForeignLeases: a Lease of the name a key would have
+// but not the cluster's (no catalog label: someone else's) is neither
+// overwritten nor deleted; the store says whose it is not.
+func TestKubeStoreLeavesForeignLeases(t *testing.T) {
+	be := kubeBackend(t)
+	admin, err := k8sclient.NewForConfig(be.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := testPrefix()
+	s := newKubeStore(*be.kube, prefix, "node-a", testTTL, zaptest.NewLogger(t))
+	key := prefix + drainDir + "node-x"
+	space, name, err := s.split(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: s.objectName(space, name), Labels: map[string]string{"app": "other"},
+		Annotations: map[string]string{"owner": "someone else"}}}
+	leases := admin.CoordinationV1().Leases(be.kube.Namespace)
+	if _, err := leases.Create(ctxT(t), foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctxT(t), key, []byte(`{}`)); err == nil || !strings.Contains(err.Error(), "left alone") {
+		t.Fatalf("Put over a foreign Lease: %v, want a refusal", err)
+	}
+	if err := s.Delete(ctxT(t), key); err == nil || !strings.Contains(err.Error(), "left alone") {
+		t.Fatalf("Delete of a foreign Lease: %v, want a refusal", err)
+	}
+	got, err := leases.Get(ctxT(t), foreign.Name, metav1.GetOptions{})
+	if err != nil || got.Annotations["owner"] != "someone else" || got.Labels[LabelCatalog] != "" {
+		t.Fatalf("the foreign Lease after Put and Delete: %v %+v, want it as it was", err, got.ObjectMeta)
+	}
+	// The cluster's own key of that space: written and deleted.
+	own := prefix + drainDir + "node-y"
+	if err := s.Put(ctxT(t), own, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctxT(t), own); err != nil {
+		t.Fatal(err)
+	}
+	if _, k, err := s.get(ctxT(t), own); err != nil || k.Rev != 0 {
+		t.Fatalf("own key after Delete: %+v %v, want absent", k, err)
 	}
 }

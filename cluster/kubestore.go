@@ -529,7 +529,7 @@ func (s *kubeStore) get(ctx context.Context, key string) (*coordv1.Lease, kv, er
 	}
 	k, ok := s.toKV(l)
 	if !ok || k.Key != key {
-		return nil, kv{}, fmt.Errorf("lease %s/%s holds no key %s of catalog %s (made by someone else?)", s.b.Namespace, l.Name, key, s.catalog)
+		return nil, kv{}, fmt.Errorf("lease %s/%s is not key %s of catalog %s (made by someone else?): left alone", s.b.Namespace, l.Name, key, s.catalog)
 	}
 	if k.Leased {
 		if _, gone := s.expiredAt(l, s.now()); gone {
@@ -676,9 +676,13 @@ func (s *kubeStore) write(ctx context.Context, key string, value []byte, spec *c
 		obj.Spec = *spec
 	}
 	for range maxCASAttempts {
-		cur, err := s.leases().Get(ctx, obj.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
+		// get refuses a Lease of that name that is not this cluster's key:
+		// it is never overwritten.
+		cur, _, err := s.get(ctx, key)
+		if err != nil {
+			return "", err
+		}
+		if cur == nil {
 			obj.ResourceVersion = ""
 			made, err := s.leases().Create(ctx, obj, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
@@ -688,8 +692,6 @@ func (s *kubeStore) write(ctx context.Context, key string, value []byte, spec *c
 				return "", err
 			}
 			return made.ResourceVersion, nil
-		case err != nil:
-			return "", err
 		}
 		obj.ResourceVersion = cur.ResourceVersion
 		if spec != nil && cur.Spec.AcquireTime != nil && cur.Spec.HolderIdentity != nil && spec.HolderIdentity != nil && *cur.Spec.HolderIdentity == *spec.HolderIdentity {
@@ -707,16 +709,25 @@ func (s *kubeStore) write(ctx context.Context, key string, value []byte, spec *c
 	return "", fmt.Errorf("writing %s: the lease kept changing under %d attempts", key, maxCASAttempts)
 }
 
+// Delete removes key's Lease as it was read (its resourceVersion the
+// precondition), and only when it is this cluster's key (see get).
 func (s *kubeStore) Delete(ctx context.Context, key string) error {
-	space, name, err := s.split(key)
-	if err != nil {
+	for range maxCASAttempts {
+		cur, _, err := s.get(ctx, key)
+		if err != nil || cur == nil {
+			return err
+		}
+		rv := cur.ResourceVersion
+		err = s.leases().Delete(ctx, cur.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err):
+			continue
+		}
 		return err
 	}
-	err = s.leases().Delete(ctx, s.objectName(space, name), metav1.DeleteOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	return err
+	return fmt.Errorf("deleting %s: the lease kept changing under %d attempts", key, maxCASAttempts)
 }
 
 // Grant starts a lease: nothing is written until PutLeased, but the
