@@ -100,7 +100,7 @@ func TestKubernetesInstall(t *testing.T) {
 				return false, "pod " + name + ": " + err.Error()
 			}
 			pods[name] = p
-			if !podReady(p) {
+			if !kubetest.PodReady(p) {
 				return false, fmt.Sprintf("pod %s Ready (phase %s, %s)", name, p.Status.Phase, containerWaiting(p))
 			}
 		}
@@ -403,16 +403,6 @@ func writeInstallOverlay(t *testing.T, root, ns, image, storageClass string, api
 		t.Fatal(err)
 	}
 	return dir
-}
-
-// podReady reports whether p's Ready condition is true.
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // containerWaiting says why p's containers are not running, if they wait.

@@ -365,7 +365,7 @@ func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
 				t.Fatalf("sandbox %s through %s while %s is away: %d %.300s %v (header %v)", id, survivor, owner, a.status, a.body, a.err, a.header)
 			}
 			p, err := r.cs.CoreV1().Pods(r.ns).Get(ctx, owner, metav1.GetOptions{})
-			if err == nil && p.UID != old.UID && podReady(p) {
+			if err == nil && p.UID != old.UID && kubetest.PodReady(p) {
 				r.pods[owner] = p
 				back = true
 				break

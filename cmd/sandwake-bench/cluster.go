@@ -334,32 +334,12 @@ func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (
 		note: fmt.Sprintf("3 nodes, 3-member etcd; sandbox on node 1, GET sent to node 1 vs to node 2 (which proxies it over mutual TLS, signed, to node 1's peer listener); the two-proxy floor: node 2's plain reverse_proxy site (no TLS, no signature) in front of node 1's preview listener; %s per side per cell after %s warm-up, alternated in %d slices; CPU = all three Caddy processes; ratio = forwarded / direct, or forwarded / floor",
 			cfg.perSide, cfg.warmup, cfg.rounds),
 	}
-	slice := cfg.perSide / time.Duration(cfg.rounds)
-	measured := func(hc *http.Client, url string, conc int) loadResult {
-		c0 := c.cpuTime()
-		r := load(ctx, hc, url, req, conc, slice)
-		r.cpu = c.cpuTime() - c0
-		return r
-	}
 	for _, conc := range cfg.concs {
-		load(ctx, directC, directURL, req, conc, cfg.warmup)
-		load(ctx, fwdC, fwdURL, req, conc, cfg.warmup)
-		load(ctx, floorC, floorURL, req, conc, cfg.warmup)
-		var direct, fwd, floor loadResult
-		sides := []func(){
-			func() { direct.merge(measured(directC, directURL, conc)) },
-			func() { fwd.merge(measured(fwdC, fwdURL, conc)) },
-			func() { floor.merge(measured(floorC, floorURL, conc)) },
-		}
-		for r := range cfg.rounds {
-			// Each side first in turn.
-			for k := range sides {
-				sides[(r+k)%len(sides)]()
-			}
-		}
+		res := alternate(ctx, cfg, req, conc, c.cpuTime, []side{{directC, directURL}, {fwdC, fwdURL}, {floorC, floorURL}})
 		if ctx.Err() != nil {
 			return t, ctx.Err()
 		}
+		direct, fwd, floor := res[0], res[1], res[2]
 		for _, side := range []struct {
 			name string
 			r    *loadResult
@@ -386,6 +366,38 @@ func (c *cluster) forwarded(ctx context.Context, id string, cfg hotPathConfig) (
 		progress("cluster: %s: direct %.0f, forwarded %.0f, two plain proxies %.0f req/s", cell, direct.throughput(), fwd.throughput(), floor.throughput())
 	}
 	return t, nil
+}
+
+// side is one side of a comparison: a client and the URL it loads.
+type side struct {
+	hc  *http.Client
+	url string
+}
+
+// alternate warms each side up, then measures each for cfg.perSide in
+// cfg.rounds slices, each side first in turn; cpu (nil: none) is read
+// around each slice.
+func alternate(ctx context.Context, cfg hotPathConfig, req request, conc int, cpu func() time.Duration, sides []side) []loadResult {
+	for _, s := range sides {
+		load(ctx, s.hc, s.url, req, conc, cfg.warmup)
+	}
+	slice := cfg.perSide / time.Duration(cfg.rounds)
+	res := make([]loadResult, len(sides))
+	for r := range cfg.rounds {
+		for k := range sides {
+			i := (r + k) % len(sides)
+			var c0 time.Duration
+			if cpu != nil {
+				c0 = cpu()
+			}
+			m := load(ctx, sides[i].hc, sides[i].url, req, conc, slice)
+			if cpu != nil {
+				m.cpu = cpu() - c0
+			}
+			res[i].merge(m)
+		}
+	}
+	return res
 }
 
 // clusterStormTitle begins the spread storm's table's title.

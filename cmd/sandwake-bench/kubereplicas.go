@@ -87,7 +87,7 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 				return false
 			}
 			pods[name] = p
-			if !podIsReady(p) {
+			if !kubetest.PodReady(p) {
 				last = name + " not Ready"
 				return false
 			}
@@ -166,25 +166,12 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 		note: fmt.Sprintf("deploy/kubernetes installed with kubectl apply -k (2 replicas, cluster on Leases); sandbox on %s, GET sent to its preview port vs to %s's (which forwards it over mutual TLS, signed); %s per side per cell after %s warm-up, alternated in %d slices; CPU = both gateway pods' cgroups; ratio = forwarded / direct",
 			owner, other, cfg.perSide, cfg.warmup, cfg.rounds),
 	}
-	slice := cfg.perSide / time.Duration(cfg.rounds)
-	measured := func(hc *http.Client, conc int) loadResult {
-		c0 := cpu()
-		r := load(ctx, hc, url, req, conc, slice)
-		r.cpu = cpu() - c0
-		return r
-	}
 	for _, conc := range cfg.concs {
-		load(ctx, direct, url, req, conc, cfg.warmup)
-		load(ctx, fwd, url, req, conc, cfg.warmup)
-		var d, f loadResult
-		for r := range cfg.rounds {
-			sides := []func(){func() { d.merge(measured(direct, conc)) }, func() { f.merge(measured(fwd, conc)) }}
-			sides[r%2]()
-			sides[(r+1)%2]()
-		}
+		res := alternate(ctx, cfg, req, conc, cpu, []side{{direct, url}, {fwd, url}})
 		if ctx.Err() != nil {
 			return t, ctx.Err()
 		}
+		d, f := res[0], res[1]
 		if d.bad > 0 || f.bad > 0 || d.ok == 0 || f.ok == 0 {
 			return t, fmt.Errorf("replicas, c=%d: direct %d failed (%v), forwarded %d failed (%v)", conc, d.bad, d.err, f.bad, f.err)
 		}
@@ -239,14 +226,4 @@ func podCPU(p *corev1.Pod) (time.Duration, error) {
 		return time.Duration(n), nil
 	}
 	return 0, fmt.Errorf("no cgroup v1 cpuacct for pod %s (uid %s)", p.Name, p.UID)
-}
-
-// podIsReady reports whether p's Ready condition is true.
-func podIsReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

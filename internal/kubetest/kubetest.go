@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/sandwake/sandwake/internal/testenv"
 )
 
@@ -207,4 +209,14 @@ func (c Cluster) CheckOnBridge(addr string) error {
 		}
 	}
 	return fmt.Errorf("%s is not on the CNI bridge %s (%v): not dialled", addr, c.Bridge, addrs)
+}
+
+// PodReady reports whether p's Ready condition is true.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
