@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 	authv1 "k8s.io/api/authentication/v1"
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -106,7 +105,7 @@ func kubeBackend(t *testing.T) testBackend {
 			if i := strings.Index(key, "/"+p); i >= 0 {
 				prefix := key[:i+1]
 				if stores[prefix] == nil {
-					stores[prefix] = newKubeStore(kb, prefix, "test", testTTL, zaptest.NewLogger(t))
+					stores[prefix] = newKubeStore(kb, prefix, "test", testTTL)
 				}
 				return stores[prefix]
 			}
@@ -268,7 +267,7 @@ func TestKubeStoreLeavesForeignLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := testPrefix()
-	s := newKubeStore(*be.kube, prefix, "node-a", testTTL, zaptest.NewLogger(t))
+	s := newKubeStore(*be.kube, prefix, "node-a", testTTL)
 	key := prefix + drainDir + "node-x"
 	space, name, err := s.split(key)
 	if err != nil {

@@ -327,7 +327,7 @@ func (c *Cluster) Start(ctx context.Context) error {
 
 func (c *Cluster) start(ctx context.Context) error {
 	if c.cfg.Kubernetes != nil {
-		c.st = newKubeStore(*c.cfg.Kubernetes, c.cfg.Prefix, c.cfg.Node, c.cfg.LeaseTTL, c.log)
+		c.st = newKubeStore(*c.cfg.Kubernetes, c.cfg.Prefix, c.cfg.Node, c.cfg.LeaseTTL)
 	} else {
 		st, err := newEtcdStore(c.cfg, c.reqTimeout, c.log, c.dialOptions)
 		if err != nil {

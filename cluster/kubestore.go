@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.uber.org/zap"
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -90,7 +89,6 @@ type kubeStore struct {
 	// catalog is the LabelCatalog value of every Lease of this cluster.
 	catalog string
 	ttl     time.Duration
-	log     *zap.Logger
 	now     func() time.Time
 
 	// nodeKey is this node's registration key (Grant reads it).
@@ -118,9 +116,6 @@ type kubeStore struct {
 	gone map[string]time.Time
 }
 
-// expiredRenewal is key's last renewal when it expired (zero: none seen).
-func (s *kubeStore) expiredRenewal(key string) time.Time { return s.gone[key] }
-
 // leased is a node registration's last revision, renewal and expiry.
 type leased struct {
 	kv      kv
@@ -134,9 +129,9 @@ func catalogName(prefix string) string {
 	return strings.ReplaceAll(strings.Trim(prefix, "/"), "/", ".")
 }
 
-func newKubeStore(b KubeBackend, prefix, node string, ttl time.Duration, log *zap.Logger) *kubeStore {
+func newKubeStore(b KubeBackend, prefix, node string, ttl time.Duration) *kubeStore {
 	return &kubeStore{b: b, prefix: prefix, catalog: catalogName(prefix), nodeKey: prefix + nodesDir + node,
-		ttl: ttl, log: log, now: time.Now, expiry: map[string]leased{}}
+		ttl: ttl, now: time.Now, expiry: map[string]leased{}}
 }
 
 // checkKubePrefix refuses a prefix that makes no label value.
@@ -350,6 +345,12 @@ func (s *kubeStore) ListPage(ctx context.Context, prefix string, rev int64, cont
 		if k.Leased {
 			exp, gone := s.expiredAt(l, now)
 			if gone {
+				// As if told expired: an edit that does not renew it
+				// does not bring it back (observe).
+				if s.gone == nil {
+					s.gone = map[string]time.Time{}
+				}
+				s.gone[k.Key] = l.Spec.RenewTime.Time
 				continue
 			}
 			if whole && s.staging != nil {
@@ -478,7 +479,7 @@ func (s *kubeStore) observe(typ watch.EventType, l *coordv1.Lease, k kv) (event,
 			s.expiry[k.Key] = prev
 			return event{KV: k}, true
 		}
-		if !tracked && !renewed.After(s.expiredRenewal(k.Key)) {
+		if !tracked && !renewed.After(s.gone[k.Key]) {
 			// An expired registration edited, not renewed: still gone.
 			return event{}, false
 		}

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	coordv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +21,7 @@ import (
 // live one, and a renewal brings it back.
 func TestKubeStoreExpiry(t *testing.T) {
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second, zap.NewNop())
+	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second)
 	s.now = func() time.Time { return now }
 	secs := int32(2)
 	rv := 10
@@ -90,7 +89,7 @@ func TestKubeStoreExpiry(t *testing.T) {
 // throttling or no answer is the store out of reach, and only the last
 // three are tried again.
 func TestKubeStoreErrors(t *testing.T) {
-	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second, zap.NewNop())
+	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second)
 	gr := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
 	for _, tc := range []struct {
 		name              string

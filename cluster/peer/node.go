@@ -43,8 +43,10 @@ func (s Source) Capacity() cluster.Capacity {
 		MaxResident:     int(s.Limits.MaxResident.Load()),
 		MinFreeMemoryMB: int64(s.Limits.MinFreeBytes.Load() >> 20),
 	}
-	if avail, err := lifecycle.HostMemAvailable(); err == nil && !s.NoHostMemory {
-		c.FreeMemoryMB = int64(avail >> 20)
+	if !s.NoHostMemory {
+		if avail, err := lifecycle.HostMemAvailable(); err == nil {
+			c.FreeMemoryMB = int64(avail >> 20)
+		}
 	}
 	for _, t := range s.Mgr.Templates() {
 		if t.Idle > 0 {
