@@ -69,7 +69,10 @@ func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gate
 		return g.hostUnavailable(w, r, s, en, port)
 	}
 	fw := &forwardWriter{ResponseWriter: w}
-	if en.State != lifecycle.Running {
+	// An upgrade (a websocket) never leads: the proxy hijacks its
+	// connection without writing, so its first answer would come when the
+	// socket closes.
+	if en.State != lifecycle.Running && r.Header.Get("Upgrade") == "" {
 		// One request per sandbox crosses to the owner while it wakes;
 		// the others wait here for its first answer, then cross to a
 		// running sandbox (a storm spread over the gateways opens a few
@@ -147,14 +150,16 @@ func (g *Handler) waitRemoteWake(r *http.Request, s *gateway.Settings, id string
 	return nil
 }
 
-// peerProxy is the reverse proxy to node at addr, made once and kept (a
-// node's new address, or a new engine's peer credentials, make another).
+// peerProxy is the reverse proxy to node at addr, made once and kept: one
+// per node, replaced when the node's address (a pod started again) or the
+// engine's peer credentials change.
 func (g *Handler) peerProxy(cs *peer.Node, node, addr string) *httputil.ReverseProxy {
-	key := peerKey{cs: cs, node: node, addr: addr}
-	if v, ok := g.peerProxies.Load(key); ok {
-		return v.(*httputil.ReverseProxy)
+	if v, ok := g.peerProxies.Load(node); ok {
+		if pp := v.(*peerProxy); pp.cs == cs && pp.addr == addr {
+			return pp.rp
+		}
 	}
-	rp := &httputil.ReverseProxy{
+	pp := &peerProxy{cs: cs, addr: addr, rp: &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme, pr.Out.URL.Host = "https", addr
 			peer.SetForwardedHeaders(pr)
@@ -176,15 +181,16 @@ func (g *Handler) peerProxy(cs *peer.Node, node, addr string) *httputil.ReverseP
 				fw.failed = err
 			}
 		},
-	}
-	v, _ := g.peerProxies.LoadOrStore(key, rp)
-	return v.(*httputil.ReverseProxy)
+	}}
+	g.peerProxies.Store(node, pp)
+	return pp.rp
 }
 
-// peerKey names a peer proxy.
-type peerKey struct {
-	cs         *peer.Node
-	node, addr string
+// peerProxy is a node's proxy with what it was made for.
+type peerProxy struct {
+	cs   *peer.Node
+	addr string
+	rp   *httputil.ReverseProxy
 }
 
 // copyBuffers are the forwarding proxies' copy buffers (32 KiB, as the

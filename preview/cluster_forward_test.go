@@ -158,10 +158,21 @@ func TestRemoteWakeLeadsOnce(t *testing.T) {
 	if got := waited.Load(); got != n {
 		t.Fatalf("%d of %d followers released", got, n)
 	}
-	// A follower whose client is gone stops waiting.
+	// A follower whose client is gone stops waiting, and so does one
+	// whose hold timeout runs out: each well before the minute the leader
+	// of "y" (never answered) would hold them.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	g.waitRemoteWake(httptest.NewRequest("GET", "/", nil).WithContext(ctx), s, "y")
-	// One whose hold timeout runs out too.
-	g.waitRemoteWake(req, &gateway.Settings{HoldTimeout: time.Millisecond}, "y")
+	for what, wait := range map[string]func(){
+		"client gone":  func() { g.waitRemoteWake(httptest.NewRequest("GET", "/", nil).WithContext(ctx), s, "y") },
+		"hold timeout": func() { g.waitRemoteWake(req, &gateway.Settings{HoldTimeout: time.Millisecond}, "y") },
+	} {
+		done := make(chan struct{})
+		go func() { wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: the follower still waits for the leader", what)
+		}
+	}
 }

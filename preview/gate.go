@@ -51,7 +51,7 @@ type Handler struct {
 	// cardImages are og:images of sandboxes' own hosts, for unfurl bots.
 	cardImages cardImages
 	// peerProxies are the reverse proxies to other nodes' peer listeners,
-	// one per node and address (see forwardPreview); remoteWakes the
+	// by node name (see peerProxy); remoteWakes the
 	// forwards leading a wake on another node, by sandbox id (see
 	// waitRemoteWake).
 	peerProxies sync.Map
