@@ -550,13 +550,9 @@ func (e *Engine) closeParts() error {
 // cluster's store (cluster.KubeBackend), with the server's URL for
 // messages.
 func KubernetesClient(kubeconfig string) (k8sclient.Interface, string, error) {
-	cfg, err := kubernetes.RESTConfig(kubeconfig)
+	cs, host, err := kubernetes.NewClient(kubeconfig)
 	if err != nil {
 		return nil, "", fmt.Errorf("finding the Kubernetes API server: %w", err)
 	}
-	cli, err := k8sclient.NewForConfig(cfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("a client of the Kubernetes API at %s: %w", cfg.Host, err)
-	}
-	return cli, cfg.Host, nil
+	return cs, host, nil
 }

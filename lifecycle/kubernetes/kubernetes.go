@@ -200,11 +200,8 @@ func New(opts Options) (*Runtime, error) {
 	}
 	cs := opts.Client
 	if cs == nil {
-		cfg, err := RESTConfig(opts.Kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes runtime: %w", err)
-		}
-		if cs, err = kubernetes.NewForConfig(cfg); err != nil {
+		var err error
+		if cs, _, err = NewClient(opts.Kubeconfig); err != nil {
 			return nil, fmt.Errorf("kubernetes runtime: %w", err)
 		}
 	}
@@ -235,6 +232,20 @@ func New(opts Options) (*Runtime, error) {
 	}
 	r.synced = []cache.InformerSynced{pods.Informer().HasSynced, claims.Informer().HasSynced}
 	return r, nil
+}
+
+// NewClient is a client of the API server RESTConfig finds for path, with
+// the server's URL for messages.
+func NewClient(path string) (kubernetes.Interface, string, error) {
+	cfg, err := RESTConfig(path)
+	if err != nil {
+		return nil, "", err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("a client of the Kubernetes API at %s: %w", cfg.Host, err)
+	}
+	return cs, cfg.Host, nil
 }
 
 // RESTConfig finds the API server: path, else in the cluster, else
