@@ -175,18 +175,8 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 		if d.bad > 0 || f.bad > 0 || d.ok == 0 || f.ok == 0 {
 			return t, fmt.Errorf("replicas, c=%d: direct %d failed (%v), forwarded %d failed (%v)", conc, d.bad, d.err, f.bad, f.err)
 		}
-		ds, fs := sortedCopy(d.durs), sortedCopy(f.durs)
 		cell := fmt.Sprintf("%s c=%d", req.name, conc)
-		t.add(ratioRow(cell+" throughput", d.throughput(), f.throughput(), fmtRate, info))
-		t.add(ratioRow(cell+" p50", percentile(ds, 50).Seconds(), percentile(fs, 50).Seconds(), fmtSeconds, info))
-		if conc == 1 {
-			added := percentile(fs, 50) - percentile(ds, 50)
-			t.add(valueRow(cell+" p50 added by forwarding", "", added.Seconds(), fmtSeconds, goal{op: "<=", limit: 0.0003, format: fmtSeconds}))
-		}
-		t.add(ratioRow(cell+" p99", percentile(ds, 99).Seconds(), percentile(fs, 99).Seconds(), fmtSeconds, info))
-		if d.cpu > 0 {
-			t.add(ratioRow(cell+" gateway CPU/request", d.cpuPerRequest(), f.cpuPerRequest(), fmtNanos, atMost(2.1)))
-		}
+		forwardRows(t, cell, conc, d, f, "gateway CPU/request")
 		progress("kubernetes: replicas: %s: direct %.0f, forwarded %.0f req/s", cell, d.throughput(), f.throughput())
 	}
 	return t, nil
