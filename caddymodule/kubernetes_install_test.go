@@ -50,10 +50,7 @@ func TestKubernetesInstall(t *testing.T) {
 	cl := kubetest.Need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	kubectl := os.Getenv("SANDWAKE_K8S_KUBECTL")
-	if kubectl == "" {
-		kubectl = "kubectl"
-	}
+	kubectl := kubetest.Kubectl()
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
@@ -82,44 +79,21 @@ func TestKubernetesInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteNamespace(t, cl, kubectl, cs, ns) })
-
-	overlay := writeInstallOverlay(t, root, ns, image, cl.StorageClass, apiServer)
-	t1 := time.Now()
-	if out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", cl.Kubeconfig, "apply", "-k", overlay).CombinedOutput(); err != nil {
-		t.Fatalf("kubectl apply -k: %v\n%s", err, out)
-	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			describeGateway(t, cl, kubectl, ns)
 		}
 	})
-	pods := map[string]*corev1.Pod{}
-	testenv.Eventually(t, 5*time.Minute, func() (bool, string) {
-		for _, name := range replicaNames {
-			p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, "pod " + name + ": " + err.Error()
-			}
-			pods[name] = p
-			if !kubetest.PodReady(p) {
-				return false, fmt.Sprintf("pod %s Ready (phase %s, %s)", name, p.Status.Phase, containerWaiting(p))
-			}
-		}
-		return true, ""
-	})
-	t.Logf("kubectl apply -k → pods %v Ready: %v", replicaNames, time.Since(t1).Round(time.Millisecond))
-	for _, p := range pods {
-		if err := cl.CheckOnBridge(p.Status.PodIP); err != nil {
-			t.Fatal(err)
-		}
+	t1 := time.Now()
+	in := kubetest.Install{Root: root, Namespace: ns, Image: image, StorageClass: cl.StorageClass, Domain: installDomain, APIServer: apiServer}
+	installed, err := in.Apply(ctx, cl, cs, t.TempDir(), replicaNames, 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
 	}
+	pods, token := installed.Pods, installed.Token
+	t.Logf("kubectl apply -k → pods %v Ready: %v", replicaNames, time.Since(t1).Round(time.Millisecond))
 	// The Secrets the install's Job made: the API's token, the cluster's
 	// CA and secret.
-	apiSecret, err := cs.CoreV1().Secrets(ns).Get(ctx, "sandwake-api", metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("the install's Secret sandwake-api: %v", err)
-	}
-	token := string(apiSecret.Data["token"])
 	if len(token) < 32 {
 		t.Fatalf("the install's API token: %d characters, want a random one of 32 or more", len(token))
 	}
@@ -392,29 +366,6 @@ func gatewayImage(t *testing.T, ctx context.Context, cl kubetest.Cluster, root, 
 		t.Fatal(err)
 	}
 	return ref
-}
-
-// writeInstallOverlay writes, in a directory of the test's, the install's
-// overlay (kubetest.Install) with the test's domain.
-func writeInstallOverlay(t *testing.T, root, ns, image, storageClass string, apiServer netip.AddrPort) string {
-	t.Helper()
-	dir := t.TempDir()
-	in := kubetest.Install{Root: root, Namespace: ns, Image: image, StorageClass: storageClass, Domain: installDomain, APIServer: apiServer}
-	if err := in.WriteOverlay(dir); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// containerWaiting says why p's containers are not running, if they wait.
-func containerWaiting(p *corev1.Pod) string {
-	var why []string
-	for _, s := range p.Status.ContainerStatuses {
-		if w := s.State.Waiting; w != nil {
-			why = append(why, fmt.Sprintf("%s waiting: %s %s", s.Name, w.Reason, w.Message))
-		}
-	}
-	return strings.Join(why, "; ")
 }
 
 // describeGateway logs what a failed install left to read: the pods'

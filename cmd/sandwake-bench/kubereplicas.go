@@ -8,14 +8,12 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sandwake/sandwake/internal/kubetest"
 )
@@ -40,10 +38,6 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 	}
 	if _, err := os.Stat(filepath.Join(root, "deploy", "kubernetes", "kustomization.yaml")); err != nil {
 		return nil, fmt.Errorf("the replicas cell installs deploy/kubernetes: run the bench from the repository's root (%w)", err)
-	}
-	kubectl := os.Getenv("SANDWAKE_K8S_KUBECTL")
-	if kubectl == "" {
-		kubectl = "kubectl"
 	}
 	ns := "bench-replicas-" + kb.suffix
 	if err := kb.namespace(ctx, ns); err != nil {
@@ -70,42 +64,11 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 	}
 	defer stop()
 	in := kubetest.Install{Root: root, Namespace: ns, Image: ref, StorageClass: kb.cl.StorageClass, Domain: replicasDomain, APIServer: apiServer}
-	if err := in.WriteOverlay(dir); err != nil {
-		return nil, err
-	}
-	if out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", kb.cl.Kubeconfig, "apply", "-k", dir).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("kubectl apply -k: %v\n%s", err, out)
-	}
-	pods := map[string]*corev1.Pod{}
-	names := []string{"sandwake-0", "sandwake-1"}
-	var last string
-	if err := poll(ctx, 5*time.Minute, func() bool {
-		for _, name := range names {
-			p, err := kb.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				last = err.Error()
-				return false
-			}
-			pods[name] = p
-			if !kubetest.PodReady(p) {
-				last = name + " not Ready"
-				return false
-			}
-		}
-		return true
-	}, func() string { return "the replicas: " + last }); err != nil {
-		return nil, err
-	}
-	for _, p := range pods {
-		if err := kb.cl.CheckOnBridge(p.Status.PodIP); err != nil {
-			return nil, err
-		}
-	}
-	sec, err := kb.cs.CoreV1().Secrets(ns).Get(ctx, "sandwake-api", metav1.GetOptions{})
+	installed, err := in.Apply(ctx, kb.cl, kb.cs, dir, []string{"sandwake-0", "sandwake-1"}, 5*time.Minute)
 	if err != nil {
-		return nil, fmt.Errorf("the install's API token: %w", err)
+		return nil, err
 	}
-	token := string(sec.Data["token"])
+	pods, token := installed.Pods, installed.Token
 
 	id := "r" + kb.suffix
 	progress("kubernetes: replicas: both Ready; creating sandbox %s through sandwake-0", id)
@@ -142,6 +105,7 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 	direct, fwd := podClient(pods[owner].Status.PodIP, 128), podClient(pods[other].Status.PodIP, 128)
 	// The other replica routes to the owner once its catalog has the
 	// entry: one answer through it first.
+	var last string
 	if err := poll(ctx, 30*time.Second, func() bool {
 		r := load(ctx, fwd, url, req, 1, 50*time.Millisecond)
 		last = fmt.Sprint(r.err)

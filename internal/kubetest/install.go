@@ -10,9 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	dockerclient "github.com/moby/moby/client"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // Install is deploy/kubernetes as a test or the bench installs it on the
@@ -137,4 +141,88 @@ func saveImage(ctx context.Context, docker *dockerclient.Client, ref, tarball st
 		return fmt.Errorf("saving %s: %w", ref, err)
 	}
 	return f.Close()
+}
+
+// Kubectl is the kubectl the tests and the bench run:
+// $SANDWAKE_K8S_KUBECTL, else kubectl on the PATH.
+func Kubectl() string {
+	if k := os.Getenv("SANDWAKE_K8S_KUBECTL"); k != "" {
+		return k
+	}
+	return "kubectl"
+}
+
+// Installed is what Apply leaves: the replicas' pods by name, Ready at
+// addresses on the cluster's bridge, and the API's token (the Secret
+// sandwake-api, which the install's Job made).
+type Installed struct {
+	Pods  map[string]*corev1.Pod
+	Token string
+}
+
+// Apply writes the install's overlay in dir, applies it with kubectl
+// apply -k as an operator would, and waits up to wait for the pods names
+// to be Ready at addresses on c's bridge and for the API token. The
+// namespace must exist; nothing else is made by hand.
+func (in Install) Apply(ctx context.Context, c Cluster, cs kubernetes.Interface, dir string, names []string, wait time.Duration) (Installed, error) {
+	if err := in.WriteOverlay(dir); err != nil {
+		return Installed{}, err
+	}
+	if out, err := exec.CommandContext(ctx, Kubectl(), "--kubeconfig", c.Kubeconfig, "apply", "-k", dir).CombinedOutput(); err != nil {
+		return Installed{}, fmt.Errorf("kubectl apply -k: %v\n%s", err, out)
+	}
+	got := Installed{Pods: map[string]*corev1.Pod{}}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		last := in.ready(ctx, cs, names, got.Pods)
+		if last == "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return Installed{}, fmt.Errorf("the install's pods %v not Ready after %s: %s", names, wait, last)
+		case <-tick.C:
+		}
+	}
+	for _, p := range got.Pods {
+		if err := c.CheckOnBridge(p.Status.PodIP); err != nil {
+			return Installed{}, err
+		}
+	}
+	sec, err := cs.CoreV1().Secrets(in.Namespace).Get(ctx, "sandwake-api", metav1.GetOptions{})
+	if err != nil {
+		return Installed{}, fmt.Errorf("the install's Secret sandwake-api: %w", err)
+	}
+	got.Token = string(sec.Data["token"])
+	return got, nil
+}
+
+// ready reads the pods names into pods and tells what is not Ready yet
+// ("": all are).
+func (in Install) ready(ctx context.Context, cs kubernetes.Interface, names []string, pods map[string]*corev1.Pod) string {
+	for _, name := range names {
+		p, err := cs.CoreV1().Pods(in.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return "pod " + name + ": " + err.Error()
+		}
+		pods[name] = p
+		if !PodReady(p) {
+			return fmt.Sprintf("pod %s not Ready (phase %s%s)", name, p.Status.Phase, containerWaiting(p))
+		}
+	}
+	return ""
+}
+
+// containerWaiting says why p's containers are not running, if they wait.
+func containerWaiting(p *corev1.Pod) string {
+	var why strings.Builder
+	for _, s := range p.Status.ContainerStatuses {
+		if w := s.State.Waiting; w != nil {
+			fmt.Fprintf(&why, "; %s waiting: %s %s", s.Name, w.Reason, w.Message)
+		}
+	}
+	return why.String()
 }
