@@ -31,7 +31,7 @@ test: tools vet lint
 ## the cluster is torn down after, whatever the tests did
 # The cluster package's tests of the Kubernetes store: those run on each backend
 # (eachBackend; their kubernetes subtests) and the Kubernetes-only ones.
-CLUSTER_BACKEND_TESTS = ^Test(ReserveIsUniqueAcrossNodes|PublishFollowsLocalRecords|LostNodeShowsNotLive|DrainRemoveAndPlace|ForgedEntryIsRepaired|KubeStoreForbidden|KubeStoreLeavesForeignLeases)$$
+CLUSTER_BACKEND_TESTS = ^Test(ReserveIsUniqueAcrossNodes|PublishFollowsLocalRecords|LostNodeShowsNotLive|DrainRemoveAndPlace|ForgedEntryIsRepaired|KubeStoreForbidden|KubeStoreLeavesForeignLeases|KubeStoreOutageKeepsNodes)$$
 test-k8s:
 	scripts/kubernetes/up.sh >/dev/null
 	set -a; . $${SANDWAKE_K8S_STATE:-/tmp/sandwake-k8s}/env; set +a; \

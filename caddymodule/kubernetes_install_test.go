@@ -85,7 +85,7 @@ func TestKubernetesInstall(t *testing.T) {
 		}
 	})
 	t1 := time.Now()
-	in := kubetest.Install{Root: root, Namespace: ns, Image: image, StorageClass: cl.StorageClass, Domain: installDomain, APIServer: apiServer}
+	in := kubetest.Install{Root: root, Namespace: ns, Image: image, StorageClass: cl.StorageClass, Domain: installDomain, APIServer: apiServer.Addr}
 	installed, err := in.Apply(ctx, cl, cs, t.TempDir(), replicaNames, 5*time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func TestKubernetesInstall(t *testing.T) {
 		})
 	})
 
-	testReplicas(t, ctx, replicaTest{cl: cl, cs: cs, ns: ns, token: token, hc: hc, kubectl: kubectl, pods: pods, suffix: suffix})
+	testReplicas(t, ctx, replicaTest{cl: cl, cs: cs, apiServer: apiServer, ns: ns, token: token, hc: hc, kubectl: kubectl, pods: pods, suffix: suffix})
 }
 
 // replicaNames are the install's gateways: its StatefulSet's two pods.

@@ -32,6 +32,7 @@ import (
 type replicaTest struct {
 	cl                         kubetest.Cluster
 	cs                         kubernetes.Interface
+	apiServer                  *kubetest.APIForward // the pods' way to the API server
 	ns, token, kubectl, suffix string
 	hc                         *http.Client
 	pods                       map[string]*corev1.Pod
@@ -339,6 +340,90 @@ func testReplicas(t *testing.T, ctx context.Context, r replicaTest) {
 		if !served {
 			t.Fatalf("the sandbox's pod is %s, not the one pod the storm made (%v)", r.podUID(t, ctx, id), uids)
 		}
+	})
+
+	t.Run("an outage of the API server leaves both replicas Ready and serving", func(t *testing.T) {
+		// How long the kubelet takes to call a replica unready: the
+		// StatefulSet's readiness probe, as installed.
+		ss, err := r.cs.AppsV1().StatefulSets(r.ns).Get(ctx, "sandwake", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		probe := ss.Spec.Template.Spec.Containers[0].ReadinessProbe
+		if probe == nil {
+			t.Fatal("the gateway has no readiness probe")
+		}
+		unready := time.Duration(probe.PeriodSeconds*max(probe.FailureThreshold, 1)+probe.PeriodSeconds) * time.Second
+		for _, s := range ids {
+			if a := r.preview(ctx, t, other(owners[s]), s); !a.served(s) {
+				t.Fatalf("sandbox %s through %s before the outage: %d %.200s %v", s, other(owners[s]), a.status, a.body, a.err)
+			}
+		}
+		cut := time.Now()
+		r.apiServer.Cut(true)
+		defer r.apiServer.Cut(false)
+		// Each replica sees the outage: readyz fails, naming the API
+		// server (its engine's check and the cluster's).
+		for _, name := range replicaNames {
+			testenv.Eventually(t, time.Minute, func() (bool, string) {
+				code, body := r.api(t, ctx, name, "GET", "/v1/readyz", nil)
+				return code == http.StatusServiceUnavailable, fmt.Sprintf("readyz at %s with the API server cut: %d %s", name, code, body)
+			})
+		}
+		seen := time.Now()
+		t.Logf("both replicas unready by readyz %v after the cut", seen.Sub(cut).Round(time.Millisecond))
+		// A create needs the API server: refused with a reason, at once.
+		code, body := r.api(t, ctx, replicaNames[0], "POST", "/v1/sandboxes", map[string]any{"id": "o" + r.suffix, "image": app, "ports": []int{8080}})
+		if code != http.StatusServiceUnavailable || !strings.Contains(string(body), "unreachable") {
+			t.Fatalf("a create during the outage: %d %s, want 503 naming the unreachable API server", code, body)
+		}
+		// For as long as the readiness probe would take to fail, and
+		// one period more: both sandboxes served through both replicas
+		// (their own, and forwarded to the other) from memory.
+		n := 0
+		for time.Since(seen) < unready {
+			for _, s := range ids {
+				for _, via := range replicaNames {
+					if a := r.preview(ctx, t, via, s); !a.served(s) {
+						_, nodes := r.api(t, ctx, via, "GET", "/v1/nodes", nil)
+						t.Fatalf("sandbox %s (on %s) through %s %v into the outage: %d %.200s %v (its view of the nodes: %s)", s, owners[s], via, time.Since(cut).Round(time.Millisecond), a.status, a.body, a.err, nodes)
+					}
+					n++
+				}
+			}
+		}
+		// And the kubelet kept both in the Service: Ready since before
+		// the cut.
+		for _, name := range replicaNames {
+			p, err := r.cs.CoreV1().Pods(r.ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && (c.Status != corev1.ConditionTrue || c.LastTransitionTime.After(cut)) {
+					t.Fatalf("replica %s during the outage: Ready %s since %v (the cut at %v), want Ready throughout", name, c.Status, c.LastTransitionTime, cut)
+				}
+			}
+		}
+		t.Logf("%v into the outage: %d previews served through both replicas, both still Ready", time.Since(cut).Round(time.Millisecond), n)
+		r.apiServer.Cut(false)
+		ended := time.Now()
+		// Back: ready again, and serving.
+		for _, name := range replicaNames {
+			testenv.Eventually(t, 2*time.Minute, func() (bool, string) {
+				code, body := r.api(t, ctx, name, "GET", "/v1/readyz", nil)
+				return code == http.StatusOK, fmt.Sprintf("readyz at %s after the outage: %d %s", name, code, body)
+			})
+		}
+		for _, s := range ids {
+			for _, via := range replicaNames {
+				testenv.Eventually(t, time.Minute, func() (bool, string) {
+					a := r.preview(ctx, t, via, s)
+					return a.served(s), fmt.Sprintf("sandbox %s through %s after the outage: %d %.200s %v", s, via, a.status, a.body, a.err)
+				})
+			}
+		}
+		t.Logf("ready and serving again %v after the outage ended", time.Since(ended).Round(time.Millisecond))
 	})
 
 	t.Run("a replica deleted comes back and adopts its sandboxes", func(t *testing.T) {

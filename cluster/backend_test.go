@@ -301,3 +301,62 @@ func TestKubeStoreLeavesForeignLeases(t *testing.T) {
 		t.Fatalf("own key after Delete: %+v %v, want absent", k, err)
 	}
 }
+
+// TestKubeStoreOutageKeepsNodes: while the API server is out of reach
+// (every connection to it cut), a node keeps the others live (it cannot
+// see their renewals, as they cannot make them: nobody expired), and so
+// keeps routing to them; once it is back, both renew and stay live.
+func TestKubeStoreOutageKeepsNodes(t *testing.T) {
+	// Longer than client-go's retries of a watch that cannot connect
+	// (10 s): it then hands back an empty watch, without an error.
+	const outageTTL, outage = 3 * time.Second, 12 * time.Second
+	be := kubeBackend(t)
+	fwd := kubetest.Need(t).ForwardAPIServer(t)
+	// The nodes reach the API server through the forward, as the pods do.
+	via := rest.CopyConfig(be.admin)
+	via.Host = "https://" + fwd.Addr.String()
+	via.TLSClientConfig.ServerName = kubetest.APIServerName
+	cli, err := k8sclient.NewForConfig(via)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := testPrefix()
+	start := func(name string) *Cluster {
+		cfg := testConfig(t, prefix, name)
+		cfg.LeaseTTL = outageTTL
+		cfg.Kubernetes = &KubeBackend{Client: cli, Namespace: be.kube.Namespace, Server: via.Host}
+		return startConfig(t, cfg, newMemSource(), nil)
+	}
+	a, b := start("node-a"), start("node-b")
+	bothLive := func() (bool, string) {
+		na, _ := b.Node("node-a")
+		nb, _ := a.Node("node-b")
+		return na.Live && nb.Live, fmt.Sprintf("node-b sees node-a live: %v; node-a sees node-b live: %v", na.Live, nb.Live)
+	}
+	testenv.Eventually(t, 10*time.Second, bothLive)
+
+	fwd.Cut(true)
+	defer fwd.Cut(false)
+	testenv.Eventually(t, 10*time.Second, func() (bool, string) {
+		return a.Health() != nil && b.Health() != nil, "both nodes see the API server gone"
+	})
+	// Four lease durations without a renewal seen: each keeps the other
+	// live.
+	for until := time.Now().Add(outage); time.Now().Before(until); {
+		if ok, why := bothLive(); !ok {
+			t.Fatalf("during the outage: %s, want both live (nobody can renew, nobody expired)", why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fwd.Cut(false)
+	testenv.Eventually(t, 30*time.Second, func() (bool, string) {
+		return a.Health() == nil && b.Health() == nil, fmt.Sprintf("after the outage: health %v, %v", a.Health(), b.Health())
+	})
+	// Renewed: still live three lease durations later.
+	for until := time.Now().Add(3 * outageTTL); time.Now().Before(until); {
+		if ok, why := bothLive(); !ok {
+			t.Fatalf("after the outage: %s, want both live", why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -95,8 +95,13 @@ type kubeStore struct {
 	nodeKey string
 
 	// unreachable is set by a call that did not reach the API server and
-	// cleared by one that did (Connected).
-	unreachable atomic.Bool
+	// cleared by one that did (Connected): while it is set, this node is
+	// blind to the others' renewals, and judges none expired. sight is
+	// when it was last cleared (UnixNano; 0: never set), from when every
+	// registration gets a full duration again; answered is when the API
+	// server last answered (see expire).
+	unreachable     atomic.Bool
+	sight, answered atomic.Int64
 
 	mu sync.Mutex
 	// held is the lease this store granted and not revoked, with the
@@ -116,11 +121,13 @@ type kubeStore struct {
 	gone map[string]time.Time
 }
 
-// leased is a node registration's last revision, renewal and expiry.
+// leased is a node registration's last revision, renewal, expiry and
+// duration.
 type leased struct {
 	kv      kv
 	renewed time.Time
 	expires time.Time
+	ttl     time.Duration
 }
 
 // catalogName is the LabelCatalog value of a prefix: "/sandwake/" is
@@ -169,7 +176,21 @@ type noted struct {
 
 func (n noted) note(err error) {
 	var st apierrors.APIStatus
-	n.s.unreachable.Store(err != nil && !errors.As(err, &st))
+	if err != nil && !errors.As(err, &st) {
+		n.s.unreachable.Store(true)
+		return
+	}
+	n.s.reached()
+}
+
+// reached notes an answer of the API server: the end of a blind spell
+// (Connected again, and sight from now) or one more answer.
+func (s *kubeStore) reached() {
+	now := s.now().UnixNano()
+	if s.unreachable.Swap(false) {
+		s.sight.Store(now)
+	}
+	s.answered.Store(now)
 }
 
 func (n noted) Create(ctx context.Context, l *coordv1.Lease, o metav1.CreateOptions) (*coordv1.Lease, error) {
@@ -202,9 +223,14 @@ func (n noted) List(ctx context.Context, o metav1.ListOptions) (*coordv1.LeaseLi
 	return out, err
 }
 
+// Watch notes a failure only: a watch without an error proves nothing
+// (client-go hands back an empty one when it kept failing to connect, as
+// when the API server is gone); its events do (follow).
 func (n noted) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 	out, err := n.leaseClient.Watch(ctx, o)
-	n.note(err)
+	if err != nil {
+		n.note(err)
+	}
 	return out, err
 }
 
@@ -297,7 +323,9 @@ func duration(l *coordv1.Lease) time.Duration {
 }
 
 // expiredAt reports whether a node registration read by a list or get
-// has expired: its renewTime (no later than now) plus its duration.
+// has expired: its renewTime (no later than now) plus its duration, or,
+// after a spell blind to the API server, the end of sight plus its
+// duration if later (its holder could not renew meanwhile either).
 func (s *kubeStore) expiredAt(l *coordv1.Lease, now time.Time) (time.Time, bool) {
 	if l.Spec.RenewTime == nil {
 		return now, true
@@ -306,8 +334,20 @@ func (s *kubeStore) expiredAt(l *coordv1.Lease, now time.Time) (time.Time, bool)
 	if renewed.After(now) {
 		renewed = now
 	}
-	exp := renewed.Add(duration(l))
+	exp := s.afterSight(renewed.Add(duration(l)), duration(l))
 	return exp, !exp.After(now)
+}
+
+// afterSight is expiry exp of a registration of duration ttl, or sight
+// plus ttl if later: after a blind spell every registration gets a full
+// duration from when this node sees again.
+func (s *kubeStore) afterSight(exp time.Time, ttl time.Duration) time.Time {
+	if at := s.sight.Load(); at != 0 {
+		if d := time.Unix(0, at).Add(ttl); d.After(exp) {
+			return d
+		}
+	}
+	return exp
 }
 
 // ListPage reads one page of the Leases under prefix (kubePage of them);
@@ -354,7 +394,7 @@ func (s *kubeStore) ListPage(ctx context.Context, prefix string, rev int64, cont
 				continue
 			}
 			if whole && s.staging != nil {
-				s.staging[k.Key] = leased{kv: k, renewed: l.Spec.RenewTime.Time, expires: exp}
+				s.staging[k.Key] = leased{kv: k, renewed: l.Spec.RenewTime.Time, expires: exp, ttl: duration(l)}
 			}
 		}
 		page = append(page, k)
@@ -421,6 +461,7 @@ func (s *kubeStore) follow(ctx context.Context, w watch.Interface, tick <-chan t
 			if !ok {
 				return nil
 			}
+			s.reached() // the watch's events are the API server's answers
 			if ev.Type == watch.Error {
 				err := apierrors.FromObject(ev.Object)
 				if apierrors.IsGone(err) || apierrors.IsResourceExpired(err) {
@@ -485,7 +526,7 @@ func (s *kubeStore) observe(typ watch.EventType, l *coordv1.Lease, k kv) (event,
 		}
 		// Seen renewed now: its duration runs from this node's clock,
 		// not the writer's.
-		s.expiry[k.Key] = leased{kv: k, renewed: renewed, expires: s.now().Add(duration(l))}
+		s.expiry[k.Key] = leased{kv: k, renewed: renewed, expires: s.now().Add(duration(l)), ttl: duration(l)}
 		delete(s.gone, k.Key)
 	} else {
 		delete(s.expiry, k.Key)
@@ -494,14 +535,23 @@ func (s *kubeStore) observe(typ watch.EventType, l *coordv1.Lease, k kv) (event,
 }
 
 // expire tells the registrations whose duration ran out unrenewed as
-// deleted.
+// deleted, but only what this node could see: none while the API server
+// is out of reach (nobody can renew; its holder may well be alive), none
+// unless the server answered within half a duration (a call that hangs
+// has not failed yet; this node's own renewals and the others' answer
+// every third of one), and each at the earliest a full duration after
+// sight came back (afterSight).
 func (s *kubeStore) expire() []event {
 	now := s.now()
+	if s.unreachable.Load() {
+		return nil
+	}
+	answered := time.Unix(0, s.answered.Load())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var evs []event
 	for key, l := range s.expiry {
-		if now.Before(l.expires) {
+		if now.Before(s.afterSight(l.expires, l.ttl)) || now.Sub(answered) >= l.ttl/2 {
 			continue
 		}
 		delete(s.expiry, key)

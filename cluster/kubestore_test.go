@@ -43,6 +43,7 @@ func TestKubeStoreExpiry(t *testing.T) {
 		if !ok || !k.Leased || k.Key != "/sandwake/nodes/node-b" {
 			t.Fatalf("toKV: %+v %v", k, ok)
 		}
+		s.reached() // an event is the API server's answer (follow)
 		return s.observe(typ, l, k)
 	}
 
@@ -81,6 +82,67 @@ func TestKubeStoreExpiry(t *testing.T) {
 	// told again.
 	if e, ok := see(watch.Deleted, lease(now)); !ok || !e.Deleted {
 		t.Fatalf("a deleted registration: %+v %v, want a delete", e, ok)
+	}
+}
+
+// TestKubeStoreBlindSpell: while the API server is out of reach nobody's
+// registration expires (nobody can renew; this node cannot see it), nor
+// while it has not answered for half a duration (a call hanging); once it
+// answers again each registration gets a full duration from then, and
+// then expires if still not renewed.
+func TestKubeStoreBlindSpell(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second)
+	s.now = func() time.Time { return now }
+	secs := int32(2)
+	holder := "node-b"
+	rt := metav1.NewMicroTime(now)
+	l := &coordv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "sandwake-node-node-b", ResourceVersion: "11",
+			Labels:      map[string]string{LabelCatalog: "sandwake", LabelSpace: "node"},
+			Annotations: map[string]string{AnnotationKey: "node-b", AnnotationValue: "{}"},
+		},
+		Spec: coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &rt},
+	}
+	k, _ := s.toKV(l)
+	s.reached()
+	if _, ok := s.observe(watch.Added, l, k); !ok {
+		t.Fatal("a new registration not told")
+	}
+	refused := &net.OpError{Op: "dial", Err: errors.New("connection refused")}
+	noted{s: s}.note(refused)
+	if s.Connected() {
+		t.Fatal("connected after a call that reached nothing")
+	}
+	now = now.Add(10 * time.Second) // five durations, blind
+	if evs := s.expire(); len(evs) != 0 {
+		t.Fatalf("expired while blind: %+v", evs)
+	}
+	// Sight back: a full duration from now, read by a list too.
+	noted{s: s}.note(nil)
+	back := now
+	if _, gone := s.expiredAt(l, now); gone {
+		t.Fatal("a registration read right after a blind spell counted expired: its holder could not renew either")
+	}
+	now = back.Add(1900 * time.Millisecond)
+	s.reached()
+	if evs := s.expire(); len(evs) != 0 {
+		t.Fatalf("expired within a duration of sight: %+v", evs)
+	}
+	// Then unrenewed past it, but the server silent for half a
+	// duration: nothing told.
+	now = back.Add(3 * time.Second)
+	if evs := s.expire(); len(evs) != 0 {
+		t.Fatalf("expired with the API server silent for %v: %+v", now.Sub(back.Add(1900*time.Millisecond)), evs)
+	}
+	// It answers: now the registration expires.
+	s.reached()
+	if evs := s.expire(); len(evs) != 1 || !evs[0].Deleted {
+		t.Fatalf("a registration unrenewed a full duration after sight came back: %+v, want it told expired", evs)
+	}
+	if _, gone := s.expiredAt(l, now); !gone {
+		t.Fatal("the same registration read by a list: live, want expired")
 	}
 }
 

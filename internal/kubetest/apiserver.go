@@ -24,43 +24,72 @@ const APIServerName = "kubernetes.default.svc"
 // address: a pod reaches it as APIServerName with a hostAliases entry for
 // the address and KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT set
 // to the name and the port (client-go's in-cluster config reads them).
-func (c Cluster) ForwardAPIServer(t testing.TB) netip.AddrPort {
+func (c Cluster) ForwardAPIServer(t testing.TB) *APIForward {
 	t.Helper()
-	addr, stop, err := c.StartAPIForward()
+	f, err := c.startForward()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(stop)
-	return addr
+	t.Cleanup(f.f.close)
+	return f
+}
+
+// APIForward is a forward of the API server (ForwardAPIServer).
+type APIForward struct {
+	// Addr is the forward's address on the bridge.
+	Addr netip.AddrPort
+	f    *forwarder
+}
+
+// Cut, while cut is true, closes the forward's connections and every new
+// one at once: to the pods the API server is gone, as in an outage of the
+// control plane, while the kubelet (which reaches it directly) goes on.
+func (a *APIForward) Cut(cut bool) {
+	a.f.mu.Lock()
+	defer a.f.mu.Unlock()
+	a.f.cut = cut
+	if cut {
+		for c := range a.f.open {
+			c.Close()
+		}
+	}
 }
 
 // StartAPIForward is ForwardAPIServer for a caller that is not a test
 // (the bench): it returns the forward's address and the function that
 // stops it.
 func (c Cluster) StartAPIForward() (netip.AddrPort, func(), error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	f, err := c.startForward()
 	if err != nil {
 		return netip.AddrPort{}, nil, err
+	}
+	return f.Addr, f.f.close, nil
+}
+
+func (c Cluster) startForward() (*APIForward, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return nil, err
 	}
 	u, err := url.Parse(cfg.Host)
 	if err != nil {
-		return netip.AddrPort{}, nil, fmt.Errorf("the kubeconfig's server %q: %w", cfg.Host, err)
+		return nil, fmt.Errorf("the kubeconfig's server %q: %w", cfg.Host, err)
 	}
 	target, err := netip.ParseAddrPort(u.Host)
 	if err != nil || !target.Addr().IsLoopback() {
-		return netip.AddrPort{}, nil, fmt.Errorf("the kubeconfig's server %q is not a loopback address and port: not forwarded to", cfg.Host)
+		return nil, fmt.Errorf("the kubeconfig's server %q is not a loopback address and port: not forwarded to", cfg.Host)
 	}
 	host, err := c.bridgeAddr()
 	if err != nil {
-		return netip.AddrPort{}, nil, err
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(host, 0).String())
 	if err != nil {
-		return netip.AddrPort{}, nil, err
+		return nil, err
 	}
 	f := &forwarder{ln: ln, target: target.String(), open: map[net.Conn]bool{}}
 	f.wg.Go(f.accept)
-	return netip.MustParseAddrPort(ln.Addr().String()), f.close, nil
+	return &APIForward{Addr: netip.MustParseAddrPort(ln.Addr().String()), f: f}, nil
 }
 
 // bridgeAddr is the host's IPv4 address on the cluster's CNI bridge (the
@@ -89,6 +118,7 @@ type forwarder struct {
 	mu     sync.Mutex
 	open   map[net.Conn]bool
 	closed bool
+	cut    bool // connections are closed at once (APIForward.Cut)
 }
 
 func (f *forwarder) accept() {
@@ -102,7 +132,11 @@ func (f *forwarder) accept() {
 			in.Close()
 			continue
 		}
-		if !f.track(in, out) {
+		switch f.track(in, out) {
+		case tracked:
+		case refused:
+			continue
+		case stopped:
 			return
 		}
 		f.wg.Go(func() { f.copy(out, in) })
@@ -110,20 +144,31 @@ func (f *forwarder) accept() {
 	}
 }
 
-// track records the pair as open, unless close has run (it closes them).
-func (f *forwarder) track(conns ...net.Conn) bool {
+// What track did with a pair of connections.
+const (
+	tracked = iota // recorded as open
+	refused        // closed: the forward is cut
+	stopped        // closed: the forward is closed
+)
+
+// track records the pair as open, unless close has run or the forward is
+// cut (it closes them).
+func (f *forwarder) track(conns ...net.Conn) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed {
+	if f.closed || f.cut {
 		for _, c := range conns {
 			c.Close()
 		}
-		return false
+		if f.closed {
+			return stopped
+		}
+		return refused
 	}
 	for _, c := range conns {
 		f.open[c] = true
 	}
-	return true
+	return tracked
 }
 
 // copy copies src to dst, then closes both (the other direction ends too).
