@@ -63,7 +63,7 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 		return nil, err
 	}
 	defer stop()
-	in := kubetest.Install{Root: root, Namespace: ns, Image: ref, StorageClass: kb.cl.StorageClass, Domain: replicasDomain, APIServer: apiServer}
+	in := kubetest.Install{Root: root, Namespace: ns, Image: ref, StorageClass: kb.cl.StorageClass, Domain: replicasDomain, APIServer: apiServer, ExtraSites: floorSite}
 	installed, err := in.Apply(ctx, kb.cl, kb.cs, dir, []string{"sandwake-0", "sandwake-1"}, 5*time.Minute)
 	if err != nil {
 		return nil, err
@@ -102,7 +102,8 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 	}
 	req := request{name: "GET /healthz (3 B)", method: "GET", path: "/healthz", wantLen: 3}
 	url := fmt.Sprintf("http://s-%s-8080.preview.%s", id, replicasDomain)
-	direct, fwd := podClient(pods[owner].Status.PodIP, 128), podClient(pods[other].Status.PodIP, 128)
+	direct, fwd := podClient(pods[owner].Status.PodIP, 8080, 128, ""), podClient(pods[other].Status.PodIP, 8080, 128, "")
+	floor := podClient(pods[other].Status.PodIP, floorPort, 128, net.JoinHostPort(pods[owner].Status.PodIP, "8080"))
 	// The other replica routes to the owner once its catalog has the
 	// entry: one answer through it first.
 	var last string
@@ -127,39 +128,62 @@ func (b *bench) kubeReplicas(ctx context.Context, kb *kubeBench) (*table, error)
 	t := &table{
 		title: kubeReplicasTitle,
 		sides: [2]string{"direct", "forwarded"},
-		note: fmt.Sprintf("deploy/kubernetes installed with kubectl apply -k (2 replicas, cluster on Leases); sandbox on %s, GET sent to its preview port vs to %s's (which forwards it over mutual TLS, signed); %s per side per cell after %s warm-up, alternated in %d slices; CPU = both gateway pods' cgroups; ratio = forwarded / direct",
-			owner, other, cfg.perSide, cfg.warmup, cfg.rounds),
+		note: fmt.Sprintf("deploy/kubernetes installed with kubectl apply -k (2 replicas, cluster on Leases); sandbox on %s, GET sent to its preview port vs to %s's (which forwards it over mutual TLS, signed); the two-proxy floor: %s's plain reverse_proxy site (no TLS, no signature; the bench's, added to the install's Caddyfile) in front of %s's preview port; %s per side per cell after %s warm-up, alternated in %d slices; CPU = both gateway pods' cgroups; ratio = forwarded / direct, or forwarded / floor",
+			owner, other, other, owner, cfg.perSide, cfg.warmup, cfg.rounds),
 	}
 	for _, conc := range cfg.concs {
-		res := alternate(ctx, cfg, req, conc, cpu, []side{{direct, url}, {fwd, url}})
+		res := alternate(ctx, cfg, req, conc, cpu, []side{{direct, url}, {fwd, url}, {floor, url}})
 		if ctx.Err() != nil {
 			return t, ctx.Err()
 		}
-		d, f := res[0], res[1]
-		if d.bad > 0 || f.bad > 0 || d.ok == 0 || f.ok == 0 {
-			return t, fmt.Errorf("replicas, c=%d: direct %d failed (%v), forwarded %d failed (%v)", conc, d.bad, d.err, f.bad, f.err)
+		d, f, fl := res[0], res[1], res[2]
+		if d.bad > 0 || f.bad > 0 || fl.bad > 0 || d.ok == 0 || f.ok == 0 || fl.ok == 0 {
+			return t, fmt.Errorf("replicas, c=%d: direct %d failed (%v), forwarded %d failed (%v), two plain proxies %d failed (%v)", conc, d.bad, d.err, f.bad, f.err, fl.bad, fl.err)
 		}
 		cell := fmt.Sprintf("%s c=%d", req.name, conc)
 		forwardRows(t, cell, conc, d, f, "gateway CPU/request")
-		progress("kubernetes: replicas: %s: direct %.0f, forwarded %.0f req/s", cell, d.throughput(), f.throughput())
+		t.add(ratioRow(cell+" vs the two-proxy floor: CPU/request", fl.cpuPerRequest(), f.cpuPerRequest(), fmtNanos, info))
+		t.add(ratioRow(cell+" vs the two-proxy floor: p50", percentile(sortedCopy(fl.durs), 50).Seconds(), percentile(sortedCopy(f.durs), 50).Seconds(), fmtSeconds, info))
+		progress("kubernetes: replicas: %s: direct %.0f, forwarded %.0f, two plain proxies %.0f req/s", cell, d.throughput(), f.throughput(), fl.throughput())
 	}
 	return t, nil
 }
 
-// podClient is an HTTP client that dials addr's port 8080 whatever the
-// request's host (the preview host names the sandbox).
-func podClient(ip string, conns int) *http.Client {
+// floorPort is the port of the bench's two-proxy floor on each replica:
+// a plain reverse_proxy (no TLS, no signature) to the address the
+// request's floorHeader names, the owner replica's preview port.
+const floorPort = 8090
+
+// floorHeader names the floor site's upstream.
+const floorHeader = "X-Bench-Upstream"
+
+// floorSite is the floor's site, added to the install's Caddyfile.
+var floorSite = fmt.Sprintf(`# sandwake-bench: the two-proxy floor (a plain reverse_proxy to the
+# owner replica's preview port, named by the request).
+http://:%d {
+	reverse_proxy {http.request.header.%s}
+}
+`, floorPort, floorHeader)
+
+// podClient is an HTTP client that dials ip's port whatever the request's
+// host (the preview host names the sandbox), and with upstream (not "")
+// names it in floorHeader.
+func podClient(ip string, port, conns int, upstream string) *http.Client {
 	d := &net.Dialer{Timeout: 5 * time.Second}
-	target := net.JoinHostPort(ip, "8080")
-	return &http.Client{
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return d.DialContext(ctx, network, target)
-			},
-			MaxIdleConnsPerHost: conns,
-			DisableCompression:  true,
-			Proxy:               nil,
+	target := net.JoinHostPort(ip, strconv.Itoa(port))
+	var rt http.RoundTripper = &http.Transport{
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, target)
 		},
+		MaxIdleConnsPerHost: conns,
+		DisableCompression:  true,
+		Proxy:               nil,
+	}
+	if upstream != "" {
+		rt = headerTransport{rt, floorHeader, upstream}
+	}
+	return &http.Client{
+		Transport:     rt,
 		Timeout:       2 * time.Minute,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
@@ -180,4 +204,16 @@ func podCPU(p *corev1.Pod) (time.Duration, error) {
 		return time.Duration(n), nil
 	}
 	return 0, fmt.Errorf("no cgroup v1 cpuacct for pod %s (uid %s)", p.Name, p.UID)
+}
+
+// headerTransport sets a header on every request it sends.
+type headerTransport struct {
+	http.RoundTripper
+	name, value string
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(h.name, h.value)
+	return h.RoundTripper.RoundTrip(r)
 }

@@ -31,6 +31,9 @@ type Install struct {
 	// APIServer is the API server's way in for the pods
 	// (StartAPIForward: the test cluster has no kube-proxy).
 	APIServer netip.AddrPort
+	// ExtraSites ("": none) is Caddyfile text appended to the base's
+	// Caddyfile (the bench's plain reverse_proxy site).
+	ExtraSites string
 }
 
 // WriteOverlay writes in dir a kustomization over deploy/kubernetes as an
@@ -59,6 +62,21 @@ func (in Install) WriteOverlay(dir string) error {
 		patch = append(patch, map[string]any{"op": "add", "path": "/spec/volumeClaimTemplates/0/spec/storageClassName", "value": in.StorageClass})
 	}
 	patchJSON, _ := json.Marshal(patch)
+	var caddyfileGen string
+	if in.ExtraSites != "" {
+		caddyfile, err := os.ReadFile(filepath.Join(in.Root, "deploy", "kubernetes", "Caddyfile"))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "Caddyfile"), append(caddyfile, "\n"+in.ExtraSites...), 0o644); err != nil {
+			return err
+		}
+		caddyfileGen = `  - name: sandwake-caddyfile
+    behavior: replace
+    files:
+      - Caddyfile
+`
+	}
 	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 namespace: %s
@@ -74,7 +92,7 @@ configMapGenerator:
     literals:
       - SANDWAKE_DOMAIN=%s
       - SANDWAKE_PREVIEW_SCHEME=http
-patches:
+%spatches:
   - target:
       kind: StatefulSet
       name: sandwake
@@ -83,7 +101,7 @@ patches:
       kind: Job
       name: sandwake-init
     patch: '%s'
-`, in.Namespace, base, name, tag, in.Domain, patchJSON, jobPatchJSON)
+`, in.Namespace, base, name, tag, in.Domain, caddyfileGen, patchJSON, jobPatchJSON)
 	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644)
 }
 
