@@ -110,7 +110,11 @@ require%s`, checkout, requires)
 		}
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// A cold build of Caddy and every module (its own build cache:
+	// CGO_ENABLED=0), beside the other packages' tests: 10 minutes was
+	// too short on a slow 2-core machine. The bound only stops a hung
+	// build; make test's own is 60 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	bin := filepath.Join(dir, "caddy")
 	build := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")

@@ -366,6 +366,18 @@ func TestAPIAuth(t *testing.T) {
 	if up := full.Checks["upstreams"]; !strings.HasPrefix(up, "direct: ") || !strings.Contains(up, "is on this host") {
 		t.Errorf("readyz's upstreams check: %q, want direct and why", up)
 	}
+	// exclude: the checks named are reported but not counted; a name
+	// that is no check is a 400 naming them.
+	var ex struct {
+		Ready    bool     `json:"ready"`
+		Excluded []string `json:"excluded"`
+	}
+	if a := h.apiRaw("GET", "/v1/readyz?exclude=docker,cluster&exclude=store", "", nil); a.status != 400 || !strings.Contains(string(a.body), "exclude=cluster names no check") {
+		t.Errorf("readyz excluding a check a single host has not: %d %s, want 400 naming the checks", a.status, a.body)
+	}
+	if a := h.apiRaw("GET", "/v1/readyz?exclude=docker&exclude=store", "", nil); a.status != 200 || json.Unmarshal(a.body, &ex) != nil || !ex.Ready || strings.Join(ex.Excluded, ",") != "docker,store" {
+		t.Errorf("readyz excluding docker and store: %d %s, want 200 with both excluded", a.status, a.body)
+	}
 	// None of the refused requests did anything.
 	if ids := h.listIDs(""); len(ids) != 0 {
 		t.Fatalf("unauthenticated requests made sandboxes: %v", ids)

@@ -179,7 +179,11 @@ func (api *Handler) healthz(w http.ResponseWriter, _ *http.Request) {
 // readyz answers whether the gateway can serve. To a caller without a
 // token (of any scope) it names each check with ok or fail only: the
 // details (storage path, etcd addresses, Docker's error texts) are for the
-// operator.
+// operator. ?exclude=name (repeated, or names joined by commas) still
+// runs and reports those checks but does not count them, as the
+// Kubernetes API server's own /readyz does: a replica's readiness probe
+// leaves out the checks an outage of the API server fails on every
+// replica at once (deploy/kubernetes).
 func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	e := api.gateway()
 	// The container engine's check is named after it.
@@ -222,8 +226,19 @@ func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 		// failure (published works wherever direct cannot).
 		checks["upstreams"] = e.Upstreams + ": " + e.UpstreamsWhy
 	}
+	excluded, err := readyzExclude(r.URL.Query()["exclude"], checks)
+	if err != nil {
+		web.WriteError(w, http.StatusBadRequest, "invalid", err.Error(), 0)
+		return
+	}
+	ready := true
+	for name := range failed {
+		if !excluded[name] {
+			ready = false
+		}
+	}
 	status := http.StatusOK
-	if len(failed) > 0 {
+	if !ready {
 		status = http.StatusServiceUnavailable
 	}
 	if !api.InsecureNoAuth && peer.Of(r) == "" && !api.tokenOK(r) {
@@ -233,10 +248,17 @@ func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 				checks[name] = "fail"
 			}
 		}
-		web.WriteJSON(w, status, map[string]any{"ready": len(failed) == 0, "checks": checks})
+		out := map[string]any{"ready": ready, "checks": checks}
+		if len(excluded) > 0 {
+			out["excluded"] = slices.Sorted(maps.Keys(excluded))
+		}
+		web.WriteJSON(w, status, out)
 		return
 	}
-	out := map[string]any{"ready": len(failed) == 0, "checks": checks}
+	out := map[string]any{"ready": ready, "checks": checks}
+	if len(excluded) > 0 {
+		out["excluded"] = slices.Sorted(maps.Keys(excluded))
+	}
 	if e != nil {
 		out["instance"] = e.Instance
 		out["node"] = e.NodeName()
@@ -245,6 +267,29 @@ func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	web.WriteJSON(w, status, out)
+}
+
+// readyzExclude reads readyz's exclude values (each a name, or names
+// joined by commas) against the checks run; a name that is none is an
+// error naming them.
+func readyzExclude(values []string, checks map[string]string) (map[string]bool, error) {
+	var out map[string]bool
+	for _, v := range values {
+		for name := range strings.SplitSeq(v, ",") {
+			name = strings.TrimSpace(name)
+			if name == "" {
+				continue
+			}
+			if _, ok := checks[name]; !ok {
+				return nil, fmt.Errorf("readyz: exclude=%s names no check (checks: %s)", name, strings.Join(slices.Sorted(maps.Keys(checks)), ", "))
+			}
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[name] = true
+		}
+	}
+	return out, nil
 }
 
 // decodeBody decodes a JSON object body into v strictly: unknown fields,

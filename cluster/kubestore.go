@@ -95,13 +95,22 @@ type kubeStore struct {
 	nodeKey string
 
 	// unreachable is set by a call that did not reach the API server and
-	// cleared by one that did (Connected): while it is set, this node is
-	// blind to the others' renewals, and judges none expired. sight is
-	// when it was last cleared (UnixNano; 0: never set), from when every
-	// registration gets a full duration again; answered is when the API
-	// server last answered (see expire).
-	unreachable     atomic.Bool
-	sight, answered atomic.Int64
+	// cleared by one that did (Connected).
+	unreachable atomic.Bool
+
+	// sight is whether this node sees the API server's answers, which
+	// expiry needs (see expire).
+	sight struct {
+		sync.Mutex
+		// blind: since a call got no answer, or none that is one (5xx,
+		// 401, 403, 408, 429: Answered), until one gets one; since is
+		// when the spell began, spell the last one ended (start, end).
+		blind bool
+		since time.Time
+		spell [2]time.Time
+		// answered is when the API server last answered.
+		answered time.Time
+	}
 
 	mu sync.Mutex
 	// held is the lease this store granted and not revoked, with the
@@ -174,52 +183,82 @@ type noted struct {
 	s *kubeStore
 }
 
-func (n noted) note(err error) {
-	var st apierrors.APIStatus
-	if err != nil && !errors.As(err, &st) {
-		n.s.unreachable.Store(true)
-		return
+func (n noted) note(ctx context.Context, err error) {
+	if err != nil && ctx.Err() != nil {
+		return // the caller gave up: nothing learnt of the API server
 	}
-	n.s.reached()
+	var st apierrors.APIStatus
+	n.s.unreachable.Store(err != nil && !errors.As(err, &st))
+	if err == nil || n.s.Answered(err) {
+		n.s.reached()
+	} else {
+		n.s.lostSight()
+	}
 }
 
-// reached notes an answer of the API server: the end of a blind spell
-// (Connected again, and sight from now) or one more answer.
-func (s *kubeStore) reached() {
-	now := s.now().UnixNano()
-	if s.unreachable.Swap(false) {
-		s.sight.Store(now)
+// lostSight notes a call that got no answer (or one that is none): a
+// blind spell begins, if none is on.
+func (s *kubeStore) lostSight() {
+	s.sight.Lock()
+	defer s.sight.Unlock()
+	if !s.sight.blind {
+		s.sight.blind, s.sight.since = true, s.now()
 	}
-	s.answered.Store(now)
+}
+
+// reached notes an answer of the API server, which may end a blind spell:
+// every registration still live when the spell began then gets the
+// spell's length more (its holder could not renew meanwhile either; one
+// expired before it stays so, however long the spell).
+func (s *kubeStore) reached() {
+	now := s.now()
+	s.sight.Lock()
+	wasBlind, since := s.sight.blind, s.sight.since
+	s.sight.blind, s.sight.answered = false, now
+	if wasBlind {
+		s.sight.spell = [2]time.Time{since, now}
+	}
+	s.sight.Unlock()
+	if !wasBlind {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, l := range s.expiry {
+		if l.expires.After(since) {
+			l.expires = l.expires.Add(now.Sub(since))
+			s.expiry[k] = l
+		}
+	}
 }
 
 func (n noted) Create(ctx context.Context, l *coordv1.Lease, o metav1.CreateOptions) (*coordv1.Lease, error) {
 	out, err := n.leaseClient.Create(ctx, l, o)
-	n.note(err)
+	n.note(ctx, err)
 	return out, err
 }
 
 func (n noted) Update(ctx context.Context, l *coordv1.Lease, o metav1.UpdateOptions) (*coordv1.Lease, error) {
 	out, err := n.leaseClient.Update(ctx, l, o)
-	n.note(err)
+	n.note(ctx, err)
 	return out, err
 }
 
 func (n noted) Delete(ctx context.Context, name string, o metav1.DeleteOptions) error {
 	err := n.leaseClient.Delete(ctx, name, o)
-	n.note(err)
+	n.note(ctx, err)
 	return err
 }
 
 func (n noted) Get(ctx context.Context, name string, o metav1.GetOptions) (*coordv1.Lease, error) {
 	out, err := n.leaseClient.Get(ctx, name, o)
-	n.note(err)
+	n.note(ctx, err)
 	return out, err
 }
 
 func (n noted) List(ctx context.Context, o metav1.ListOptions) (*coordv1.LeaseList, error) {
 	out, err := n.leaseClient.List(ctx, o)
-	n.note(err)
+	n.note(ctx, err)
 	return out, err
 }
 
@@ -229,7 +268,7 @@ func (n noted) List(ctx context.Context, o metav1.ListOptions) (*coordv1.LeaseLi
 func (n noted) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 	out, err := n.leaseClient.Watch(ctx, o)
 	if err != nil {
-		n.note(err)
+		n.note(ctx, err)
 	}
 	return out, err
 }
@@ -334,18 +373,21 @@ func (s *kubeStore) expiredAt(l *coordv1.Lease, now time.Time) (time.Time, bool)
 	if renewed.After(now) {
 		renewed = now
 	}
-	exp := s.afterSight(renewed.Add(duration(l)), duration(l))
+	exp := s.afterSpell(renewed, duration(l))
 	return exp, !exp.After(now)
 }
 
-// afterSight is expiry exp of a registration of duration ttl, or sight
-// plus ttl if later: after a blind spell every registration gets a full
-// duration from when this node sees again.
-func (s *kubeStore) afterSight(exp time.Time, ttl time.Duration) time.Time {
-	if at := s.sight.Load(); at != 0 {
-		if d := time.Unix(0, at).Add(ttl); d.After(exp) {
-			return d
-		}
+// afterSpell is the expiry of a registration of duration ttl last
+// renewed at renewed, read by a list: renewed plus ttl, plus the last
+// blind spell's length if it was still live when the spell began and not
+// renewed since it ended (as reached does for those the watch follows).
+func (s *kubeStore) afterSpell(renewed time.Time, ttl time.Duration) time.Time {
+	exp := renewed.Add(ttl)
+	s.sight.Lock()
+	spell := s.sight.spell
+	s.sight.Unlock()
+	if !spell[0].IsZero() && exp.After(spell[0]) && renewed.Before(spell[1]) {
+		return exp.Add(spell[1].Sub(spell[0]))
 	}
 	return exp
 }
@@ -461,14 +503,19 @@ func (s *kubeStore) follow(ctx context.Context, w watch.Interface, tick <-chan t
 			if !ok {
 				return nil
 			}
-			s.reached() // the watch's events are the API server's answers
 			if ev.Type == watch.Error {
 				err := apierrors.FromObject(ev.Object)
+				if s.Answered(err) {
+					s.reached()
+				} else {
+					s.lostSight() // a 5xx: the server is there, the store behind it not
+				}
 				if apierrors.IsGone(err) || apierrors.IsResourceExpired(err) {
 					return fmt.Errorf("%w: %w", errWatchRestart, err)
 				}
 				return fmt.Errorf("watching leases: %w", err)
 			}
+			s.reached() // the watch's events are the API server's answers
 			l, ok := ev.Object.(*coordv1.Lease)
 			if !ok {
 				continue
@@ -539,19 +586,21 @@ func (s *kubeStore) observe(typ watch.EventType, l *coordv1.Lease, k kv) (event,
 // is out of reach (nobody can renew; its holder may well be alive), none
 // unless the server answered within half a duration (a call that hangs
 // has not failed yet; this node's own renewals and the others' answer
-// every third of one), and each at the earliest a full duration after
-// sight came back (afterSight).
+// every third of one), and each later by the blind spells it lived
+// through (reached).
 func (s *kubeStore) expire() []event {
 	now := s.now()
-	if s.unreachable.Load() {
+	s.sight.Lock()
+	blind, answered := s.sight.blind, s.sight.answered
+	s.sight.Unlock()
+	if blind {
 		return nil
 	}
-	answered := time.Unix(0, s.answered.Load())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var evs []event
 	for key, l := range s.expiry {
-		if now.Before(s.afterSight(l.expires, l.ttl)) || now.Sub(answered) >= l.ttl/2 {
+		if now.Before(l.expires) || now.Sub(answered) >= l.ttl/2 {
 			continue
 		}
 		delete(s.expiry, key)

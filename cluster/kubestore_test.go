@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -85,61 +86,76 @@ func TestKubeStoreExpiry(t *testing.T) {
 	}
 }
 
-// TestKubeStoreBlindSpell: while the API server is out of reach nobody's
-// registration expires (nobody can renew; this node cannot see it), nor
-// while it has not answered for half a duration (a call hanging); once it
-// answers again each registration gets a full duration from then, and
-// then expires if still not renewed.
+// TestKubeStoreBlindSpell: while the API server is out of reach (no
+// answer, or one that is none: a 5xx) nobody's registration expires
+// (nobody can renew; this node cannot see it), nor while it has not
+// answered for half a duration (a call hanging); once it answers again,
+// each registration live when the spell began gets the spell's length
+// more, and then expires if still not renewed. One expired before the
+// spell stays expired; a caller giving up tells nothing.
 func TestKubeStoreBlindSpell(t *testing.T) {
-	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	now := t0
 	s := newKubeStore(KubeBackend{Namespace: "ns"}, "/sandwake/", "node-a", 2*time.Second)
 	s.now = func() time.Time { return now }
 	secs := int32(2)
-	holder := "node-b"
-	rt := metav1.NewMicroTime(now)
-	l := &coordv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: "sandwake-node-node-b", ResourceVersion: "11",
-			Labels:      map[string]string{LabelCatalog: "sandwake", LabelSpace: "node"},
-			Annotations: map[string]string{AnnotationKey: "node-b", AnnotationValue: "{}"},
-		},
-		Spec: coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, RenewTime: &rt},
+	lease := func(node string, renewed time.Time) *coordv1.Lease {
+		rt := metav1.NewMicroTime(renewed)
+		return &coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: "sandwake-node-" + node, ResourceVersion: "11",
+				Labels:      map[string]string{LabelCatalog: "sandwake", LabelSpace: "node"},
+				Annotations: map[string]string{AnnotationKey: node, AnnotationValue: "{}"},
+			},
+			Spec: coordv1.LeaseSpec{HolderIdentity: &node, LeaseDurationSeconds: &secs, RenewTime: &rt},
+		}
 	}
+	l := lease("node-b", t0)
+	dead := lease("node-c", t0.Add(-time.Hour)) // stopped renewing long ago
 	k, _ := s.toKV(l)
 	s.reached()
 	if _, ok := s.observe(watch.Added, l, k); !ok {
 		t.Fatal("a new registration not told")
 	}
-	refused := &net.OpError{Op: "dial", Err: errors.New("connection refused")}
-	noted{s: s}.note(refused)
+	ctx := context.Background()
+	note := func(err error) { noted{s: s}.note(ctx, err) }
+	note(&net.OpError{Op: "dial", Err: errors.New("connection refused")})
 	if s.Connected() {
 		t.Fatal("connected after a call that reached nothing")
 	}
-	now = now.Add(10 * time.Second) // five durations, blind
+	now = t0.Add(5 * time.Second)
+	note(apierrors.NewInternalError(errors.New("etcd unavailable"))) // the server, not the store
+	now = t0.Add(10 * time.Second)
 	if evs := s.expire(); len(evs) != 0 {
 		t.Fatalf("expired while blind: %+v", evs)
 	}
-	// Sight back: a full duration from now, read by a list too.
-	noted{s: s}.note(nil)
-	back := now
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	noted{s: s}.note(cancelled, context.Canceled) // tells nothing
+	// Sight back after a 10 s spell: node-b gets 10 s more (from t0+2s to
+	// t0+12s), read by a list too; node-c stays expired.
+	note(nil)
 	if _, gone := s.expiredAt(l, now); gone {
 		t.Fatal("a registration read right after a blind spell counted expired: its holder could not renew either")
 	}
-	now = back.Add(1900 * time.Millisecond)
+	if _, gone := s.expiredAt(dead, now); !gone {
+		t.Fatal("a registration expired an hour before the blind spell counted live after it")
+	}
+	now = t0.Add(11900 * time.Millisecond)
 	s.reached()
 	if evs := s.expire(); len(evs) != 0 {
-		t.Fatalf("expired within a duration of sight: %+v", evs)
+		t.Fatalf("expired within its duration plus the spell: %+v", evs)
 	}
 	// Then unrenewed past it, but the server silent for half a
 	// duration: nothing told.
-	now = back.Add(3 * time.Second)
+	now = t0.Add(13 * time.Second)
 	if evs := s.expire(); len(evs) != 0 {
-		t.Fatalf("expired with the API server silent for %v: %+v", now.Sub(back.Add(1900*time.Millisecond)), evs)
+		t.Fatalf("expired with the API server silent for 1.1 s: %+v", evs)
 	}
 	// It answers: now the registration expires.
 	s.reached()
 	if evs := s.expire(); len(evs) != 1 || !evs[0].Deleted {
-		t.Fatalf("a registration unrenewed a full duration after sight came back: %+v, want it told expired", evs)
+		t.Fatalf("a registration unrenewed its duration plus the spell: %+v, want it told expired", evs)
 	}
 	if _, gone := s.expiredAt(l, now); !gone {
 		t.Fatal("the same registration read by a list: live, want expired")

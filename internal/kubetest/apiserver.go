@@ -127,6 +127,13 @@ func (f *forwarder) accept() {
 		if err != nil {
 			return // closed
 		}
+		f.mu.Lock()
+		cut := f.cut
+		f.mu.Unlock()
+		if cut {
+			in.Close()
+			continue
+		}
 		out, err := net.Dial("tcp", f.target)
 		if err != nil {
 			in.Close()

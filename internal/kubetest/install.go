@@ -190,17 +190,20 @@ func (in Install) Apply(ctx context.Context, c Cluster, cs kubernetes.Interface,
 		return Installed{}, fmt.Errorf("kubectl apply -k: %v\n%s", err, out)
 	}
 	got := Installed{Pods: map[string]*corev1.Pod{}}
-	ctx, cancel := context.WithTimeout(ctx, wait)
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		last := in.ready(ctx, cs, names, got.Pods)
+		last := in.ready(wctx, cs, names, got.Pods)
 		if last == "" {
 			break
 		}
 		select {
-		case <-ctx.Done():
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return Installed{}, fmt.Errorf("waiting for the install's pods %v: %w (%s)", names, context.Cause(ctx), last)
+			}
 			return Installed{}, fmt.Errorf("the install's pods %v not Ready after %s: %s", names, wait, last)
 		case <-tick.C:
 		}
