@@ -103,10 +103,10 @@ type kubeStore struct {
 	sight struct {
 		sync.Mutex
 		// blind: since a call got no answer, or none that is one (5xx,
-		// 401, 403, 408, 429: Answered), until one gets one; since is
-		// when the spell began, spell the last one ended (start, end).
+		// 401, 403, 408, 429: Answered), until one gets one; spell is the
+		// last blind spell ended (from the answer before it to the one
+		// that ended it).
 		blind bool
-		since time.Time
 		spell [2]time.Time
 		// answered is when the API server last answered.
 		answered time.Time
@@ -197,29 +197,31 @@ func (n noted) note(ctx context.Context, err error) {
 }
 
 // lostSight notes a call that got no answer (or one that is none): a
-// blind spell begins, if none is on.
+// blind spell is on.
 func (s *kubeStore) lostSight() {
 	s.sight.Lock()
 	defer s.sight.Unlock()
-	if !s.sight.blind {
-		s.sight.blind, s.sight.since = true, s.now()
-	}
+	s.sight.blind = true
 }
 
 // reached notes an answer of the API server, which may end a blind spell:
-// every registration still live when the spell began then gets the
-// spell's length more (its holder could not renew meanwhile either; one
-// expired before it stays so, however long the spell).
+// one noted by a failed call, or a silence of half a duration or more
+// (calls hanging, see expire). The spell runs from the answer before it
+// (sight was lost then, not at the first call that failed), and every
+// registration still live then gets the spell's length more: its holder
+// could not renew meanwhile either. One expired before it stays so,
+// however long the spell.
 func (s *kubeStore) reached() {
 	now := s.now()
 	s.sight.Lock()
-	wasBlind, since := s.sight.blind, s.sight.since
+	since := s.sight.answered
+	spell := !since.IsZero() && (s.sight.blind || now.Sub(since) >= s.ttl/2)
 	s.sight.blind, s.sight.answered = false, now
-	if wasBlind {
+	if spell {
 		s.sight.spell = [2]time.Time{since, now}
 	}
 	s.sight.Unlock()
-	if !wasBlind {
+	if !spell {
 		return
 	}
 	s.mu.Lock()

@@ -48,11 +48,22 @@ func TestKubeStoreExpiry(t *testing.T) {
 		return s.observe(typ, l, k)
 	}
 
+	// The API server answering every half second, as the nodes'
+	// renewals do.
+	advance := func(d time.Duration) {
+		for end := now.Add(d); now.Before(end); {
+			now = now.Add(500 * time.Millisecond)
+			if now.After(end) {
+				now = end
+			}
+			s.reached()
+		}
+	}
 	t0 := now
 	if e, ok := see(watch.Added, lease(t0)); !ok || e.Deleted {
 		t.Fatalf("a new registration: %+v %v, want a put", e, ok)
 	}
-	now = now.Add(1500 * time.Millisecond)
+	advance(1500 * time.Millisecond)
 	if evs := s.expire(); len(evs) != 0 {
 		t.Fatalf("expired within its duration: %+v", evs)
 	}
@@ -60,7 +71,7 @@ func TestKubeStoreExpiry(t *testing.T) {
 	if e, ok := see(watch.Modified, lease(t0)); !ok || e.Deleted {
 		t.Fatalf("an edit of a live registration: %+v %v, want a put", e, ok)
 	}
-	now = now.Add(600 * time.Millisecond) // 2.1 s after the renewal was seen
+	advance(600 * time.Millisecond) // 2.1 s after the renewal was seen
 	evs := s.expire()
 	if len(evs) != 1 || !evs[0].Deleted || evs[0].KV.Key != "/sandwake/nodes/node-b" || evs[0].Prev == nil {
 		t.Fatalf("after its duration unrenewed: %+v, want one delete with the value before", evs)
@@ -75,7 +86,7 @@ func TestKubeStoreExpiry(t *testing.T) {
 	if e, ok := see(watch.Modified, lease(now)); !ok || e.Deleted {
 		t.Fatalf("a renewal after expiry: %+v %v, want a put", e, ok)
 	}
-	now = now.Add(time.Second)
+	advance(time.Second)
 	if evs := s.expire(); len(evs) != 0 {
 		t.Fatalf("a renewed registration expired early: %+v", evs)
 	}
@@ -141,21 +152,32 @@ func TestKubeStoreBlindSpell(t *testing.T) {
 	if _, gone := s.expiredAt(dead, now); !gone {
 		t.Fatal("a registration expired an hour before the blind spell counted live after it")
 	}
-	now = t0.Add(11900 * time.Millisecond)
-	s.reached()
-	if evs := s.expire(); len(evs) != 0 {
-		t.Fatalf("expired within its duration plus the spell: %+v", evs)
+	// The server answering every half second (as renewals do): nothing
+	// expires within the duration plus the spell.
+	answerUntil := func(until time.Time) {
+		for now.Before(until) {
+			now = now.Add(500 * time.Millisecond)
+			s.reached()
+			if evs := s.expire(); len(evs) != 0 && now.Before(until) {
+				t.Fatalf("expired at t0+%v: %+v", now.Sub(t0), evs)
+			}
+		}
 	}
-	// Then unrenewed past it, but the server silent for half a
-	// duration: nothing told.
+	answerUntil(t0.Add(11500 * time.Millisecond))
+	// Then silent for 1.5 s (over half a duration): nothing expires,
+	// though node-b's 12 s ran out, and the silence counts as a spell.
 	now = t0.Add(13 * time.Second)
 	if evs := s.expire(); len(evs) != 0 {
-		t.Fatalf("expired with the API server silent for 1.1 s: %+v", evs)
+		t.Fatalf("expired with the API server silent for 1.5 s: %+v", evs)
 	}
-	// It answers: now the registration expires.
+	s.reached() // node-b: 12 s + 1.5 s
+	if evs := s.expire(); len(evs) != 0 {
+		t.Fatalf("expired right after a silence: %+v", evs)
+	}
+	now = t0.Add(13500 * time.Millisecond)
 	s.reached()
 	if evs := s.expire(); len(evs) != 1 || !evs[0].Deleted {
-		t.Fatalf("a registration unrenewed its duration plus the spell: %+v, want it told expired", evs)
+		t.Fatalf("a registration unrenewed its duration plus the spells: %+v, want it told expired", evs)
 	}
 	if _, gone := s.expiredAt(l, now); !gone {
 		t.Fatal("the same registration read by a list: live, want expired")
