@@ -71,6 +71,11 @@ func addNSPort(t *testing.T, bridge string, addr netip.Addr, bits int) *nsPort {
 	p := &nsPort{ns: "swsn" + s, port: "swsa" + s, peer: "swsb" + s, addr: addr}
 	run(t, "ip", "netns", "add", p.ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", p.ns).Run() })
+	// IPv4 only: without this the namespace's link coming up sends IPv6
+	// solicitations and reports of its own for seconds after, which a
+	// counter of the bridge (a port bound to nothing is all spoofing) may
+	// count in the middle of a test that watches it.
+	run(t, "ip", "netns", "exec", p.ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 	run(t, "ip", "link", "add", p.port, "type", "veth", "peer", "name", p.peer)
 	t.Cleanup(func() { exec.Command("ip", "link", "del", p.port).Run() })
 	run(t, "ip", "link", "set", p.peer, "netns", p.ns)
