@@ -35,8 +35,12 @@ const (
 func TestKubernetesPromises(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	// The reaper every 250 ms: at the default 10 s a pass may first see
+	// the idle-tiers subtest's sandbox past both its tiers (1 s, 8 s),
+	// which stops it without the pause the subtest watches for.
 	e := newKubeEnv(t, ctx, `
 		reconcile_interval 1s
+		reap_interval 250ms
 		template web {
 			image {image}
 			ports 8080
