@@ -97,11 +97,25 @@ done
 
 # 5. network: netns our containerd made, veths on our bridge, the bridge
 if [ -f "$HS" ]; then
+  left=
   for ns in $(ls /run/netns 2>/dev/null | grep '^cni-'); do
     grep -qx "netns $ns" "$HS" && continue
-    ip netns del "$ns" 2>/dev/null || { umount "/run/netns/$ns" 2>/dev/null; rm -f "/run/netns/$ns"; }
-    say "removed netns $ns"
+    ip netns del "$ns" 2>/dev/null || { umount "/run/netns/$ns" 2>/dev/null; rm -f "/run/netns/$ns" 2>/dev/null; }
+    if [ -e "/run/netns/$ns" ]; then left="$left $ns"; else say "removed netns $ns"; fi
   done
+  # A netns mounted before /run/netns became a bind mount of itself
+  # (iproute2 makes it one on first use: another test's `ip netns add`) is
+  # hidden under that mount, its file busy. With nothing but ours left in
+  # /run/netns, lift the bind mount and remove them from beneath it.
+  if [ -n "$left" ] && mountpoint -q /run/netns &&
+    [ -z "$(ls -A /run/netns | grep -vxF -e "$(printf '%s\n' $left)")" ]; then
+    umount /run/netns
+    for ns in $left; do
+      umount "/run/netns/$ns" 2>/dev/null
+      rm -f "/run/netns/$ns" && say "removed netns $ns (hidden under /run/netns's bind mount)"
+    done
+  fi
+  for ns in $left; do [ -e "/run/netns/$ns" ] && say "WARNING: netns $ns left (in use?)"; done
 fi
 # (only when up.sh got as far as recording the host state: the bridge is then ours)
 if [ -f "$HS" ] && ip link show "$BRIDGE" >/dev/null 2>&1; then
