@@ -241,6 +241,10 @@ func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if !ready {
 		status = http.StatusServiceUnavailable
 	}
+	out := map[string]any{"ready": ready, "checks": checks}
+	if len(excluded) > 0 {
+		out["excluded"] = slices.Sorted(maps.Keys(excluded))
+	}
 	if !api.InsecureNoAuth && peer.Of(r) == "" && !api.tokenOK(r) {
 		for name := range checks {
 			checks[name] = "ok"
@@ -248,16 +252,8 @@ func (api *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 				checks[name] = "fail"
 			}
 		}
-		out := map[string]any{"ready": ready, "checks": checks}
-		if len(excluded) > 0 {
-			out["excluded"] = slices.Sorted(maps.Keys(excluded))
-		}
 		web.WriteJSON(w, status, out)
 		return
-	}
-	out := map[string]any{"ready": ready, "checks": checks}
-	if len(excluded) > 0 {
-		out["excluded"] = slices.Sorted(maps.Keys(excluded))
 	}
 	if e != nil {
 		out["instance"] = e.Instance

@@ -72,7 +72,7 @@ func (g *Handler) forwardPreview(w http.ResponseWriter, r *http.Request, e *gate
 	// An upgrade (a websocket) never leads: the proxy hijacks its
 	// connection without writing, so its first answer would come when the
 	// socket closes.
-	if en.State != lifecycle.Running && r.Header.Get("Upgrade") == "" {
+	if en.State != lifecycle.Running && !isUpgrade(r) {
 		// One request per sandbox crosses to the owner while it wakes;
 		// the others wait here for its first answer, then cross to a
 		// running sandbox (a storm spread over the gateways opens a few
